@@ -1,0 +1,62 @@
+"""The ``Embedder`` seam: text in, L2-normalised float32 vectors out.
+
+Backends, one module each, chosen by URL scheme in :func:`embedding.factory.open_embedder`:
+``torch://`` (sentence-transformers in process), ``onnx://`` (ONNX Runtime, fp32/int8),
+``triton+grpc://`` and ``triton+http://`` (a Triton Inference Server).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """A batch of embeddings.
+
+    Attributes:
+        vectors: ``(n, dim) float32``, each row L2-normalised (cosine = dot product).
+        truncated: ``(n,) bool``: the input was longer than ``max_seq_length`` tokens and was cut.
+    """
+
+    vectors: npt.NDArray[np.float32]
+    truncated: npt.NDArray[np.bool_]
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Contract of an embedding backend.
+
+    Attributes:
+        model_id: Stable name of the model (vectors from different ids are not comparable).
+        dim: Output dimension.
+        max_seq_length: Inputs are truncated to this many model tokens.
+    """
+
+    model_id: str
+    dim: int
+    max_seq_length: int
+
+    def warm_up(self) -> None:
+        """Load weights / connect and check readiness; idempotent. Called before first use."""
+        ...
+
+    def embed(self, texts: Sequence[str]) -> Embeddings:
+        """Embed a batch of texts.
+
+        Args:
+            texts: ``n`` strings; an empty sequence gives a ``(0, dim)`` result.
+
+        Returns:
+            :class:`Embeddings` with ``(n, dim) float32`` L2-normalised vectors.
+
+        Raises:
+            EmbeddingUnavailable: A remote model server is down or not ready (retryable).
+            EmbeddingError: The model failed on the batch.
+        """
+        ...

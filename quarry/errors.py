@@ -1,0 +1,167 @@
+"""The one error root of Quarry and the tree under it.
+
+Every error Quarry raises on purpose derives from :class:`QuarryError`. The REST layer maps
+them to HTTP status codes in a single exception handler (``quarry.api.errors``); the CLI prints
+their message. Driver errors are wrapped with ``raise ... from exc``, never swallowed.
+
+::
+
+    QuarryError
+    ├── InvalidRequest                     400  the caller sent something we cannot use
+    │   ├── InvalidQuery                   400  empty query, top_k out of range, bad mode
+    │   ├── InvalidFilter                  400  unknown field, wrong type, bad operator
+    │   ├── InvalidDocument                400  malformed input line or document (names the line)
+    │   ├── DimensionMismatch              400  vector of the wrong dimension
+    │   └── UnsupportedIndex               400  index type/params the engine cannot build
+    ├── NotFound                           404
+    │   └── CollectionNotFound             404
+    ├── Conflict                           409
+    │   └── CollectionExists               409
+    ├── ConfigError                        500  bad settings, unknown URL scheme, missing extra
+    ├── StoreError                         500  a vector store operation failed
+    │   ├── StoreUnavailable               503  the store cannot be reached (retryable)
+    │   └── IndexBuildFailed               500  a build failed or stalled; rolled back
+    ├── EmbeddingError                     500
+    │   └── EmbeddingUnavailable           503  the embedding server is down (retryable)
+    └── RerankError                        500
+
+``retryable`` tells a caller whether the same request may succeed later;
+``retry_after_s`` is a hint (seconds) where one is known.
+"""
+
+from __future__ import annotations
+
+
+class QuarryError(Exception):
+    """Root of every error Quarry raises on purpose.
+
+    Attributes:
+        message: Human-readable explanation of what was wrong.
+        retryable: Whether repeating the same call may succeed.
+        retry_after_s: Suggested wait before a retry, in seconds, when known.
+    """
+
+    retryable: bool = False
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+class InvalidRequest(QuarryError):
+    """The caller sent something Quarry cannot use."""
+
+
+class InvalidQuery(InvalidRequest):
+    """Empty query text, ``top_k``/``offset`` out of range, or an unknown mode."""
+
+
+class InvalidFilter(InvalidRequest):
+    """A metadata filter names an unknown field, has a wrong type or an unknown operator."""
+
+
+class InvalidDocument(InvalidRequest):
+    """An input document or line is malformed; nothing of its batch was written.
+
+    Attributes:
+        line: 1-based line number in the source file, when the input is line-oriented.
+        source: The file the document came from, when known.
+    """
+
+    def __init__(self, message: str, *, line: int | None = None, source: str | None = None) -> None:
+        where = []
+        if source is not None:
+            where.append(source)
+        if line is not None:
+            where.append(f"line {line}")
+        prefix = f"{':'.join(where)}: " if where else ""
+        super().__init__(prefix + message)
+        self.line = line
+        self.source = source
+
+
+class DimensionMismatch(InvalidRequest):
+    """A vector's dimension differs from the collection's."""
+
+    def __init__(self, *, expected: int, got: int, collection: str | None = None) -> None:
+        where = f" for collection {collection!r}" if collection else ""
+        super().__init__(f"vector dimension {got} does not match the expected dimension {expected}{where}")
+        self.expected = expected
+        self.got = got
+
+
+class UnsupportedIndex(InvalidRequest):
+    """The engine cannot build the requested index type or parameters."""
+
+
+class NotFound(QuarryError):
+    """A named resource does not exist."""
+
+
+class CollectionNotFound(NotFound):
+    """The named collection (or alias) does not exist."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"collection {name!r} does not exist")
+        self.name = name
+
+
+class Conflict(QuarryError):
+    """The request conflicts with the current state."""
+
+
+class CollectionExists(Conflict):
+    """A collection with this name already exists."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"collection {name!r} already exists")
+        self.name = name
+
+
+class ConfigError(QuarryError):
+    """Settings are invalid: unknown URL scheme, missing optional extra, bad path."""
+
+
+class StoreError(QuarryError):
+    """A vector store operation failed."""
+
+
+class StoreUnavailable(StoreError):
+    """The vector store cannot be reached; the call may succeed later."""
+
+    retryable = True
+
+
+class IndexBuildFailed(StoreError):
+    """An index build failed or stalled past its timeout; the partial index was dropped."""
+
+
+class EmbeddingError(QuarryError):
+    """The embedding model failed on a batch."""
+
+
+class EmbeddingUnavailable(EmbeddingError):
+    """The embedding server (e.g. Triton) cannot be reached or is not ready."""
+
+    retryable = True
+
+
+class RerankError(QuarryError):
+    """The reranker failed."""
+
+
+def missing_extra(module: str, extra: str) -> ConfigError:
+    """Build the error raised when an optional dependency is not installed.
+
+    Args:
+        module: The import that failed, e.g. ``"qdrant_edge"``.
+        extra: The ``quarry`` extra that provides it, e.g. ``"qdrant"``.
+
+    Returns:
+        A :class:`ConfigError` whose message names the package extra to install.
+    """
+    return ConfigError(
+        f"the optional dependency {module!r} is not installed; "
+        f"install it with: pip install 'quarry[{extra}]'"
+    )

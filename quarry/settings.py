@@ -1,0 +1,175 @@
+"""The one ``Settings`` object. Nothing else in Quarry reads ``os.environ``.
+
+Every field can be set from the environment with the ``QUARRY_`` prefix and ``__`` between
+nested names, e.g. ``QUARRY_DATA_DIR=/srv/quarry``, ``QUARRY_STORE__URL=postgresql://...``,
+``QUARRY_EMBEDDING__URL=onnx://all-MiniLM-L6-v2?quantize=int8``. The embedded default needs no
+configuration at all: Milvus Lite under ``./data`` and the packaged all-MiniLM-L6-v2.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class StoreSettings(BaseModel):
+    """Vector store selection.
+
+    Attributes:
+        url: ``milvus:///path.db`` (Milvus Lite), ``milvus://host:19530``, ``qdrant:///path``
+            (Qdrant edge, in process), ``qdrant://host:6333``, ``postgresql://user@host/db``.
+            Empty means Milvus Lite at ``<data_dir>/quarry.db``.
+        memory_budget_gib: RAM the vector index may use; drives the index planner.
+        index_build_timeout_s: Longest an index build may take before it is rolled back.
+    """
+
+    url: str = ""
+    memory_budget_gib: float = Field(16.0, gt=0)
+    index_build_timeout_s: float = Field(600.0, gt=0)
+
+
+class EmbeddingSettings(BaseModel):
+    """Embedding model selection.
+
+    Attributes:
+        url: ``torch://all-MiniLM-L6-v2`` (sentence-transformers in process; a path also works:
+            ``torch:///models/my-model``), ``onnx://all-MiniLM-L6-v2?quantize=int8``,
+            ``triton+grpc://host:8001/minilm``, ``triton+http://host:8000/minilm``.
+        batch_size: Texts per model call during ingestion.
+        timeout_s: Per-request timeout for remote servers, in seconds.
+        device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
+        cache_dir: Where exported ONNX models are cached (default ``<data_dir>/models``).
+    """
+
+    url: str = "torch://all-MiniLM-L6-v2"
+    batch_size: int = Field(64, ge=1, le=4096)
+    timeout_s: float = Field(30.0, gt=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    cache_dir: Path | None = None
+
+
+class RerankSettings(BaseModel):
+    """Cross-encoder reranking.
+
+    Attributes:
+        model: Local path (or hub name where the network allows) of a cross-encoder, e.g.
+            ``cross-encoder/ms-marco-MiniLM-L-6-v2``; empty disables reranking.
+        top_n: Fused candidates rescored by default.
+        budget_ms: Time budget for the rerank step; past it the fused order is returned.
+        batch_size: Pairs per model call.
+        device: ``auto`` (CUDA fp16 when present), ``cpu`` or ``cuda``.
+    """
+
+    model: str = ""
+    top_n: int = Field(50, ge=1, le=1000)
+    budget_ms: float = Field(2000.0, gt=0)
+    batch_size: int = Field(32, ge=1, le=1024)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class SearchSettings(BaseModel):
+    """Query path defaults.
+
+    Attributes:
+        max_top_k: Largest ``top_k`` (and ``offset + top_k``) a request may ask for.
+        candidates: Hits fetched per channel before fusion (at least ``offset + top_k``).
+        rrf_k: RRF constant ``k`` (Cormack et al., SIGIR 2009: 60).
+        bm25_weight: RRF weight of the BM25 channel.
+        dense_weight: RRF weight of the dense channel.
+    """
+
+    max_top_k: int = Field(1000, ge=1)
+    candidates: int = Field(100, ge=1)
+    rrf_k: int = Field(60, ge=1)
+    bm25_weight: float = Field(1.0, ge=0)
+    dense_weight: float = Field(1.0, ge=0)
+
+
+class IngestSettings(BaseModel):
+    """Chunking and batching of ingestion.
+
+    Attributes:
+        chunk_size: Hard cap on chunk length, in text tokens (words; one per CJK character).
+        chunk_overlap: Tokens shared by consecutive chunks; must be below ``chunk_size``.
+        batch_size: Documents written per atomic batch.
+    """
+
+    chunk_size: int = Field(256, ge=8)
+    chunk_overlap: int = Field(32, ge=0)
+    batch_size: int = Field(512, ge=1)
+
+    @model_validator(mode="after")
+    def _overlap_below_size(self) -> IngestSettings:
+        if self.chunk_overlap >= self.chunk_size:
+            raise ValueError("chunk_overlap must be smaller than chunk_size")
+        return self
+
+
+class BM25Settings(BaseModel):
+    """BM25 scoring (bm25s).
+
+    Attributes:
+        method: bm25s variant: ``lucene`` (default), ``robertson`` (= rank-bm25 BM25Okapi),
+            ``atire``, ``bm25l``, ``bm25+``.
+        k1: Term-frequency saturation.
+        b: Length normalisation.
+    """
+
+    method: Literal["lucene", "robertson", "atire", "bm25l", "bm25+"] = "lucene"
+    k1: float = Field(1.2, ge=0)
+    b: float = Field(0.75, ge=0, le=1)
+
+
+class ApiSettings(BaseModel):
+    """REST server.
+
+    Attributes:
+        host: Bind address.
+        port: TCP port.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+
+
+class Settings(BaseSettings):
+    """All of Quarry's configuration.
+
+    Attributes:
+        data_dir: Where the embedded store, the BM25 indexes and the docstore live.
+        environment: ``development`` or ``production``.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="QUARRY_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    data_dir: Path = Path("data")
+    environment: Literal["development", "production"] = "development"
+    store: StoreSettings = StoreSettings()
+    embedding: EmbeddingSettings = EmbeddingSettings()
+    rerank: RerankSettings = RerankSettings()
+    search: SearchSettings = SearchSettings()
+    ingest: IngestSettings = IngestSettings()
+    bm25: BM25Settings = BM25Settings()
+    api: ApiSettings = ApiSettings()
+
+    @property
+    def store_url(self) -> str:
+        """The store URL, defaulting to Milvus Lite under ``data_dir``."""
+        return self.store.url or f"milvus://{self.data_dir.resolve()}/quarry.db"
+
+    @property
+    def model_cache_dir(self) -> Path:
+        """Where exported/quantised models are cached."""
+        return self.embedding.cache_dir or self.data_dir / "models"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

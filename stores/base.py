@@ -1,0 +1,216 @@
+"""The ``VectorStore`` seam: one narrow contract every engine implements.
+
+Backends live one per module (``stores/milvus.py``, ``stores/qdrant.py``, ``stores/pgvector.py``)
+and are chosen by URL scheme in :func:`stores.factory.open_store`. The contract test suite in
+``tests/stores/test_contract.py`` runs unchanged against every backend.
+
+Conventions shared by all backends:
+
+* ids are strings (chunk ids); a backend that needs integer/UUID keys maps them internally
+  and always returns the caller's string id.
+* vectors are ``(n, dim) float32``; for ``metric="cosine"`` callers pass L2-normalised vectors.
+* scores are "higher is better": cosine similarity, inner product, or ``-distance`` for ``l2``.
+* payloads are flat ``{str: str | int | float | bool | list[str]}`` dicts; filters apply to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from stores.filters import Filter
+
+Metric = Literal["cosine", "ip", "l2"]
+IndexKind = Literal["FLAT", "HNSW", "IVF_FLAT", "IVF_PQ", "DISKANN"]
+PayloadValue = str | int | float | bool | list[str]
+Payload = dict[str, PayloadValue]
+FloatMatrix = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class VectorRecord:
+    """One stored vector.
+
+    Attributes:
+        id: Caller's string id (a chunk id).
+        vector: ``(dim,) float32``.
+        payload: Flat metadata used for filtering and returned with hits.
+    """
+
+    id: str
+    vector: npt.NDArray[np.float32]
+    payload: Payload = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ScoredId:
+    """One search result: the record id, its score (higher is better) and its payload."""
+
+    id: str
+    score: float
+    payload: Payload = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """An index to build, with explicit parameters in the field's standard terms.
+
+    Attributes:
+        kind: ``FLAT`` (exact), ``HNSW``, ``IVF_FLAT``, ``IVF_PQ`` or ``DISKANN``.
+        metric: Distance the index is built for.
+        params: Build parameters: HNSW ``M``, ``efConstruction``; IVF ``nlist``; PQ ``m``,
+            ``nbits``; backend extras such as ``quantization`` or ``halfvec``.
+        search_params: Query-time parameters: HNSW ``ef``; IVF ``nprobe``; DiskANN
+            ``search_list``.
+    """
+
+    kind: IndexKind
+    metric: Metric = "cosine"
+    params: dict[str, Any] = field(default_factory=dict)
+    search_params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StoreCapabilities:
+    """What an engine can build, so the index planner can pick what is available.
+
+    Attributes:
+        engine: Engine name, e.g. ``"milvus-lite"``, ``"milvus"``, ``"qdrant-edge"``, ``"pgvector"``.
+        version: Engine version string.
+        index_kinds: Index kinds this engine (at this version) can build.
+        max_dim: Largest dimension an index can be built on (``None`` = no limit known).
+        persistent: Whether data survives a process restart.
+        notes: Free-text notes (e.g. "no IVF_PQ in Milvus Lite").
+    """
+
+    engine: str
+    version: str
+    index_kinds: frozenset[IndexKind]
+    max_dim: int | None = None
+    persistent: bool = True
+    notes: str = ""
+
+
+@runtime_checkable
+class VectorStore(Protocol):
+    """Contract of a vector store backend.
+
+    Every method raises ``CollectionNotFound`` for an unknown collection name (aliases resolve
+    to their target everywhere a collection name is accepted), ``StoreUnavailable`` when the
+    engine cannot be reached, and ``StoreError`` for other engine failures.
+    """
+
+    def capabilities(self) -> StoreCapabilities:
+        """Return what this engine can build (used by the index planner)."""
+        ...
+
+    def create_collection(self, name: str, dim: int, metric: Metric = "cosine") -> None:
+        """Create an empty collection of ``dim``-dimensional vectors.
+
+        Raises:
+            CollectionExists: A collection or alias with this name exists.
+        """
+        ...
+
+    def drop_collection(self, name: str) -> None:
+        """Drop a collection and its data; a missing collection is not an error."""
+        ...
+
+    def has_collection(self, name: str) -> bool:
+        """Whether a collection (or an alias) with this name exists."""
+        ...
+
+    def list_collections(self) -> list[str]:
+        """Names of the physical collections, sorted."""
+        ...
+
+    def collection_dim(self, name: str) -> int:
+        """Dimension of the collection's vectors."""
+        ...
+
+    def upsert(self, name: str, records: Sequence[VectorRecord]) -> None:
+        """Insert or replace records by id; re-running the same call changes nothing.
+
+        Raises:
+            DimensionMismatch: Any record's vector has the wrong dimension; nothing is written.
+        """
+        ...
+
+    def delete(self, name: str, ids: Sequence[str]) -> None:
+        """Delete records by id; unknown ids are ignored."""
+        ...
+
+    def delete_by_filter(self, name: str, flt: Filter) -> None:
+        """Delete every record whose payload matches ``flt``."""
+        ...
+
+    def get(self, name: str, ids: Sequence[str]) -> list[VectorRecord]:
+        """Fetch records by id (missing ids are skipped), in the order of ``ids``."""
+        ...
+
+    def count(self, name: str, flt: Filter | None = None) -> int:
+        """Number of records, optionally only those matching ``flt``."""
+        ...
+
+    def search(
+        self,
+        name: str,
+        queries: FloatMatrix,
+        top_k: int,
+        flt: Filter | None = None,
+        search_params: dict[str, Any] | None = None,
+    ) -> list[list[ScoredId]]:
+        """Batched k-nearest-neighbour search.
+
+        Args:
+            name: Collection or alias.
+            queries: ``(n, dim) float32`` query vectors (L2-normalised for cosine).
+            top_k: Hits per query, ``>= 1``. Fewer come back only when fewer records match.
+            flt: Optional payload filter, applied inside the engine (not post-filtered).
+            search_params: Overrides for the index's query-time parameters (``ef``, ``nprobe``).
+
+        Returns:
+            ``n`` lists of at most ``top_k`` hits each, best first.
+
+        Raises:
+            DimensionMismatch: ``queries.shape[1]`` differs from the collection's dimension.
+        """
+        ...
+
+    def build_index(self, name: str, spec: IndexSpec, timeout_s: float = 600.0) -> None:
+        """Build (or replace) the vector index, waiting until it is ready.
+
+        Raises:
+            UnsupportedIndex: The engine cannot build ``spec.kind`` or its parameters (fast).
+            IndexBuildFailed: The build failed or did not finish within ``timeout_s``; the partial
+                index was dropped.
+        """
+        ...
+
+    def describe_index(self, name: str) -> IndexSpec | None:
+        """The index the collection has, or ``None`` when it has none (exact search)."""
+        ...
+
+    def drop_index(self, name: str) -> None:
+        """Drop the vector index (search falls back to exact where the engine allows)."""
+        ...
+
+    def set_alias(self, alias: str, collection: str) -> None:
+        """Point ``alias`` at ``collection``, creating it or atomically swapping its target."""
+        ...
+
+    def drop_alias(self, alias: str) -> None:
+        """Remove an alias; a missing alias is not an error."""
+        ...
+
+    def resolve(self, name: str) -> str:
+        """The physical collection a name refers to (the name itself if it is not an alias)."""
+        ...
+
+    def close(self) -> None:
+        """Release connections and handles; the store is unusable afterwards."""
+        ...

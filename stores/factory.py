@@ -1,0 +1,53 @@
+"""Open a :class:`~stores.base.VectorStore` from a URL; the scheme picks the backend.
+
+==========================  ==========================================================
+URL                         backend
+==========================  ==========================================================
+``milvus:///path/x.db``     Milvus Lite, embedded (``stores.milvus``)
+``milvus://host:19530``     Milvus server (``stores.milvus``)
+``qdrant:///path/dir``      Qdrant's engine in process via qdrant-edge (``stores.qdrant``)
+``qdrant://host:6333``      Qdrant server via qdrant-client (``stores.qdrant``)
+``qdrant+local:///path``    qdrant-client local mode (brute force emulation, for checks)
+``postgresql://...``        PostgreSQL + pgvector (``stores.pgvector``)
+==========================  ==========================================================
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from quarry.errors import ConfigError
+from stores.base import VectorStore
+
+SCHEMES = ("milvus", "qdrant", "qdrant+local", "postgresql", "postgres")
+
+
+def open_store(url: str) -> VectorStore:
+    """Open the store a URL names.
+
+    Args:
+        url: See the module table.
+
+    Returns:
+        A connected store.
+
+    Raises:
+        ConfigError: Unknown scheme (the message lists the supported ones) or a missing extra.
+        StoreUnavailable: The engine cannot be reached.
+    """
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "milvus":
+        from stores.milvus import MilvusStore
+
+        return MilvusStore.from_url(url)
+    if scheme in ("qdrant", "qdrant+local"):
+        from stores.qdrant import open_qdrant
+
+        return open_qdrant(url)
+    if scheme in ("postgresql", "postgres"):
+        from stores.pgvector import PgVectorStore
+
+        return PgVectorStore.from_url(url)
+    raise ConfigError(
+        f"unsupported store URL scheme {scheme!r} in {url!r}; supported: {', '.join(SCHEMES)}"
+    )

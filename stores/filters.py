@@ -1,0 +1,223 @@
+"""Typed metadata filters: parsed once from JSON, compiled by each backend.
+
+The JSON form follows the operator style of MongoDB/Chroma/Pinecone filters::
+
+    {"year": 2020}                                   # eq (shorthand)
+    {"year": {"$gte": 2000, "$lt": 2010}}            # range
+    {"tag": {"$in": ["a", "b"]}}                     # in
+    {"$or": [{"tag": "a"}, {"year": {"$gt": 2015}}]}  # or / and over sub-filters
+
+Several keys in one object are ANDed. Backends never paste user text into SQL or a Milvus
+expression: they compile the typed tree with bound parameters (``compile_*`` in each backend).
+:func:`matches` evaluates a filter in Python (used by the BM25 channel and by tests as the
+reference semantics).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from quarry.errors import InvalidFilter
+
+Scalar = str | int | float | bool
+FieldType = Literal["str", "int", "float", "bool"]
+FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Eq:
+    """``field == value`` (for a list-valued field: the list contains ``value``)."""
+
+    field: str
+    value: Scalar
+
+
+@dataclass(frozen=True)
+class In:
+    """``field`` equals one of ``values``."""
+
+    field: str
+    values: tuple[Scalar, ...]
+
+
+@dataclass(frozen=True)
+class Range:
+    """``gt < field``, ``gte <= field``, ``field < lt``, ``field <= lte`` (bounds optional)."""
+
+    field: str
+    gt: float | None = None
+    gte: float | None = None
+    lt: float | None = None
+    lte: float | None = None
+
+
+@dataclass(frozen=True)
+class And:
+    """All sub-filters hold."""
+
+    items: tuple[Filter, ...]
+
+
+@dataclass(frozen=True)
+class Or:
+    """At least one sub-filter holds."""
+
+    items: tuple[Filter, ...]
+
+
+Filter = Eq | In | Range | And | Or
+
+_RANGE_OPS = {"$gt": "gt", "$gte": "gte", "$lt": "lt", "$lte": "lte"}
+
+
+def parse_filter(raw: Mapping[str, Any] | None, schema: Mapping[str, FieldType] | None = None) -> Filter | None:
+    """Parse the JSON filter form into a typed tree, checking fields and types.
+
+    Args:
+        raw: The JSON object (``None`` or ``{}`` means no filter).
+        schema: Known payload fields and their types. When given, an unknown field or a value
+            of the wrong type is rejected.
+
+    Returns:
+        The typed filter, or ``None`` for an empty filter.
+
+    Raises:
+        InvalidFilter: Unknown operator or field, wrong value type, empty ``$in``/``$or``.
+    """
+    if not raw:
+        return None
+    if not isinstance(raw, Mapping):
+        raise InvalidFilter(f"a filter must be a JSON object, got {type(raw).__name__}")
+    items = [_parse_key(key, value, schema) for key, value in raw.items()]
+    return items[0] if len(items) == 1 else And(tuple(items))
+
+
+def _parse_key(key: str, value: Any, schema: Mapping[str, FieldType] | None) -> Filter:
+    if key in ("$and", "$or"):
+        if not isinstance(value, list) or not value:
+            raise InvalidFilter(f"{key} takes a non-empty list of filter objects")
+        subs: list[Filter] = []
+        for sub in value:
+            parsed = parse_filter(sub, schema) if isinstance(sub, Mapping) else None
+            if parsed is None:
+                raise InvalidFilter(f"every item of {key} must be a non-empty filter object")
+            subs.append(parsed)
+        return And(tuple(subs)) if key == "$and" else Or(tuple(subs))
+    if key.startswith("$"):
+        raise InvalidFilter(f"unknown filter operator {key!r}; use $and, $or or a field name")
+    _check_field(key, schema)
+    if not isinstance(value, Mapping):
+        return Eq(key, _scalar(key, value, schema))
+    return _parse_ops(key, value, schema)
+
+
+def _parse_ops(key: str, ops: Mapping[str, Any], schema: Mapping[str, FieldType] | None) -> Filter:
+    if not ops:
+        raise InvalidFilter(f"the condition on {key!r} is empty")
+    parts: list[Filter] = []
+    bounds: dict[str, float] = {}
+    for op, arg in ops.items():
+        if op == "$eq":
+            parts.append(Eq(key, _scalar(key, arg, schema)))
+        elif op == "$in":
+            if not isinstance(arg, list) or not arg:
+                raise InvalidFilter(f"$in on {key!r} takes a non-empty list")
+            parts.append(In(key, tuple(_scalar(key, v, schema) for v in arg)))
+        elif op in _RANGE_OPS:
+            bounds[_RANGE_OPS[op]] = _number(key, arg, schema)
+        else:
+            raise InvalidFilter(
+                f"unknown operator {op!r} on {key!r}; supported: $eq, $in, $gt, $gte, $lt, $lte"
+            )
+    if bounds:
+        parts.append(Range(key, **bounds))
+    return parts[0] if len(parts) == 1 else And(tuple(parts))
+
+
+def _check_field(key: str, schema: Mapping[str, FieldType] | None) -> None:
+    if not FIELD_NAME.match(key):
+        raise InvalidFilter(f"invalid field name {key!r}: use letters, digits and '_'")
+    if schema is not None and key not in schema:
+        known = ", ".join(sorted(schema)) or "(none)"
+        raise InvalidFilter(f"unknown filter field {key!r}; known fields: {known}")
+
+
+def _scalar(key: str, value: Any, schema: Mapping[str, FieldType] | None) -> Scalar:
+    if not isinstance(value, str | int | float | bool) or value is None:
+        raise InvalidFilter(f"the value for {key!r} must be a string, number or boolean")
+    expected = schema.get(key) if schema else None
+    if expected is not None and field_type(value) != expected:
+        if not (expected == "float" and field_type(value) == "int"):
+            raise InvalidFilter(
+                f"field {key!r} holds {expected} values, got {field_type(value)} {value!r}"
+            )
+    return value
+
+
+def _number(key: str, value: Any, schema: Mapping[str, FieldType] | None) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidFilter(f"range bounds on {key!r} must be numbers, got {value!r}")
+    expected = schema.get(key) if schema else None
+    if expected is not None and expected not in ("int", "float"):
+        raise InvalidFilter(f"range operators need a numeric field; {key!r} holds {expected} values")
+    return value
+
+
+def field_type(value: Any) -> FieldType:
+    """The filter type of a payload value (``bool`` before ``int``; lists by their items)."""
+    if isinstance(value, list):
+        return field_type(value[0]) if value else "str"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    return "str"
+
+
+def fields_of(flt: Filter) -> set[str]:
+    """Every payload field a filter reads."""
+    if isinstance(flt, And | Or):
+        return set().union(*(fields_of(sub) for sub in flt.items))
+    return {flt.field}
+
+
+def matches(flt: Filter | None, payload: Mapping[str, Any]) -> bool:
+    """Evaluate ``flt`` against one payload (the reference semantics for every backend).
+
+    A missing field never matches. For a list-valued field, ``Eq``/``In`` match when any item does.
+    """
+    if flt is None:
+        return True
+    if isinstance(flt, And):
+        return all(matches(sub, payload) for sub in flt.items)
+    if isinstance(flt, Or):
+        return any(matches(sub, payload) for sub in flt.items)
+    if flt.field not in payload:
+        return False
+    value = payload[flt.field]
+    values = value if isinstance(value, list) else [value]
+    if isinstance(flt, Eq):
+        return any(_same(v, flt.value) for v in values)
+    if isinstance(flt, In):
+        return any(_same(v, w) for v in values for w in flt.values)
+    return _in_range(flt, value)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b if isinstance(a, bool) or isinstance(b, bool) else a == b
+
+
+def _in_range(flt: Range, value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return (
+        (flt.gt is None or value > flt.gt)
+        and (flt.gte is None or value >= flt.gte)
+        and (flt.lt is None or value < flt.lt)
+        and (flt.lte is None or value <= flt.lte)
+    )
