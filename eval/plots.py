@@ -1,0 +1,106 @@
+"""PNG plots of an evaluation run, drawn with matplotlib's object API on the Agg canvas.
+
+No ``pyplot``: each plot builds its own :class:`~matplotlib.figure.Figure` on a
+:class:`~matplotlib.backends.backend_agg.FigureCanvasAgg`, so nothing touches the global
+backend state and plotting works headless and from threads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from eval.reference import ReferenceRow, References
+from eval.summary import Summary
+
+_LABEL_CHARS = 48
+_LOG_SCALE_RATIO = 50.0
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= _LABEL_CHARS else text[: _LABEL_CHARS - 1] + "…"
+
+
+def _reference_value(row: ReferenceRow, metric: str) -> float | None:
+    return row.ndcg_at_10 if metric == "ndcg@10" else row.recall_at_100
+
+
+def _quality_axis(ax: Axes, summary: Summary, refs: References, metric: str, title: str) -> None:
+    """Draw one metric's bars per mode plus one dashed line per published number."""
+    names = list(summary.modes)
+    values = [summary.modes[name].metrics[metric] for name in names]
+    bars = ax.bar(names, values, color="#4C72B0", width=0.6, zorder=2)
+    ax.bar_label(bars, labels=[f"{v:.3f}" for v in values], padding=2, fontsize=9)
+    colors = [f"C{i % 10}" for i in range(len(refs.rows))]
+    for row, color in zip(refs.rows, colors, strict=True):
+        value = _reference_value(row, metric)
+        if value is not None:
+            label = f"{_short(row.system)} ({value:.3f})"
+            ax.axhline(value, color=color, linestyle="--", linewidth=1, label=label, zorder=3)
+    ax.set_ylim(0.0, 1.05)
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3, zorder=0)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), fontsize=7, frameon=False)
+
+
+def plot_quality(summary: Summary, refs: References, path: Path) -> Path:
+    """Bar chart of nDCG@10 and Recall@100 per mode with the published numbers as lines.
+
+    Args:
+        summary: The run.
+        refs: Published numbers of the dataset (may be empty).
+        path: Where to write the PNG.
+
+    Returns:
+        ``path``.
+    """
+    fig = Figure(figsize=(12, 7), layout="constrained")
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2)
+    _quality_axis(left, summary, refs, "ndcg@10", "nDCG@10")
+    _quality_axis(right, summary, refs, "recall@100", "Recall@100")
+    split = summary.config.get("split", "?")
+    fig.suptitle(
+        f"{summary.config.get('dataset', '')} ({split}): ours (bars) vs published (dashed)"
+    )
+    fig.savefig(path, format="png", dpi=110)
+    return path
+
+
+def plot_latency(summary: Summary, path: Path) -> Path:
+    """Box plot of per-query search latency per mode (whiskers at p5/p95), p50/p95 annotated.
+
+    Args:
+        summary: The run; each mode's ``latencies_ms`` are plotted.
+        path: Where to write the PNG.
+
+    Returns:
+        ``path``.
+    """
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    names = list(summary.modes)
+    data = [list(summary.modes[name].latencies_ms.values()) or [0.0] for name in names]
+    ax.boxplot(data, tick_labels=names, whis=(5, 95), flierprops={"markersize": 2})
+    for x, name in enumerate(names, start=1):
+        result = summary.modes[name]
+        ax.annotate(
+            f"p50 {result.p50_ms:.2f}\np95 {result.p95_ms:.2f}",
+            xy=(x, result.p95_ms),
+            xytext=(14, 0),
+            textcoords="offset points",
+            fontsize=8,
+        )
+    positive = [v for values in data for v in values if v > 0]
+    if positive and max(positive) / min(positive) > _LOG_SCALE_RATIO:
+        ax.set_yscale("log")
+    ax.set_ylabel("latency per query (ms)")
+    ax.set_title("Search latency per query (box: p25-p75, whiskers: p5-p95)")
+    ax.grid(axis="y", alpha=0.3)
+    fig.savefig(path, format="png", dpi=110)
+    return path

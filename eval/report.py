@@ -1,0 +1,151 @@
+"""Write the artifacts of an evaluation run: ``summary.json``, ``report.md``, plots.
+
+Files written into the output folder by :func:`write_report`:
+
+- ``summary.json``: the machine-readable result (schema in :mod:`eval.summary`);
+- ``per_query.json``: ``{"<mode>": {"<query id>": {metric: value, "latency_ms": ms}}}``;
+- ``quality.png``: nDCG@10 / Recall@100 per mode with the published numbers as lines;
+- ``latency.png``: per-query latency distribution per mode;
+- ``report.md``: our modes and the published numbers side by side, the plots embedded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eval.plots import plot_latency, plot_quality
+from eval.reference import References
+from eval.summary import Summary
+
+SUMMARY_JSON = "summary.json"
+PER_QUERY_JSON = "per_query.json"
+REPORT_MD = "report.md"
+QUALITY_PNG = "quality.png"
+LATENCY_PNG = "latency.png"
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    """Paths of the files :func:`write_report` wrote."""
+
+    summary_json: Path
+    per_query_json: Path
+    report_md: Path
+    quality_png: Path
+    latency_png: Path
+
+
+def _md(text: str) -> str:
+    """Escape a table cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _ours_table(summary: Summary) -> list[str]:
+    lines = [
+        "| mode | nDCG@10 | Recall@10 | Recall@100 | MRR@10 | p50 ms | p95 ms | queries |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in summary.modes.items():
+        m = r.metrics
+        lines.append(
+            f"| {_md(name)} | {m['ndcg@10']:.4f} | {m['recall@10']:.4f} | {m['recall@100']:.4f} "
+            f"| {m['mrr@10']:.4f} | {r.p50_ms:.2f} | {r.p95_ms:.2f} | {len(r.per_query)} |"
+        )
+    return lines
+
+
+def _side_by_side(summary: Summary, refs: References) -> list[str]:
+    split = summary.config.get("split", "")
+    lines = ["| system | nDCG@10 | R@100 | source |", "|---|---|---|---|"]
+    for name, r in summary.modes.items():
+        lines.append(
+            f"| **Quarry `{_md(name)}`** | **{r.metrics['ndcg@10']:.4f}** "
+            f"| **{r.metrics['recall@100']:.4f}** | this run ({_md(str(split))} split) |"
+        )
+    for row in refs.rows:
+        status = f" ({_md(row.status)})" if row.status else ""
+        lines.append(
+            f"| {_md(row.system)} | {_md(row.ndcg_text)} | {_md(row.recall_text)} "
+            f"| {_md(row.source)}{status} |"
+        )
+    return lines
+
+
+def _reference_note(summary: Summary, refs: References) -> list[str]:
+    if refs.heading is None:
+        return ["_No published numbers found for this dataset in REFERENCE_SCORES.md._", ""]
+    note = [f"Published numbers: REFERENCE_SCORES.md, section *{_md(refs.heading)}*."]
+    if summary.config.get("split") != "test":
+        note.append("They are for the **test** split unless the source says otherwise.")
+    lines = [" ".join(note), ""]
+    if refs.notes:
+        lines += [f"> {refs.notes}", ""]
+    return lines
+
+
+def render_report_md(summary: Summary, refs: References, images: dict[str, str]) -> str:
+    """Render ``report.md``.
+
+    Args:
+        summary: The run.
+        refs: Published numbers of the dataset (may be empty).
+        images: Caption -> image path relative to the report.
+
+    Returns:
+        The Markdown text.
+    """
+    cfg = summary.config
+    lines = [f"# Evaluation: {cfg.get('dataset', '?')} ({cfg.get('split', '?')} split)", ""]
+    lines += ["## Our modes", "", *_ours_table(summary), ""]
+    lines += ["## Side by side with published numbers", "", *_reference_note(summary, refs)]
+    lines += [*_side_by_side(summary, refs), ""]
+    lines += ["## Plots", ""]
+    lines += [f"![{caption}]({target})\n" for caption, target in images.items()]
+    lines += ["## Config", "", "```json", json.dumps(cfg, indent=2, sort_keys=True, default=str)]
+    lines += ["```", ""]
+    return "\n".join(lines)
+
+
+def _per_query(summary: Summary) -> dict[str, Any]:
+    return {
+        name: {
+            qid: {**scores, "latency_ms": r.latencies_ms.get(qid)}
+            for qid, scores in r.per_query.items()
+        }
+        for name, r in summary.modes.items()
+    }
+
+
+def write_report(summary: Summary, refs: References, out_dir: Path) -> ReportFiles:
+    """Write all artifacts of a run into ``out_dir`` (created if needed; files overwritten).
+
+    Args:
+        summary: The run.
+        refs: Published numbers of the dataset (may be empty).
+        out_dir: The output folder.
+
+    Returns:
+        The paths written.
+
+    Raises:
+        OSError: ``out_dir`` cannot be created or written.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = ReportFiles(
+        summary_json=out_dir / SUMMARY_JSON,
+        per_query_json=out_dir / PER_QUERY_JSON,
+        report_md=out_dir / REPORT_MD,
+        quality_png=out_dir / QUALITY_PNG,
+        latency_png=out_dir / LATENCY_PNG,
+    )
+    dump = json.dumps(summary.to_dict(), indent=2, default=str)
+    files.summary_json.write_text(dump + "\n", encoding="utf-8")
+    files.per_query_json.write_text(json.dumps(_per_query(summary)) + "\n", encoding="utf-8")
+    plot_quality(summary, refs, files.quality_png)
+    plot_latency(summary, files.latency_png)
+    images = {"nDCG@10 and Recall@100 per mode": QUALITY_PNG, "Latency per query": LATENCY_PNG}
+    files.report_md.write_text(render_report_md(summary, refs, images), encoding="utf-8")
+    return files

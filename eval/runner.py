@@ -1,0 +1,194 @@
+"""Run retrieval modes over a BEIR split, score them, and write the report.
+
+Entry point for ``quarry eval`` (the CLI wires the search; this module does the rest)::
+
+    from eval.runner import evaluate
+
+    summary = evaluate(
+        search,                      # (query_text: str, mode: str, top_k: int) -> [(doc_id, score)]
+        beir_dir=Path("../shared/data/scifact"),
+        split="test",
+        modes=["bm25", "dense", "hybrid"],
+        out_dir=Path("eval-out"),
+        config={"store": "milvus:///data/quarry.db", "embedder": "all-MiniLM-L6-v2"},
+    )
+
+``evaluate`` loads the judged queries of the split (:func:`eval.beir.load_split`), calls
+``search`` once per query and mode (the order of the returned list is the ranking; scores are
+only recorded), times each call with :func:`time.perf_counter_ns`, scores the rankings with
+``pytrec_eval`` (:mod:`eval.metrics`), reads the published numbers of the dataset from
+``<beir_dir>/../REFERENCE_SCORES.md`` (:mod:`eval.reference`) and writes ``summary.json``,
+``per_query.json``, ``report.md`` and two PNGs into ``out_dir`` (:mod:`eval.report`).
+Before timing a mode, ``warmup`` untimed calls are made (model loading, caches) so that the
+first timed query does not carry start-up cost. Errors raised by ``search`` propagate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from eval.beir import BeirSplit, load_split
+from eval.metrics import mean_metrics, per_query_metrics
+from eval.reference import load_references
+from eval.report import write_report
+from eval.summary import ModeResult, Summary
+from quarry.errors import InvalidRequest
+
+SearchFn = Callable[[str, str, int], Sequence[tuple[str, float]]]
+"""``search(query_text, mode, top_k) -> [(document_id, score), ...]``, best first."""
+
+REFERENCE_FILE = "REFERENCE_SCORES.md"
+
+
+def _progress(enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        disable=not enabled,
+    )
+
+
+def run_mode(
+    search: SearchFn,
+    queries: Mapping[str, str],
+    mode: str,
+    top_k: int,
+    progress: Progress | None = None,
+) -> tuple[dict[str, list[str]], dict[str, float]]:
+    """Search every query in one mode, timing each call.
+
+    Args:
+        search: The search callable.
+        queries: Query id -> query text.
+        mode: Passed through to ``search``.
+        top_k: Passed through to ``search``; longer answers are cut to ``top_k``.
+        progress: A started rich progress display to advance, or None.
+
+    Returns:
+        ``(rankings, latencies_ms)``: query id -> document ids best first, and
+        query id -> wall-clock milliseconds of its ``search`` call.
+    """
+    rankings: dict[str, list[str]] = {}
+    latencies_ms: dict[str, float] = {}
+    task = progress.add_task(mode, total=len(queries)) if progress is not None else None
+    for qid, text in queries.items():
+        start = time.perf_counter_ns()
+        hits = search(text, mode, top_k)
+        latencies_ms[qid] = (time.perf_counter_ns() - start) / 1e6
+        rankings[qid] = [doc_id for doc_id, _score in hits[:top_k]]
+        if progress is not None and task is not None:
+            progress.advance(task)
+    return rankings, latencies_ms
+
+
+def run_modes(
+    search: SearchFn,
+    split: BeirSplit,
+    modes: Sequence[str],
+    config: Mapping[str, Any],
+    top_k: int = 100,
+    *,
+    warmup: int = 1,
+    show_progress: bool = True,
+) -> Summary:
+    """Run and score each mode over a loaded split (no files written).
+
+    Args:
+        search: The search callable.
+        split: Judged queries and qrels.
+        modes: Mode names, run in this order (repeats are run once).
+        config: Recorded as ``summary.config`` (copied).
+        top_k: Depth asked of ``search``; Recall@100 needs ``top_k >= 100``.
+        warmup: Untimed ``search`` calls per mode before timing (the first queries).
+        show_progress: Show a rich progress bar on stderr.
+
+    Returns:
+        The summary, modes in the given order.
+
+    Raises:
+        InvalidRequest: No modes, ``top_k < 1``, ``warmup < 0`` or a split without queries.
+    """
+    if not modes:
+        raise InvalidRequest("no evaluation modes given")
+    if top_k < 1 or warmup < 0:
+        raise InvalidRequest(f"top_k must be >= 1 and warmup >= 0, got {top_k} and {warmup}")
+    if not split.queries:
+        raise InvalidRequest(f"split {split.name!r} has no judged queries")
+    results: dict[str, ModeResult] = {}
+    with _progress(show_progress) as progress:
+        for mode in dict.fromkeys(modes):
+            for text in list(split.queries.values())[:warmup]:
+                search(text, mode, top_k)
+            rankings, latencies = run_mode(search, split.queries, mode, top_k, progress)
+            per_query = per_query_metrics(split.qrels, rankings)
+            results[mode] = ModeResult(mode, mean_metrics(per_query), per_query, latencies)
+    return Summary(config=dict(config), modes=results)
+
+
+def evaluate(
+    search: SearchFn,
+    beir_dir: Path,
+    split: str,
+    modes: Sequence[str],
+    out_dir: Path,
+    config: Mapping[str, Any],
+    top_k: int = 100,
+    *,
+    references_path: Path | None = None,
+    warmup: int = 1,
+    show_progress: bool = True,
+) -> Summary:
+    """Evaluate ``search`` on a BEIR split and write the report (see the module docstring).
+
+    Args:
+        search: ``search(query_text, mode, top_k) -> [(document_id, score), ...]``, best first.
+        beir_dir: BEIR folder (``corpus.jsonl``, ``queries.jsonl``, ``qrels/<split>.tsv``).
+        split: Split name, e.g. ``"test"``.
+        modes: Modes to run, e.g. ``["bm25", "dense", "hybrid"]``.
+        out_dir: Folder for ``summary.json``, ``per_query.json``, ``report.md`` and the PNGs.
+        config: What is being evaluated (store URL, model, BM25 parameters, ...), JSON-able;
+            stored in ``summary.json["config"]`` together with dataset, split, modes, top_k,
+            number of queries, warmup and start time (these run facts win on a key clash).
+        top_k: Depth asked of ``search`` (100 for Recall@100).
+        references_path: REFERENCE_SCORES.md; default ``<beir_dir>/../REFERENCE_SCORES.md``.
+            A missing file means no published numbers in the report.
+        warmup: Untimed calls per mode before timing.
+        show_progress: Show a rich progress bar on stderr.
+
+    Returns:
+        The summary that was written to ``out_dir/summary.json``.
+
+    Raises:
+        InvalidRequest: Unknown split or folder, no modes, bad ``top_k``.
+        InvalidDocument: A BEIR file is malformed.
+        OSError: ``out_dir`` cannot be written.
+    """
+    beir_dir = Path(beir_dir)
+    loaded = load_split(beir_dir, split)
+    facts = {
+        "dataset": beir_dir.resolve().name,
+        "beir_dir": str(beir_dir),
+        "split": split,
+        "modes": list(dict.fromkeys(modes)),
+        "top_k": top_k,
+        "num_queries": len(loaded.queries),
+        "warmup_queries": warmup,
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    run_config = {**config, **facts}
+    summary = run_modes(
+        search, loaded, modes, run_config, top_k, warmup=warmup, show_progress=show_progress
+    )
+    ref_file = references_path or beir_dir.resolve().parent / REFERENCE_FILE
+    write_report(summary, load_references(ref_file, str(facts["dataset"])), Path(out_dir))
+    return summary
