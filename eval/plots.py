@@ -7,6 +7,7 @@ backend state and plotting works headless and from threads.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from matplotlib.axes import Axes
@@ -33,15 +34,20 @@ def _quality_axis(ax: Axes, summary: Summary, refs: References, metric: str, tit
     names = list(summary.modes)
     values = [summary.modes[name].metrics[metric] for name in names]
     bars = ax.bar(names, values, color="#4C72B0", width=0.6, zorder=2)
-    ax.bar_label(bars, labels=[f"{v:.3f}" for v in values], padding=2, fontsize=9)
+    labels = [f"{v:.3f}" for v in values]
+    ax.bar_label(bars, labels=labels, label_type="center", color="white", fontweight="bold")
     colors = [f"C{i % 10}" for i in range(len(refs.rows))]
+    shown = list(values)
     for row, color in zip(refs.rows, colors, strict=True):
         value = _reference_value(row, metric)
         if value is not None:
+            shown.append(value)
             label = f"{_short(row.system)} ({value:.3f})"
             ax.axhline(value, color=color, linestyle="--", linewidth=1, label=label, zorder=3)
-    ax.set_ylim(0.0, 1.05)
-    ax.set_title(title)
+    # Zoom on the range that holds the numbers: differences of 0.01 matter here.
+    bottom = max(0.0, math.floor((min(shown) - 0.05) * 10) / 10)
+    ax.set_ylim(bottom, 1.02)
+    ax.set_title(title + (f" (y axis from {bottom:.1f})" if bottom > 0 else ""))
     ax.grid(axis="y", alpha=0.3, zorder=0)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), fontsize=7, frameon=False)
