@@ -1,0 +1,623 @@
+"""PostgreSQL + pgvector backend: ``postgresql://user@host:port/db[?schema=quarry]``.
+
+Layout, all inside one schema (default ``quarry``; ``?schema=`` in the URL picks another, which
+is how tests isolate themselves on a shared server):
+
+* ``c_<name>``: one table per collection, ``(id text PRIMARY KEY, embedding vector(dim),
+  payload jsonb)``, with a GIN ``jsonb_path_ops`` index on ``payload`` for the filters;
+* ``meta_collections``: ``name, dim, metric, index_spec jsonb`` (the index as built);
+* ``meta_aliases``: ``alias -> collection``; a swap is one ``UPSERT`` in one transaction.
+
+Indexes (pgvector >= 0.8): HNSW and IVFFlat on ``embedding``, or on ``embedding::halfvec(dim)``
+with ``params={"halfvec": True}`` (half the memory, up to 4000 dims); FLAT means no index (an
+exact scan). Filtered searches turn on iterative index scans (``hnsw.iterative_scan``,
+``ivfflat.iterative_scan``), and a query that still comes back short of ``top_k`` is re-run as
+an exact scan, so a search returns fewer than ``top_k`` hits only when fewer rows match.
+
+Connections come from a thread-safe :class:`psycopg_pool.ConnectionPool`. Every value is a
+bound parameter (see :mod:`stores.pgvector_sql`). Start a local server with
+``scripts/services/postgres.sh start`` (URL ``postgresql://postgres@127.0.0.1:5433/quarry``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, cast
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import numpy as np
+
+from quarry.errors import (
+    CollectionExists,
+    CollectionNotFound,
+    DimensionMismatch,
+    IndexBuildFailed,
+    InvalidQuery,
+    InvalidRequest,
+    QuarryError,
+    StoreError,
+    StoreUnavailable,
+    missing_extra,
+)
+from stores import pgvector_sql as q
+from stores.base import FloatMatrix, IndexSpec, Metric, ScoredId, StoreCapabilities, VectorRecord
+from stores.filters import Filter
+
+try:
+    import psycopg
+    from pgvector.psycopg import register_vector
+    from psycopg import sql
+    from psycopg.types.json import Jsonb
+    from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise missing_extra(exc.name or "psycopg", "pgvector") from exc
+
+Conn = psycopg.Connection[tuple[Any, ...]]
+UPSERT_BATCH = 2000  # rows per INSERT statement (all batches share one transaction)
+_LOCK_KEY = 0x5175617272  # pg_advisory_xact_lock key serialising metadata changes
+
+
+@dataclass(frozen=True)
+class _Collection:
+    name: str
+    dim: int
+    metric: Metric
+    index: IndexSpec | None
+
+
+class PgVectorStore:
+    """A :class:`~stores.base.VectorStore` on PostgreSQL with pgvector.
+
+    Args:
+        conninfo: libpq connection string or URL (without the ``schema`` query parameter).
+        schema: Schema that holds Quarry's tables; created if missing.
+        pool_max: Most connections the pool opens.
+        connect_timeout_s: Seconds to wait for the first connection.
+        maintenance_work_mem: Memory for index builds (``SET LOCAL maintenance_work_mem``).
+
+    Raises:
+        StoreUnavailable: The server cannot be reached.
+        StoreError: The ``vector`` extension is missing and cannot be created.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        schema: str = "quarry",
+        pool_max: int = 10,
+        connect_timeout_s: float = 10.0,
+        maintenance_work_mem: str = "1GB",
+    ) -> None:
+        self._schema = q.check_name(schema, "schema")
+        self._maintenance_work_mem = maintenance_work_mem
+        self._caps: StoreCapabilities | None = None
+        self._bootstrap(conninfo, connect_timeout_s)
+        self._pool: ConnectionPool[Conn] = ConnectionPool(
+            conninfo,
+            min_size=1,
+            max_size=pool_max,
+            kwargs={"connect_timeout": max(1, int(connect_timeout_s))},
+            configure=_configure,
+            open=False,
+            timeout=30.0,
+            name="quarry-pgvector",
+        )
+        try:
+            self._pool.open(wait=True, timeout=connect_timeout_s)
+        except PoolTimeout as exc:
+            self._pool.close()
+            raise StoreUnavailable(f"PostgreSQL at {_redact(conninfo)} is unreachable") from exc
+
+    @classmethod
+    def from_url(cls, url: str) -> PgVectorStore:
+        """Open a store from ``postgresql://user[:password]@host[:port]/db[?schema=name]``.
+
+        Raises:
+            StoreUnavailable: The server cannot be reached.
+        """
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        schema = next((v for k, v in query if k == "schema"), "quarry")
+        rest = urlencode([(k, v) for k, v in query if k != "schema"])
+        return cls(urlunsplit(parts._replace(query=rest)), schema=schema)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _bootstrap(self, conninfo: str, timeout_s: float) -> None:
+        try:
+            with psycopg.connect(conninfo, connect_timeout=max(1, int(timeout_s))) as conn:
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+                for stmt in _schema_sql(self._schema):
+                    conn.execute(stmt)
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(
+                f"PostgreSQL at {_redact(conninfo)} is unreachable: {exc}"
+            ) from exc
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"cannot prepare schema {self._schema!r} (pgvector installed?): {exc}"
+            ) from exc
+
+    @contextmanager
+    def _tx(self, name: str | None = None) -> Iterator[Conn]:
+        """One pooled connection in one transaction, with driver errors mapped to Quarry's."""
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except QuarryError:
+            raise
+        except psycopg.errors.UndefinedTable as exc:
+            raise CollectionNotFound(name or "?") from exc
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise StoreUnavailable(f"PostgreSQL unavailable: {exc}") from exc
+        except (psycopg.Error, PoolClosed) as exc:
+            raise StoreError(f"PostgreSQL error: {exc}") from exc
+
+    def _meta(self, table: str) -> sql.Identifier:
+        return sql.Identifier(self._schema, table)
+
+    def _lookup(self, conn: Conn, name: str) -> _Collection:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT name, dim, metric, index_spec FROM {} WHERE name = "
+                "COALESCE((SELECT collection FROM {} WHERE alias = %s), %s)"
+            ).format(self._meta("meta_collections"), self._meta("meta_aliases")),
+            (name, name),
+        ).fetchone()
+        if row is None:
+            raise CollectionNotFound(name)
+        spec = row[3]
+        index = None if spec is None else IndexSpec(**spec)
+        return _Collection(row[0], int(row[1]), cast(Metric, row[2]), index)
+
+    def _exists(self, conn: Conn, name: str) -> bool:
+        row = conn.execute(
+            sql.SQL(
+                "SELECT EXISTS (SELECT 1 FROM {} WHERE name = %s) "
+                "OR EXISTS (SELECT 1 FROM {} WHERE alias = %s)"
+            ).format(self._meta("meta_collections"), self._meta("meta_aliases")),
+            (name, name),
+        ).fetchone()
+        return bool(row and row[0])
+
+    # ------------------------------------------------------------------ collections
+
+    def capabilities(self) -> StoreCapabilities:
+        """PostgreSQL and pgvector versions; FLAT, HNSW and IVF_FLAT; 2000 dims (vector)."""
+        if self._caps is None:
+            with self._tx() as conn:
+                row = conn.execute(
+                    "SELECT current_setting('server_version'), "
+                    "(SELECT extversion FROM pg_extension WHERE extname = 'vector')"
+                ).fetchone()
+            server, ext = row if row else ("?", "?")
+            self._caps = StoreCapabilities(
+                engine="pgvector",
+                version=f"PostgreSQL {server} + pgvector {ext}",
+                index_kinds=frozenset({"FLAT", "HNSW", "IVF_FLAT"}),
+                max_dim=q.MAX_INDEX_DIM["vector"],
+                persistent=True,
+                notes=(
+                    "HNSW/IVFFlat on vector up to 2000 dims, on halfvec (params halfvec=True) "
+                    "up to 4000; no IVF_PQ or DiskANN; filtered queries use iterative scans"
+                ),
+            )
+        return self._caps
+
+    def create_collection(self, name: str, dim: int, metric: Metric = "cosine") -> None:
+        """Create ``c_<name>`` for ``dim``-dimensional vectors (1-16000).
+
+        Raises:
+            InvalidRequest: Bad name, dimension or metric.
+            CollectionExists: A collection or alias with this name exists.
+        """
+        q.check_name(name)
+        if isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= q.MAX_DIM:
+            raise InvalidRequest(f"dim must be an int in [1, {q.MAX_DIM}], got {dim!r}")
+        if metric not in q.METRICS:
+            raise InvalidRequest(f"metric must be one of {q.METRICS}, got {metric!r}")
+        with self._tx(name) as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            if self._exists(conn, name):
+                raise CollectionExists(name)
+            for stmt in _collection_sql(self._schema, name, dim):
+                conn.execute(stmt)
+            conn.execute(
+                sql.SQL("INSERT INTO {} (name, dim, metric) VALUES (%s, %s, %s)").format(
+                    self._meta("meta_collections")
+                ),
+                (name, dim, metric),
+            )
+
+    def drop_collection(self, name: str) -> None:
+        """Drop a physical collection, its data and the aliases pointing at it."""
+        if not isinstance(name, str) or not q.COLLECTION_NAME.match(name):
+            return
+        with self._tx(name) as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            row = conn.execute(
+                sql.SQL("DELETE FROM {} WHERE name = %s RETURNING name").format(
+                    self._meta("meta_collections")
+                ),
+                (name,),
+            ).fetchone()
+            if row is not None:
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(q.table(self._schema, name)))
+
+    def has_collection(self, name: str) -> bool:
+        """Whether a collection or an alias named ``name`` exists."""
+        with self._tx(name) as conn:
+            return self._exists(conn, name)
+
+    def list_collections(self) -> list[str]:
+        """Names of the physical collections, sorted."""
+        with self._tx() as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT name FROM {}").format(self._meta("meta_collections"))
+            ).fetchall()
+        return sorted(r[0] for r in rows)
+
+    def collection_dim(self, name: str) -> int:
+        """Dimension of the collection's vectors."""
+        with self._tx(name) as conn:
+            return self._lookup(conn, name).dim
+
+    # ------------------------------------------------------------------ records
+
+    def upsert(self, name: str, records: Sequence[VectorRecord]) -> None:
+        """Insert or replace records by id, all in one transaction (last duplicate wins).
+
+        Raises:
+            DimensionMismatch: A vector has the wrong dimension; nothing is written.
+            InvalidRequest: A vector holds NaN or infinity.
+        """
+        with self._tx(name) as conn:
+            coll = self._lookup(conn, name)
+            rows = _checked_rows(coll, records)
+            stmt = sql.SQL(
+                "INSERT INTO {} (id, embedding, payload) "
+                "SELECT * FROM unnest(%s::text[], %s::vector[], %s::jsonb[]) "
+                "ON CONFLICT (id) DO UPDATE "
+                "SET embedding = EXCLUDED.embedding, payload = EXCLUDED.payload"
+            ).format(q.table(self._schema, coll.name))
+            for start in range(0, len(rows), UPSERT_BATCH):
+                chunk = rows[start : start + UPSERT_BATCH]
+                conn.execute(
+                    stmt,
+                    ([r[0] for r in chunk], [r[1] for r in chunk], [Jsonb(r[2]) for r in chunk]),
+                )
+
+    def delete(self, name: str, ids: Sequence[str]) -> None:
+        """Delete records by id; unknown ids are ignored."""
+        with self._tx(name) as conn:
+            coll = self._lookup(conn, name)
+            conn.execute(
+                sql.SQL("DELETE FROM {} WHERE id = ANY(%s::text[])").format(
+                    q.table(self._schema, coll.name)
+                ),
+                (list(ids),),
+            )
+
+    def delete_by_filter(self, name: str, flt: Filter) -> None:
+        """Delete every record whose payload matches ``flt``.
+
+        Raises:
+            InvalidFilter: The filter cannot be compiled.
+        """
+        cond, params = q.compile_filter(flt)
+        with self._tx(name) as conn:
+            coll = self._lookup(conn, name)
+            conn.execute(
+                sql.SQL("DELETE FROM {} WHERE {}").format(q.table(self._schema, coll.name), cond),
+                params,
+            )
+
+    def get(self, name: str, ids: Sequence[str]) -> list[VectorRecord]:
+        """Fetch records by id, in the order of ``ids`` (missing and repeated ids skipped)."""
+        with self._tx(name) as conn:
+            coll = self._lookup(conn, name)
+            rows = conn.execute(
+                sql.SQL("SELECT id, embedding, payload FROM {} WHERE id = ANY(%s::text[])").format(
+                    q.table(self._schema, coll.name)
+                ),
+                (list(ids),),
+            ).fetchall()
+        found = {r[0]: VectorRecord(r[0], _to_numpy(r[1]), r[2]) for r in rows}
+        return [found[i] for i in dict.fromkeys(ids) if i in found]
+
+    def count(self, name: str, flt: Filter | None = None) -> int:
+        """Number of records, optionally only those matching ``flt``."""
+        cond, params = q.compile_filter(flt)
+        with self._tx(name) as conn:
+            coll = self._lookup(conn, name)
+            row = conn.execute(
+                sql.SQL("SELECT count(*) FROM {} WHERE {}").format(
+                    q.table(self._schema, coll.name), cond
+                ),
+                params,
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    # ------------------------------------------------------------------ search
+
+    def search(
+        self,
+        name: str,
+        queries: FloatMatrix,
+        top_k: int,
+        flt: Filter | None = None,
+        search_params: dict[str, Any] | None = None,
+    ) -> list[list[ScoredId]]:
+        """Batched k-NN in one statement (a LATERAL scan per query row).
+
+        ``search_params`` override the index's: ``ef`` (HNSW ``hnsw.ef_search``, raised to at
+        least ``top_k``), ``nprobe`` (``ivfflat.probes``), ``iterative_scan`` (default
+        ``relaxed_order``), ``max_scan_tuples``, ``scan_mem_multiplier``, ``max_probes``.
+
+        Returns:
+            ``n`` lists of at most ``top_k`` hits, best first; scores are cosine similarity,
+            inner product, or ``-`` Euclidean distance.
+
+        Raises:
+            InvalidQuery: ``queries`` is not 2-D, ``top_k < 1`` or a parameter is out of range.
+            DimensionMismatch: ``queries.shape[1]`` differs from the collection's dimension.
+        """
+        matrix = np.asarray(queries, dtype=np.float32)
+        if matrix.ndim != 2:
+            raise InvalidQuery(f"queries must be a 2-D (n, dim) array, got shape {matrix.shape}")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise InvalidQuery(f"top_k must be an int >= 1, got {top_k!r}")
+        cond, cond_params = q.compile_filter(flt)
+        with self._tx(name) as conn:
+            coll = self._lookup(conn, name)
+            if matrix.shape[1] != coll.dim:
+                raise DimensionMismatch(expected=coll.dim, got=matrix.shape[1], collection=name)
+            if matrix.shape[0] == 0:
+                return []
+            params = dict(coll.index.search_params if coll.index else {})
+            params.update(search_params or {})
+            kind = coll.index.kind if coll.index else None
+            halfvec = bool(coll.index and coll.index.params.get("halfvec"))
+            stmt = q.search_sql(self._schema, coll.name, coll.dim, coll.metric, halfvec, cond)
+            _set_local(conn, q.search_settings(kind, params, top_k))
+            hits = _run_search(conn, stmt, list(matrix), cond_params, top_k, coll.metric)
+            short = [i for i, h in enumerate(hits) if len(h) < top_k]
+            if short and kind in ("HNSW", "IVF_FLAT"):
+                _set_local(conn, [("enable_indexscan", "off")])
+                exact = _run_search(
+                    conn, stmt, [matrix[i] for i in short], cond_params, top_k, coll.metric
+                )
+                for i, redo in zip(short, exact, strict=True):
+                    hits[i] = redo
+        return hits
+
+    # ------------------------------------------------------------------ indexes
+
+    def build_index(self, name: str, spec: IndexSpec, timeout_s: float = 600.0) -> None:
+        """Build (or replace) the vector index in one transaction under ``statement_timeout``.
+
+        The new index is built beside the old one, which is dropped and replaced only when the
+        build succeeds; a failed or timed-out build rolls the whole transaction back. The index
+        uses the collection's metric whatever ``spec.metric`` says (recorded as built).
+
+        Raises:
+            UnsupportedIndex: ``IVF_PQ``/``DISKANN`` or bad parameters (before any work).
+            IndexBuildFailed: The build failed or ran past ``timeout_s``; nothing changed.
+        """
+        if timeout_s <= 0:
+            raise InvalidRequest(f"timeout_s must be > 0, got {timeout_s!r}")
+        with self._tx(name) as conn:
+            coll = self._lookup(conn, name)
+            plan = q.plan_index(spec, coll.dim, coll.metric)
+            try:
+                self._replace_index(conn, coll, plan, timeout_s)
+            except psycopg.errors.QueryCanceled as exc:
+                raise IndexBuildFailed(
+                    f"building {spec.kind} on {name!r} took longer than {timeout_s:g} s; "
+                    "rolled back"
+                ) from exc
+            except (psycopg.errors.ProgramLimitExceeded, psycopg.errors.OutOfMemory) as exc:
+                raise IndexBuildFailed(f"building {spec.kind} on {name!r} failed: {exc}") from exc
+
+    def _replace_index(
+        self, conn: Conn, coll: _Collection, plan: q.IndexPlan, timeout_s: float
+    ) -> None:
+        _set_local(
+            conn,
+            [
+                ("statement_timeout", str(max(1, int(timeout_s * 1000)))),
+                ("maintenance_work_mem", self._maintenance_work_mem),
+            ],
+        )
+        final, fresh = q.index_name(coll.name), q.index_name(coll.name, "vec_new")
+        conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(self._schema, fresh)))
+        if plan.method is not None:
+            conn.execute(
+                q.create_index_sql(self._schema, coll.name, plan, coll.dim, coll.metric, fresh)
+            )
+        conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(self._schema, final)))
+        if plan.method is not None:
+            conn.execute(
+                sql.SQL("ALTER INDEX {} RENAME TO {}").format(
+                    sql.Identifier(self._schema, fresh), sql.Identifier(final)
+                )
+            )
+        self._record_index(conn, coll.name, plan.spec)
+
+    def _record_index(self, conn: Conn, name: str, spec: IndexSpec | None) -> None:
+        doc = None if spec is None else Jsonb(_spec_doc(spec))
+        conn.execute(
+            sql.SQL("UPDATE {} SET index_spec = %s WHERE name = %s").format(
+                self._meta("meta_collections")
+            ),
+            (doc, name),
+        )
+
+    def describe_index(self, name: str) -> IndexSpec | None:
+        """The index as built (``FLAT`` after an explicit FLAT build), or ``None``."""
+        with self._tx(name) as conn:
+            return self._lookup(conn, name).index
+
+    def drop_index(self, name: str) -> None:
+        """Drop the vector index; searches become exact scans."""
+        with self._tx(name) as conn:
+            coll = self._lookup(conn, name)
+            conn.execute(
+                sql.SQL("DROP INDEX IF EXISTS {}").format(
+                    sql.Identifier(self._schema, q.index_name(coll.name))
+                )
+            )
+            self._record_index(conn, coll.name, None)
+
+    # ------------------------------------------------------------------ aliases
+
+    def set_alias(self, alias: str, collection: str) -> None:
+        """Point ``alias`` at ``collection`` (resolved), creating or swapping it atomically.
+
+        Raises:
+            InvalidRequest: Bad alias name.
+            CollectionExists: ``alias`` is the name of a physical collection.
+            CollectionNotFound: ``collection`` does not exist.
+        """
+        q.check_name(alias, "alias")
+        with self._tx(collection) as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            target = self._lookup(conn, collection).name
+            row = conn.execute(
+                sql.SQL("SELECT 1 FROM {} WHERE name = %s").format(self._meta("meta_collections")),
+                (alias,),
+            ).fetchone()
+            if row is not None:
+                raise CollectionExists(alias)
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (alias, collection) VALUES (%s, %s) "
+                    "ON CONFLICT (alias) DO UPDATE SET collection = EXCLUDED.collection"
+                ).format(self._meta("meta_aliases")),
+                (alias, target),
+            )
+
+    def drop_alias(self, alias: str) -> None:
+        """Remove an alias; a missing alias is not an error."""
+        with self._tx(alias) as conn:
+            conn.execute(
+                sql.SQL("DELETE FROM {} WHERE alias = %s").format(self._meta("meta_aliases")),
+                (alias,),
+            )
+
+    def resolve(self, name: str) -> str:
+        """The physical collection ``name`` refers to."""
+        with self._tx(name) as conn:
+            return self._lookup(conn, name).name
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._pool.close()
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _configure(conn: Conn) -> None:
+    """Pool hook: register the vector types and load pgvector (so its GUCs are known)."""
+    register_vector(conn)
+    conn.execute("SELECT NULL::vector")
+    conn.commit()
+
+
+def _schema_sql(schema: str) -> list[sql.Composed | sql.SQL]:
+    ident = sql.Identifier(schema)
+    return [
+        sql.SQL("CREATE EXTENSION IF NOT EXISTS vector"),
+        sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident),
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, dim integer NOT NULL, "
+            "metric text NOT NULL, index_spec jsonb, created_at timestamptz NOT NULL DEFAULT now())"
+        ).format(sql.Identifier(schema, "meta_collections")),
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (alias text PRIMARY KEY, collection text NOT NULL "
+            "REFERENCES {} (name) ON DELETE CASCADE)"
+        ).format(
+            sql.Identifier(schema, "meta_aliases"), sql.Identifier(schema, "meta_collections")
+        ),
+    ]
+
+
+def _collection_sql(schema: str, name: str, dim: int) -> list[sql.Composed | sql.SQL]:
+    tbl = q.table(schema, name)
+    stmts: list[sql.Composed | sql.SQL] = [
+        sql.SQL(
+            "CREATE TABLE {} (id text PRIMARY KEY, embedding vector({}) NOT NULL, "
+            "payload jsonb NOT NULL DEFAULT '{{}}'::jsonb)"
+        ).format(tbl, sql.Literal(dim)),
+        sql.SQL("CREATE INDEX {} ON {} USING gin (payload jsonb_path_ops)").format(
+            sql.Identifier(q.index_name(name, "payload")), tbl
+        ),
+    ]
+    if dim <= 1000:  # keep vectors inline and uncompressed (float data does not compress)
+        stmts.append(sql.SQL("ALTER TABLE {} ALTER COLUMN embedding SET STORAGE PLAIN").format(tbl))
+    return stmts
+
+
+def _checked_rows(
+    coll: _Collection, records: Sequence[VectorRecord]
+) -> list[tuple[str, np.ndarray[Any, np.dtype[np.float32]], dict[str, Any]]]:
+    rows: dict[str, tuple[str, np.ndarray[Any, np.dtype[np.float32]], dict[str, Any]]] = {}
+    for rec in records:
+        vec = np.asarray(rec.vector, dtype=np.float32)
+        if vec.ndim != 1 or vec.shape[0] != coll.dim:
+            got = vec.shape[-1] if vec.ndim else 0
+            raise DimensionMismatch(expected=coll.dim, got=int(got), collection=coll.name)
+        if not np.isfinite(vec).all():
+            raise InvalidRequest(f"vector of record {rec.id!r} holds NaN or infinity")
+        if not isinstance(rec.id, str) or not rec.id:
+            raise InvalidRequest(f"record ids must be non-empty strings, got {rec.id!r}")
+        rows[rec.id] = (rec.id, vec, dict(rec.payload))
+    return list(rows.values())
+
+
+def _set_local(conn: Conn, settings: list[tuple[str, str]]) -> None:
+    if not settings:
+        return
+    calls = sql.SQL(", ").join(sql.SQL("set_config(%s, %s, true)") for _ in settings)
+    conn.execute(sql.SQL("SELECT {}").format(calls), [x for pair in settings for x in pair])
+
+
+def _run_search(
+    conn: Conn,
+    stmt: sql.Composed,
+    vectors: list[Any],
+    cond_params: list[Any],
+    top_k: int,
+    metric: Metric,
+) -> list[list[ScoredId]]:
+    rows = conn.execute(stmt, [vectors, *cond_params, top_k]).fetchall()
+    hits: list[list[ScoredId]] = [[] for _ in vectors]
+    for ordinal, rid, dist, payload in rows:
+        hits[int(ordinal) - 1].append(ScoredId(rid, q.score(metric, float(dist)), payload))
+    return hits
+
+
+def _to_numpy(value: Any) -> np.ndarray[Any, np.dtype[np.float32]]:
+    arr = value.to_numpy() if hasattr(value, "to_numpy") else value
+    return np.array(arr, dtype=np.float32)
+
+
+def _spec_doc(spec: IndexSpec) -> dict[str, Any]:
+    return {
+        "kind": spec.kind,
+        "metric": spec.metric,
+        "params": spec.params,
+        "search_params": spec.search_params,
+    }
+
+
+def _redact(conninfo: str) -> str:
+    parts = urlsplit(conninfo)
+    if parts.password is None:
+        return conninfo
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
