@@ -329,8 +329,8 @@ def _option(group: str, ctx: _Ctx) -> list[_Candidate]:
     if group not in kinds:
         return []
     halfvec = ctx.caps.engine.startswith(("pgvector", "postgres")) and dim <= HALFVEC_MAX_DIM
-    if group == "IVF_FLAT":
-        return [_ivf_flat(n, dim, metric, top_k, halfvec=too_wide and halfvec)]
+    if group == "IVF_FLAT" and (halfvec or not too_wide):
+        return [_ivf_flat(n, dim, metric, top_k, halfvec=too_wide)]
     if too_wide:
         return []
     if group == "HNSW":
