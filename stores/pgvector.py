@@ -76,6 +76,9 @@ class PgVectorStore:
         pool_max: Most connections the pool opens.
         connect_timeout_s: Seconds to wait for the first connection.
         maintenance_work_mem: Memory for index builds (``SET LOCAL maintenance_work_mem``).
+        exact_fallback: Re-run, as an exact scan, any query an index scan left short of
+            ``top_k`` (keeps the "fewer only when fewer match" contract; off only to measure
+            the index alone).
 
     Raises:
         StoreUnavailable: The server cannot be reached.
@@ -90,9 +93,11 @@ class PgVectorStore:
         pool_max: int = 10,
         connect_timeout_s: float = 10.0,
         maintenance_work_mem: str = "1GB",
+        exact_fallback: bool = True,
     ) -> None:
         self._schema = q.check_name(schema, "schema")
         self._maintenance_work_mem = maintenance_work_mem
+        self._exact_fallback = exact_fallback
         self._caps: StoreCapabilities | None = None
         self._bootstrap(conninfo, connect_timeout_s)
         self._pool: ConnectionPool[Conn] = ConnectionPool(
@@ -130,16 +135,12 @@ class PgVectorStore:
         try:
             with psycopg.connect(conninfo, connect_timeout=max(1, int(timeout_s))) as conn:
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-                for stmt in _schema_sql(self._schema):
+                for stmt in q.schema_ddl(self._schema):
                     conn.execute(stmt)
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(
-                f"PostgreSQL at {_redact(conninfo)} is unreachable: {exc}"
-            ) from exc
+            raise StoreUnavailable(f"PostgreSQL at {_redact(conninfo)} is unreachable") from exc
         except psycopg.Error as exc:
-            raise StoreError(
-                f"cannot prepare schema {self._schema!r} (pgvector installed?): {exc}"
-            ) from exc
+            raise StoreError(f"cannot prepare schema {self._schema!r}: {exc}") from exc
 
     @contextmanager
     def _tx(self, name: str | None = None) -> Iterator[Conn]:
@@ -156,29 +157,44 @@ class PgVectorStore:
         except (psycopg.Error, PoolClosed) as exc:
             raise StoreError(f"PostgreSQL error: {exc}") from exc
 
-    def _meta(self, table: str) -> sql.Identifier:
-        return sql.Identifier(self._schema, table)
+    def _run(
+        self,
+        conn: Conn,
+        template: str,
+        params: Sequence[Any] = (),
+        *,
+        coll: str | None = None,
+        where: sql.Composable | None = None,
+    ) -> psycopg.Cursor[tuple[Any, ...]]:
+        """Execute a statement template over this store's schema; values stay bound.
+
+        ``{meta}``, ``{aliases}`` and ``{table}`` (the table of ``coll``) become quoted
+        identifiers, ``{where}`` the compiled filter condition.
+        """
+        query = sql.SQL(template).format(
+            meta=sql.Identifier(self._schema, "meta_collections"),
+            aliases=sql.Identifier(self._schema, "meta_aliases"),
+            table=q.table(self._schema, coll) if coll else sql.SQL(""),
+            where=where if where is not None else sql.SQL("TRUE"),
+        )
+        return conn.execute(query, params)
 
     def _lookup(self, conn: Conn, name: str) -> _Collection:
-        row = conn.execute(
-            sql.SQL(
-                "SELECT name, dim, metric, index_spec FROM {} WHERE name = "
-                "COALESCE((SELECT collection FROM {} WHERE alias = %s), %s)"
-            ).format(self._meta("meta_collections"), self._meta("meta_aliases")),
+        row = self._run(
+            conn,
+            "SELECT name, dim, metric, index_spec FROM {meta} WHERE name = "
+            "COALESCE((SELECT collection FROM {aliases} WHERE alias = %s), %s)",
             (name, name),
         ).fetchone()
         if row is None:
             raise CollectionNotFound(name)
-        spec = row[3]
-        index = None if spec is None else IndexSpec(**spec)
+        index = None if row[3] is None else IndexSpec(**row[3])
         return _Collection(row[0], int(row[1]), cast(Metric, row[2]), index)
 
     def _exists(self, conn: Conn, name: str) -> bool:
-        row = conn.execute(
-            sql.SQL(
-                "SELECT EXISTS (SELECT 1 FROM {} WHERE name = %s) "
-                "OR EXISTS (SELECT 1 FROM {} WHERE alias = %s)"
-            ).format(self._meta("meta_collections"), self._meta("meta_aliases")),
+        row = self._run(
+            conn,
+            "SELECT EXISTS (SELECT 1 FROM {meta} WHERE name = %s) OR EXISTS (SELECT 1 FROM {aliases} WHERE alias = %s)",
             (name, name),
         ).fetchone()
         return bool(row and row[0])
@@ -223,29 +239,23 @@ class PgVectorStore:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
             if self._exists(conn, name):
                 raise CollectionExists(name)
-            for stmt in _collection_sql(self._schema, name, dim):
+            for stmt in q.collection_ddl(self._schema, name, dim):
                 conn.execute(stmt)
-            conn.execute(
-                sql.SQL("INSERT INTO {} (name, dim, metric) VALUES (%s, %s, %s)").format(
-                    self._meta("meta_collections")
-                ),
+            self._run(
+                conn,
+                "INSERT INTO {meta} (name, dim, metric) VALUES (%s, %s, %s)",
                 (name, dim, metric),
             )
 
     def drop_collection(self, name: str) -> None:
         """Drop a physical collection, its data and the aliases pointing at it."""
         if not isinstance(name, str) or not q.COLLECTION_NAME.match(name):
-            return
+            return  # such a name cannot have been created
         with self._tx(name) as conn:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-            row = conn.execute(
-                sql.SQL("DELETE FROM {} WHERE name = %s RETURNING name").format(
-                    self._meta("meta_collections")
-                ),
-                (name,),
-            ).fetchone()
-            if row is not None:
-                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(q.table(self._schema, name)))
+            gone = self._run(conn, "DELETE FROM {meta} WHERE name = %s RETURNING name", (name,)).fetchone()
+            if gone is not None:
+                self._run(conn, "DROP TABLE IF EXISTS {table}", coll=name)
 
     def has_collection(self, name: str) -> bool:
         """Whether a collection or an alias named ``name`` exists."""
@@ -255,9 +265,7 @@ class PgVectorStore:
     def list_collections(self) -> list[str]:
         """Names of the physical collections, sorted."""
         with self._tx() as conn:
-            rows = conn.execute(
-                sql.SQL("SELECT name FROM {}").format(self._meta("meta_collections"))
-            ).fetchall()
+            rows = self._run(conn, "SELECT name FROM {meta}").fetchall()
         return sorted(r[0] for r in rows)
 
     def collection_dim(self, name: str) -> int:
@@ -270,36 +278,33 @@ class PgVectorStore:
     def upsert(self, name: str, records: Sequence[VectorRecord]) -> None:
         """Insert or replace records by id, all in one transaction (last duplicate wins).
 
+        Rows go in ``UPSERT_BATCH`` at a time as three bound arrays (``unnest`` of ids,
+        vectors, payloads) with ``ON CONFLICT (id) DO UPDATE``.
+
         Raises:
             DimensionMismatch: A vector has the wrong dimension; nothing is written.
-            InvalidRequest: A vector holds NaN or infinity.
+            InvalidRequest: A vector holds NaN or infinity, or an id is not a non-empty str.
         """
         with self._tx(name) as conn:
             coll = self._lookup(conn, name)
             rows = _checked_rows(coll, records)
-            stmt = sql.SQL(
-                "INSERT INTO {} (id, embedding, payload) "
-                "SELECT * FROM unnest(%s::text[], %s::vector[], %s::jsonb[]) "
-                "ON CONFLICT (id) DO UPDATE "
-                "SET embedding = EXCLUDED.embedding, payload = EXCLUDED.payload"
-            ).format(q.table(self._schema, coll.name))
             for start in range(0, len(rows), UPSERT_BATCH):
                 chunk = rows[start : start + UPSERT_BATCH]
-                conn.execute(
-                    stmt,
+                self._run(
+                    conn,
+                    "INSERT INTO {table} (id, embedding, payload) "
+                    "SELECT * FROM unnest(%s::text[], %s::vector[], %s::jsonb[]) "
+                    "ON CONFLICT (id) DO UPDATE "
+                    "SET embedding = EXCLUDED.embedding, payload = EXCLUDED.payload",
                     ([r[0] for r in chunk], [r[1] for r in chunk], [Jsonb(r[2]) for r in chunk]),
+                    coll=coll.name,
                 )
 
     def delete(self, name: str, ids: Sequence[str]) -> None:
         """Delete records by id; unknown ids are ignored."""
         with self._tx(name) as conn:
             coll = self._lookup(conn, name)
-            conn.execute(
-                sql.SQL("DELETE FROM {} WHERE id = ANY(%s::text[])").format(
-                    q.table(self._schema, coll.name)
-                ),
-                (list(ids),),
-            )
+            self._run(conn, "DELETE FROM {table} WHERE id = ANY(%s::text[])", (list(ids),), coll=coll.name)
 
     def delete_by_filter(self, name: str, flt: Filter) -> None:
         """Delete every record whose payload matches ``flt``.
@@ -310,20 +315,17 @@ class PgVectorStore:
         cond, params = q.compile_filter(flt)
         with self._tx(name) as conn:
             coll = self._lookup(conn, name)
-            conn.execute(
-                sql.SQL("DELETE FROM {} WHERE {}").format(q.table(self._schema, coll.name), cond),
-                params,
-            )
+            self._run(conn, "DELETE FROM {table} WHERE {where}", params, coll=coll.name, where=cond)
 
     def get(self, name: str, ids: Sequence[str]) -> list[VectorRecord]:
         """Fetch records by id, in the order of ``ids`` (missing and repeated ids skipped)."""
         with self._tx(name) as conn:
             coll = self._lookup(conn, name)
-            rows = conn.execute(
-                sql.SQL("SELECT id, embedding, payload FROM {} WHERE id = ANY(%s::text[])").format(
-                    q.table(self._schema, coll.name)
-                ),
+            rows = self._run(
+                conn,
+                "SELECT id, embedding, payload FROM {table} WHERE id = ANY(%s::text[])",
                 (list(ids),),
+                coll=coll.name,
             ).fetchall()
         found = {r[0]: VectorRecord(r[0], _to_numpy(r[1]), r[2]) for r in rows}
         return [found[i] for i in dict.fromkeys(ids) if i in found]
@@ -333,11 +335,8 @@ class PgVectorStore:
         cond, params = q.compile_filter(flt)
         with self._tx(name) as conn:
             coll = self._lookup(conn, name)
-            row = conn.execute(
-                sql.SQL("SELECT count(*) FROM {} WHERE {}").format(
-                    q.table(self._schema, coll.name), cond
-                ),
-                params,
+            row = self._run(
+                conn, "SELECT count(*) FROM {table} WHERE {where}", params, coll=coll.name, where=cond
             ).fetchone()
         return int(row[0]) if row else 0
 
@@ -356,6 +355,7 @@ class PgVectorStore:
         ``search_params`` override the index's: ``ef`` (HNSW ``hnsw.ef_search``, raised to at
         least ``top_k``), ``nprobe`` (``ivfflat.probes``), ``iterative_scan`` (default
         ``relaxed_order``), ``max_scan_tuples``, ``scan_mem_multiplier``, ``max_probes``.
+        Other keys are ignored (they belong to other engines).
 
         Returns:
             ``n`` lists of at most ``top_k`` hits, best first; scores are cosine similarity,
@@ -377,20 +377,17 @@ class PgVectorStore:
                 raise DimensionMismatch(expected=coll.dim, got=matrix.shape[1], collection=name)
             if matrix.shape[0] == 0:
                 return []
-            params = dict(coll.index.search_params if coll.index else {})
-            params.update(search_params or {})
-            kind = coll.index.kind if coll.index else None
-            halfvec = bool(coll.index and coll.index.params.get("halfvec"))
+            index = coll.index or IndexSpec("FLAT")
+            params = {**index.search_params, **(search_params or {})}
+            halfvec = bool(index.params.get("halfvec"))
             stmt = q.search_sql(self._schema, coll.name, coll.dim, coll.metric, halfvec, cond)
-            _set_local(conn, q.search_settings(kind, params, top_k))
-            hits = _run_search(conn, stmt, list(matrix), cond_params, top_k, coll.metric)
+            _set_local(conn, q.search_settings(index.kind, params, top_k))
+            search = _Search(conn, stmt, cond_params, top_k, coll.metric)
+            hits = search.run(list(matrix))
             short = [i for i, h in enumerate(hits) if len(h) < top_k]
-            if short and kind in ("HNSW", "IVF_FLAT"):
+            if short and self._exact_fallback and index.kind != "FLAT":
                 _set_local(conn, [("enable_indexscan", "off")])
-                exact = _run_search(
-                    conn, stmt, [matrix[i] for i in short], cond_params, top_k, coll.metric
-                )
-                for i, redo in zip(short, exact, strict=True):
+                for i, redo in zip(short, search.run([matrix[i] for i in short]), strict=True):
                     hits[i] = redo
         return hits
 
@@ -416,28 +413,24 @@ class PgVectorStore:
                 self._replace_index(conn, coll, plan, timeout_s)
             except psycopg.errors.QueryCanceled as exc:
                 raise IndexBuildFailed(
-                    f"building {spec.kind} on {name!r} took longer than {timeout_s:g} s; "
-                    "rolled back"
+                    f"building {spec.kind} on {name!r} took longer than {timeout_s:g} s; rolled back"
                 ) from exc
             except (psycopg.errors.ProgramLimitExceeded, psycopg.errors.OutOfMemory) as exc:
                 raise IndexBuildFailed(f"building {spec.kind} on {name!r} failed: {exc}") from exc
 
-    def _replace_index(
-        self, conn: Conn, coll: _Collection, plan: q.IndexPlan, timeout_s: float
-    ) -> None:
+    def _replace_index(self, conn: Conn, coll: _Collection, plan: q.IndexPlan, timeout_s: float) -> None:
+        timeout_ms = str(max(1, int(timeout_s * 1000)))
         _set_local(
             conn,
             [
-                ("statement_timeout", str(max(1, int(timeout_s * 1000)))),
+                ("statement_timeout", timeout_ms),
                 ("maintenance_work_mem", self._maintenance_work_mem),
             ],
         )
         final, fresh = q.index_name(coll.name), q.index_name(coll.name, "vec_new")
         conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(self._schema, fresh)))
         if plan.method is not None:
-            conn.execute(
-                q.create_index_sql(self._schema, coll.name, plan, coll.dim, coll.metric, fresh)
-            )
+            conn.execute(q.create_index_sql(self._schema, coll.name, plan, coll.dim, coll.metric, fresh))
         conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(sql.Identifier(self._schema, final)))
         if plan.method is not None:
             conn.execute(
@@ -445,15 +438,10 @@ class PgVectorStore:
                     sql.Identifier(self._schema, fresh), sql.Identifier(final)
                 )
             )
-        self._record_index(conn, coll.name, plan.spec)
-
-    def _record_index(self, conn: Conn, name: str, spec: IndexSpec | None) -> None:
-        doc = None if spec is None else Jsonb(_spec_doc(spec))
-        conn.execute(
-            sql.SQL("UPDATE {} SET index_spec = %s WHERE name = %s").format(
-                self._meta("meta_collections")
-            ),
-            (doc, name),
+        self._run(
+            conn,
+            "UPDATE {meta} SET index_spec = %s WHERE name = %s",
+            (Jsonb(_spec_doc(plan.spec)), coll.name),
         )
 
     def describe_index(self, name: str) -> IndexSpec | None:
@@ -465,12 +453,9 @@ class PgVectorStore:
         """Drop the vector index; searches become exact scans."""
         with self._tx(name) as conn:
             coll = self._lookup(conn, name)
-            conn.execute(
-                sql.SQL("DROP INDEX IF EXISTS {}").format(
-                    sql.Identifier(self._schema, q.index_name(coll.name))
-                )
-            )
-            self._record_index(conn, coll.name, None)
+            idx = sql.Identifier(self._schema, q.index_name(coll.name))
+            conn.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(idx))
+            self._run(conn, "UPDATE {meta} SET index_spec = NULL WHERE name = %s", (coll.name,))
 
     # ------------------------------------------------------------------ aliases
 
@@ -486,32 +471,25 @@ class PgVectorStore:
         with self._tx(collection) as conn:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
             target = self._lookup(conn, collection).name
-            row = conn.execute(
-                sql.SQL("SELECT 1 FROM {} WHERE name = %s").format(self._meta("meta_collections")),
-                (alias,),
-            ).fetchone()
-            if row is not None:
+            if self._run(conn, "SELECT 1 FROM {meta} WHERE name = %s", (alias,)).fetchone():
                 raise CollectionExists(alias)
-            conn.execute(
-                sql.SQL(
-                    "INSERT INTO {} (alias, collection) VALUES (%s, %s) "
-                    "ON CONFLICT (alias) DO UPDATE SET collection = EXCLUDED.collection"
-                ).format(self._meta("meta_aliases")),
+            self._run(
+                conn,
+                "INSERT INTO {aliases} (alias, collection) VALUES (%s, %s) "
+                "ON CONFLICT (alias) DO UPDATE SET collection = EXCLUDED.collection",
                 (alias, target),
             )
 
     def drop_alias(self, alias: str) -> None:
         """Remove an alias; a missing alias is not an error."""
         with self._tx(alias) as conn:
-            conn.execute(
-                sql.SQL("DELETE FROM {} WHERE alias = %s").format(self._meta("meta_aliases")),
-                (alias,),
-            )
+            self._run(conn, "DELETE FROM {aliases} WHERE alias = %s", (alias,))
 
     def resolve(self, name: str) -> str:
-        """The physical collection ``name`` refers to."""
+        """The collection an alias points at, or ``name`` itself when it is not an alias."""
         with self._tx(name) as conn:
-            return self._lookup(conn, name).name
+            row = self._run(conn, "SELECT collection FROM {aliases} WHERE alias = %s", (name,)).fetchone()
+        return str(row[0]) if row else name
 
     def close(self) -> None:
         """Close the connection pool."""
@@ -526,40 +504,6 @@ def _configure(conn: Conn) -> None:
     register_vector(conn)
     conn.execute("SELECT NULL::vector")
     conn.commit()
-
-
-def _schema_sql(schema: str) -> list[sql.Composed | sql.SQL]:
-    ident = sql.Identifier(schema)
-    return [
-        sql.SQL("CREATE EXTENSION IF NOT EXISTS vector"),
-        sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident),
-        sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, dim integer NOT NULL, "
-            "metric text NOT NULL, index_spec jsonb, created_at timestamptz NOT NULL DEFAULT now())"
-        ).format(sql.Identifier(schema, "meta_collections")),
-        sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} (alias text PRIMARY KEY, collection text NOT NULL "
-            "REFERENCES {} (name) ON DELETE CASCADE)"
-        ).format(
-            sql.Identifier(schema, "meta_aliases"), sql.Identifier(schema, "meta_collections")
-        ),
-    ]
-
-
-def _collection_sql(schema: str, name: str, dim: int) -> list[sql.Composed | sql.SQL]:
-    tbl = q.table(schema, name)
-    stmts: list[sql.Composed | sql.SQL] = [
-        sql.SQL(
-            "CREATE TABLE {} (id text PRIMARY KEY, embedding vector({}) NOT NULL, "
-            "payload jsonb NOT NULL DEFAULT '{{}}'::jsonb)"
-        ).format(tbl, sql.Literal(dim)),
-        sql.SQL("CREATE INDEX {} ON {} USING gin (payload jsonb_path_ops)").format(
-            sql.Identifier(q.index_name(name, "payload")), tbl
-        ),
-    ]
-    if dim <= 1000:  # keep vectors inline and uncompressed (float data does not compress)
-        stmts.append(sql.SQL("ALTER TABLE {} ALTER COLUMN embedding SET STORAGE PLAIN").format(tbl))
-    return stmts
 
 
 def _checked_rows(
@@ -586,19 +530,20 @@ def _set_local(conn: Conn, settings: list[tuple[str, str]]) -> None:
     conn.execute(sql.SQL("SELECT {}").format(calls), [x for pair in settings for x in pair])
 
 
-def _run_search(
-    conn: Conn,
-    stmt: sql.Composed,
-    vectors: list[Any],
-    cond_params: list[Any],
-    top_k: int,
-    metric: Metric,
-) -> list[list[ScoredId]]:
-    rows = conn.execute(stmt, [vectors, *cond_params, top_k]).fetchall()
-    hits: list[list[ScoredId]] = [[] for _ in vectors]
-    for ordinal, rid, dist, payload in rows:
-        hits[int(ordinal) - 1].append(ScoredId(rid, q.score(metric, float(dist)), payload))
-    return hits
+class _Search:
+    """One prepared batched search inside a transaction."""
+
+    def __init__(self, conn: Conn, stmt: sql.Composed, cond_params: list[Any], top_k: int, metric: Metric) -> None:
+        self._conn, self._stmt, self._cond_params = conn, stmt, cond_params
+        self._top_k, self._metric = top_k, metric
+
+    def run(self, vectors: list[Any]) -> list[list[ScoredId]]:
+        """Hits for each of ``vectors``, best first."""
+        params = [vectors, *self._cond_params, self._top_k]
+        hits: list[list[ScoredId]] = [[] for _ in vectors]
+        for ordinal, rid, dist, payload in self._conn.execute(self._stmt, params):
+            hits[int(ordinal) - 1].append(ScoredId(rid, q.score(self._metric, dist), payload))
+        return hits
 
 
 def _to_numpy(value: Any) -> np.ndarray[Any, np.dtype[np.float32]]:

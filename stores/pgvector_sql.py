@@ -48,8 +48,7 @@ def check_name(name: str, what: str = "collection") -> str:
     """
     if not isinstance(name, str) or not COLLECTION_NAME.match(name):
         raise InvalidRequest(
-            f"invalid {what} name {name!r}: use 1-48 letters, digits, '_' or '-', "
-            "starting with a letter or '_'"
+            f"invalid {what} name {name!r}: use 1-48 letters, digits, '_' or '-', starting with a letter or '_'"
         )
     return name
 
@@ -62,6 +61,51 @@ def table(schema: str, name: str) -> sql.Identifier:
 def index_name(name: str, suffix: str = "vec") -> str:
     """Name of a collection's vector index (``c_<name>_vec``) or of another index of it."""
     return f"c_{name}_{suffix}"
+
+
+# ---------------------------------------------------------------------------- DDL
+
+
+def schema_ddl(schema: str) -> list[sql.Composed]:
+    """The extension, the schema and its two metadata tables; idempotent."""
+    meta, aliases = (
+        sql.Identifier(schema, "meta_collections"),
+        sql.Identifier(schema, "meta_aliases"),
+    )
+    return [
+        sql.SQL("CREATE EXTENSION IF NOT EXISTS {}").format(sql.Identifier("vector")),
+        sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)),
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, dim integer NOT NULL, "
+            "metric text NOT NULL, index_spec jsonb, "
+            "created_at timestamptz NOT NULL DEFAULT now())"
+        ).format(meta),
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (alias text PRIMARY KEY, "
+            "collection text NOT NULL REFERENCES {} (name) ON DELETE CASCADE)"
+        ).format(aliases, meta),
+    ]
+
+
+def collection_ddl(schema: str, name: str, dim: int) -> list[sql.Composed]:
+    """A collection's table and the GIN index its filters use.
+
+    Vectors of up to 1000 dims are stored ``PLAIN`` (inline, uncompressed: float data does not
+    compress, and TOAST lookups slow scans down).
+    """
+    tbl = table(schema, name)
+    stmts = [
+        sql.SQL(
+            "CREATE TABLE {} (id text PRIMARY KEY, embedding vector({}) NOT NULL, "
+            "payload jsonb NOT NULL DEFAULT '{{}}'::jsonb)"
+        ).format(tbl, sql.Literal(dim)),
+        sql.SQL("CREATE INDEX {} ON {} USING gin (payload jsonb_path_ops)").format(
+            sql.Identifier(index_name(name, "payload")), tbl
+        ),
+    ]
+    if dim <= 1000:
+        stmts.append(sql.SQL("ALTER TABLE {} ALTER COLUMN embedding SET STORAGE PLAIN").format(tbl))
+    return stmts
 
 
 # ---------------------------------------------------------------------------- filters
@@ -112,9 +156,9 @@ def _compile_range(flt: Range, params: list[Any]) -> sql.Composable:
     for op, value in tests:
         conds.append(sql.SQL("(payload ->> %s)::double precision {} %s").format(sql.SQL(op)))
         params.extend([flt.field, value])
-    return sql.SQL(
-        "(CASE WHEN jsonb_typeof(payload -> %s) = 'number' THEN {} ELSE false END)"
-    ).format(sql.SQL(" AND ").join(conds))
+    return sql.SQL("(CASE WHEN jsonb_typeof(payload -> %s) = 'number' THEN {} ELSE false END)").format(
+        sql.SQL(" AND ").join(conds)
+    )
 
 
 # ---------------------------------------------------------------------------- indexes
@@ -129,9 +173,7 @@ _IVF_KEYS = {"nlist": "lists", "lists": "lists"}
 _LIMITS = {"m": (2, 100), "ef_construction": (4, 1000), "lists": (1, 32768)}
 _DEFAULTS = {"HNSW": {"m": 16, "ef_construction": 64}, "IVF_FLAT": {"lists": 100}}
 _STANDARD = {"m": "M", "ef_construction": "efConstruction", "lists": "nlist"}
-SEARCH_KEYS = frozenset(
-    {"ef", "nprobe", "iterative_scan", "max_scan_tuples", "scan_mem_multiplier", "max_probes"}
-)
+SEARCH_KEYS = frozenset({"ef", "nprobe", "iterative_scan", "max_scan_tuples", "scan_mem_multiplier", "max_probes"})
 
 
 @dataclass(frozen=True)
@@ -175,9 +217,7 @@ def plan_index(spec: IndexSpec, dim: int, metric: Metric) -> IndexPlan:
             dimension above pgvector's index limit (2000 for vector, 4000 for halfvec).
     """
     if spec.kind not in ("FLAT", "HNSW", "IVF_FLAT"):
-        raise UnsupportedIndex(
-            f"pgvector cannot build {spec.kind}; it builds FLAT (exact), HNSW and IVF_FLAT"
-        )
+        raise UnsupportedIndex(f"pgvector cannot build {spec.kind}; it builds FLAT (exact), HNSW and IVF_FLAT")
     bad_search = set(spec.search_params) - SEARCH_KEYS
     if bad_search:
         raise UnsupportedIndex(f"unknown pgvector search parameters {sorted(bad_search)}")
@@ -209,8 +249,7 @@ def _with_params(kind: str, params: dict[str, Any]) -> dict[str, int]:
     unknown = sorted(set(params) - set(names))
     if unknown:
         raise UnsupportedIndex(
-            f"unknown {kind} parameters {unknown} for pgvector; supported: "
-            f"{sorted({*names, 'halfvec'})}"
+            f"unknown {kind} parameters {unknown} for pgvector; supported: {sorted({*names, 'halfvec'})}"
         )
     out = dict(_DEFAULTS[kind])
     for key, value in params.items():
@@ -230,16 +269,13 @@ def _indexed_expr(dim: int, halfvec: bool, column: str) -> sql.Composable:
     return sql.SQL("({}::halfvec({}))").format(sql.Identifier(*column.split(".")), sql.Literal(dim))
 
 
-def create_index_sql(
-    schema: str, name: str, plan: IndexPlan, dim: int, metric: Metric, idx: str
-) -> sql.Composed:
+def create_index_sql(schema: str, name: str, plan: IndexPlan, dim: int, metric: Metric, idx: str) -> sql.Composed:
     """``CREATE INDEX <idx> ON <table> USING hnsw|ivfflat (<expr> <opclass>) WITH (...)``."""
     if plan.method is None:
         raise UnsupportedIndex("a FLAT index has no CREATE INDEX statement")
     opclass = ("halfvec_" if plan.halfvec else "vector_") + _OPCLASS[metric]
     options = sql.SQL(", ").join(
-        sql.SQL("{} = {}").format(sql.SQL(key), sql.Literal(value))
-        for key, value in plan.with_params.items()
+        sql.SQL("{} = {}").format(sql.SQL(key), sql.Literal(value)) for key, value in plan.with_params.items()
     )
     return sql.SQL("CREATE INDEX {} ON {} USING {} ({} {}) WITH ({})").format(
         sql.Identifier(idx),
@@ -254,9 +290,7 @@ def create_index_sql(
 # ---------------------------------------------------------------------------- search
 
 
-def search_sql(
-    schema: str, name: str, dim: int, metric: Metric, halfvec: bool, cond: sql.Composable
-) -> sql.Composed:
+def search_sql(schema: str, name: str, dim: int, metric: Metric, halfvec: bool, cond: sql.Composable) -> sql.Composed:
     """Batched k-NN: one LATERAL index scan per row of ``unnest(%s::vector[])``.
 
     Placeholders, in order: the query vectors (``list`` of ``(dim,) float32``), the filter's
@@ -268,9 +302,7 @@ def search_sql(
     """
     op = sql.SQL(_OPERATOR[metric])
     exact = sql.SQL("{} {} {}").format(sql.Identifier("embedding"), op, sql.SQL("q.v"))
-    order = sql.SQL("{} {} {}").format(
-        _indexed_expr(dim, halfvec, "embedding"), op, _indexed_expr(dim, halfvec, "q.v")
-    )
+    order = sql.SQL("{} {} {}").format(_indexed_expr(dim, halfvec, "embedding"), op, _indexed_expr(dim, halfvec, "q.v"))
     return sql.SQL(
         "SELECT q.ord, h.id, h.dist, h.payload "
         "FROM unnest(%s::vector[]) WITH ORDINALITY AS q(v, ord) "
@@ -307,9 +339,7 @@ def search_settings(kind: str | None, params: dict[str, Any], top_k: int) -> lis
         ef = max(_int_param(params, "ef", 40, 1, 1000), min(top_k, 1000))
         mode = str(params.get("iterative_scan", "relaxed_order"))
         if mode not in ("off", "relaxed_order", "strict_order"):
-            raise InvalidQuery(
-                f"hnsw iterative_scan must be off, relaxed_order or strict_order, got {mode!r}"
-            )
+            raise InvalidQuery(f"hnsw iterative_scan must be off, relaxed_order or strict_order, got {mode!r}")
         tuples = _int_param(params, "max_scan_tuples", 20000, 1, 2**31 - 1)
         mult = _int_param(params, "scan_mem_multiplier", 2, 1, 1000)
         return [
@@ -335,7 +365,5 @@ def search_settings(kind: str | None, params: dict[str, Any], top_k: int) -> lis
 def _int_param(params: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
     value = params.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidQuery(
-            f"search parameter {key} must be an int in [{low}, {high}], got {value!r}"
-        )
+        raise InvalidQuery(f"search parameter {key} must be an int in [{low}, {high}], got {value!r}")
     return value
