@@ -69,6 +69,7 @@ ID_BYTES = 8
 DISKANN_PQ_RATIO = 0.125
 DISKANN_MIN_CODE_BYTES = 32
 HALFVEC_MAX_DIM = 4000
+PGVECTOR_MAX_LISTS = 32_768
 QDRANT_PQ_COMPRESSIONS = (8, 16, 32, 64)
 
 # Option groups of the fallback chains; "HNSW_Q" = HNSW with engine-specific quantization.
@@ -243,9 +244,7 @@ def diskann_search_list(top_k: int) -> int:
 
 def _hnsw(n: int, dim: int, metric: Metric, top_k: int) -> _Candidate:
     m = hnsw_m(n, dim)
-    spec = IndexSpec(
-        "HNSW", metric, {"M": m, "efConstruction": EF_CONSTRUCTION}, {"ef": hnsw_ef(n, top_k)}
-    )
+    spec = IndexSpec("HNSW", metric, {"M": m, "efConstruction": EF_CONSTRUCTION}, {"ef": hnsw_ef(n, top_k)})
     return _Candidate(spec, hnsw_bytes(n, dim, m), "HNSW")
 
 
@@ -259,8 +258,8 @@ def _ivf_pq(n: int, dim: int, metric: Metric, top_k: int) -> list[_Candidate]:
     return out
 
 
-def _ivf_flat(n: int, dim: int, metric: Metric, top_k: int, halfvec: bool) -> _Candidate:
-    nlist = ivf_nlist(n)
+def _ivf_flat(n: int, dim: int, metric: Metric, top_k: int, halfvec: bool, nlist_max: int = NLIST_MAX) -> _Candidate:
+    nlist = min(ivf_nlist(n), nlist_max)
     params: dict[str, Any] = {"nlist": nlist}
     if halfvec:
         params["halfvec"] = True
@@ -328,9 +327,11 @@ def _option(group: str, ctx: _Ctx) -> list[_Candidate]:
         return _quantized_hnsw(n, dim, metric, top_k, ctx.caps.engine) if "HNSW" in kinds else []
     if group not in kinds:
         return []
-    halfvec = ctx.caps.engine.startswith(("pgvector", "postgres")) and dim <= HALFVEC_MAX_DIM
+    pg = ctx.caps.engine.startswith(("pgvector", "postgres"))
+    halfvec = pg and dim <= HALFVEC_MAX_DIM
     if group == "IVF_FLAT" and (halfvec or not too_wide):
-        return [_ivf_flat(n, dim, metric, top_k, halfvec=too_wide)]
+        nlist_max = PGVECTOR_MAX_LISTS if pg else NLIST_MAX
+        return [_ivf_flat(n, dim, metric, top_k, halfvec=too_wide, nlist_max=nlist_max)]
     if too_wide:
         return []
     if group == "HNSW":
@@ -385,9 +386,7 @@ def _pick(ctx: _Ctx, ideal: IndexKind) -> tuple[_Candidate, str, str | None]:
     return *first_available, "none of the available indexes fits the budget"
 
 
-def _fallback_reason(
-    ctx: _Ctx, ideal: IndexKind, chosen: _Candidate, group: str, note: str | None
-) -> str | None:
+def _fallback_reason(ctx: _Ctx, ideal: IndexKind, chosen: _Candidate, group: str, note: str | None) -> str | None:
     engine = f"{ctx.caps.engine} {ctx.caps.version}"
     if group == ideal and note is None:
         return None
@@ -488,9 +487,7 @@ def plan_for_store(
         UnsupportedIndex: See :func:`plan_index`.
         StoreUnavailable: The store cannot be reached to read its capabilities.
     """
-    return plan_index(
-        n_vectors, dim, store.capabilities(), memory_budget_bytes, metric, top_k=top_k
-    )
+    return plan_index(n_vectors, dim, store.capabilities(), memory_budget_bytes, metric, top_k=top_k)
 
 
 def ensure_buildable(spec: IndexSpec, capabilities: StoreCapabilities, dim: int) -> None:
@@ -508,14 +505,11 @@ def ensure_buildable(spec: IndexSpec, capabilities: StoreCapabilities, dim: int)
     engine = f"{capabilities.engine} {capabilities.version}".strip()
     if spec.kind not in capabilities.index_kinds:
         raise UnsupportedIndex(
-            f"{engine} cannot build a {spec.kind} index; it can build "
-            f"{', '.join(sorted(capabilities.index_kinds))}"
+            f"{engine} cannot build a {spec.kind} index; it can build {', '.join(sorted(capabilities.index_kinds))}"
         )
     limit = HALFVEC_MAX_DIM if spec.params.get("halfvec") else capabilities.max_dim
     if spec.kind != "FLAT" and limit is not None and dim > limit:
-        raise UnsupportedIndex(
-            f"{engine} cannot build {spec.kind} on {dim}-dim vectors (at most {limit})"
-        )
+        raise UnsupportedIndex(f"{engine} cannot build {spec.kind} on {dim}-dim vectors (at most {limit})")
 
 
 def format_plan(plan: IndexPlan) -> str:

@@ -29,9 +29,7 @@ from stores.base import IndexSpec, StoreCapabilities
 BUDGET = 16 * GIB
 
 CAPS = {
-    "milvus-lite": StoreCapabilities(
-        "milvus-lite", "2.5.1", frozenset({"FLAT", "IVF_FLAT"}), max_dim=32768
-    ),
+    "milvus-lite": StoreCapabilities("milvus-lite", "2.5.1", frozenset({"FLAT", "IVF_FLAT"}), max_dim=32768),
     "milvus": StoreCapabilities(
         "milvus",
         "2.3.5",
@@ -161,6 +159,8 @@ def test_invariants(backend: str, n: int, dim: int, top_k: int) -> None:
     if spec.kind in ("IVF_PQ", "IVF_FLAT"):
         nlist = spec.params["nlist"]
         assert nlist & (nlist - 1) == 0 and 16 <= nlist <= 65_536
+        if backend == "pgvector":
+            assert nlist <= 32_768  # ivfflat lists limit
         assert top_k <= spec.search_params["nprobe"] <= nlist
     if spec.kind == "HNSW":
         assert 16 <= spec.params["M"] <= 48
@@ -187,9 +187,7 @@ def test_glove_100k_defaults() -> None:
     """The plan the GloVe recall test builds: HNSW M=16, ef 64; Milvus Lite goes exact."""
     for name in ("milvus", "qdrant-edge", "pgvector"):
         plan = plan_index(100_000, 50, CAPS[name], BUDGET)
-        assert plan.spec == IndexSpec(
-            "HNSW", "cosine", {"M": 16, "efConstruction": 200}, {"ef": 64}
-        )
+        assert plan.spec == IndexSpec("HNSW", "cosine", {"M": 16, "efConstruction": 200}, {"ef": 64})
     lite = plan_index(100_000, 50, CAPS["milvus-lite"], BUDGET)
     assert lite.spec.kind == "FLAT" and lite.ideal == "HNSW"
     assert lite.fallback_reason is not None
@@ -252,6 +250,12 @@ def test_ivf_flat_fallback_and_cheap_exact_fallback() -> None:
     plan = plan_index(2_000_000, 384, caps, BUDGET)
     assert plan.spec.kind == "IVF_FLAT"
     assert plan.spec.search_params["nprobe"] == plan.spec.params["nlist"] // 16
+
+
+def test_pgvector_ivfflat_lists_are_capped() -> None:
+    caps = StoreCapabilities("pgvector", "0.8", frozenset({"FLAT", "IVF_FLAT"}), 2000)
+    plan = plan_index(500_000_000, 384, caps, BUDGET)
+    assert plan.spec.kind == "IVF_FLAT" and plan.spec.params["nlist"] == 32_768
 
 
 def test_engine_without_flat_gets_hnsw_for_small_collections() -> None:
