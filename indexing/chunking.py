@@ -1,0 +1,74 @@
+"""Token-window chunking with overlap.
+
+Tokens here are text tokens, not model word-pieces: runs of word characters, one token per CJK
+character, and single punctuation marks. A chunk is the slice of the source text from its first
+token's start to its last token's end, so
+
+* every chunk is a contiguous slice of its source (``source[start:end] == chunk.text``),
+* a chunk never holds more than ``size`` tokens (a hard cap),
+* consecutive chunks share exactly ``overlap`` tokens, and ``overlap >= size`` is rejected.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from quarry.errors import InvalidRequest
+
+_CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
+_TOKEN = re.compile(f"[{_CJK}]|[^\\W{_CJK}]+|[^\\w\\s]", re.UNICODE)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A slice of a source text.
+
+    Attributes:
+        position: 0-based index of the chunk within its document.
+        start: Character offset of the first character (inclusive).
+        end: Character offset after the last character (exclusive).
+        text: ``source[start:end]``.
+    """
+
+    position: int
+    start: int
+    end: int
+    text: str
+
+
+def chunk_text(text: str, size: int, overlap: int) -> list[Chunk]:
+    """Split ``text`` into windows of at most ``size`` tokens sharing ``overlap`` tokens.
+
+    Args:
+        text: Source text.
+        size: Hard cap on tokens per chunk, ``>= 1``.
+        overlap: Tokens shared by consecutive chunks, ``0 <= overlap < size``.
+
+    Returns:
+        Chunks in order; empty when the text has no token.
+
+    Raises:
+        InvalidRequest: ``size < 1``, ``overlap < 0`` or ``overlap >= size``.
+    """
+    if size < 1:
+        raise InvalidRequest(f"chunk size must be >= 1, got {size}")
+    if not 0 <= overlap < size:
+        raise InvalidRequest(f"chunk overlap must be >= 0 and < size ({size}), got {overlap}")
+    spans = [m.span() for m in _TOKEN.finditer(text)]
+    chunks: list[Chunk] = []
+    step = size - overlap
+    first = 0
+    while first < len(spans):
+        last = min(first + size, len(spans)) - 1
+        start, end = spans[first][0], spans[last][1]
+        chunks.append(Chunk(len(chunks), start, end, text[start:end]))
+        if last == len(spans) - 1:
+            break
+        first += step
+    return chunks
+
+
+def count_tokens(text: str) -> int:
+    """Number of chunking tokens in ``text``."""
+    return sum(1 for _ in _TOKEN.finditer(text))

@@ -1,0 +1,55 @@
+"""Collection configuration: what a collection was built with, kept in the docstore.
+
+A collection fixes its BM25 language, embedding model and dimension, metric and chunking at
+creation, so indexing and querying always agree. Its metadata ``schema`` (field -> type) grows
+as documents bring new fields; a field never changes type, and filters are checked against it.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from retrieval.text import Language
+from stores.base import Metric
+from stores.filters import FieldType
+
+NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
+BUILTIN_FIELDS: dict[str, FieldType] = {"document_id": "str"}
+
+
+class CollectionConfig(BaseModel):
+    """A collection's fixed configuration and its growing metadata schema.
+
+    Attributes:
+        name: Collection name (letters, digits, ``_``; starts with a letter; ≤ 63 chars).
+        language: BM25 analysis (``en``, ``zh`` or ``auto``).
+        embedding_model: ``model_id`` of the embedder the vectors came from.
+        dim: Vector dimension.
+        metric: Vector similarity.
+        chunk_size: Chunk cap in text tokens.
+        chunk_overlap: Tokens shared by consecutive chunks.
+        schema_: Metadata field -> type, including the built-in ``document_id``.
+        index: The vector index spec and the planner's reason, for ``describe``.
+        created_at: Unix time of creation.
+    """
+
+    name: str
+    language: Language = "auto"
+    embedding_model: str
+    dim: int = Field(gt=0)
+    metric: Metric = "cosine"
+    chunk_size: int = Field(gt=0)
+    chunk_overlap: int = Field(ge=0)
+    schema_: dict[str, FieldType] = Field(default_factory=lambda: dict(BUILTIN_FIELDS), alias="schema")
+    index: dict[str, Any] = Field(default_factory=dict)
+    created_at: float = Field(default_factory=time.time)
+
+    model_config = {"populate_by_name": True}
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON form (as stored and as the API shows it)."""
+        return self.model_dump(by_alias=True)

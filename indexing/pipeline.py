@@ -1,0 +1,263 @@
+"""The ingestion pipeline: documents -> chunks -> embeddings -> vector store + docstore + BM25.
+
+Per batch of documents, nothing is written until every chunk of the batch is embedded; then the
+vector store is written (compensated on failure), then the docstore commits in one transaction,
+then stale vectors are removed. A re-run is idempotent:
+
+* an unchanged document (same content hash) is skipped: zero embedding calls;
+* a changed document gets fresh chunks; chunks whose text is unchanged keep their vectors
+  (fetched from the store, not re-embedded) and its old chunks are deleted from both channels;
+* a deleted document loses every chunk in both channels.
+
+Chunk ids are deterministic: ``<document_id>:<position>:<sha256(indexed text)[:12]>``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from embedding.base import Embedder
+from indexing.chunking import chunk_text
+from indexing.collections import CollectionConfig
+from indexing.docstore import DocStore, StoredChunk
+from indexing.sources import SourceDocument
+from quarry.errors import DimensionMismatch, InvalidDocument
+from retrieval.bm25_registry import BM25Registry
+from retrieval.text import tokenize
+from stores.base import VectorRecord, VectorStore
+
+FloatVector = npt.NDArray[np.float32]
+from stores.filters import FieldType, field_type
+
+Progress = Callable[[int], None]
+
+
+@dataclass
+class IngestReport:
+    """What one ingestion run did (counts of documents and chunks, seconds)."""
+
+    documents: int = 0
+    added: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    deleted: int = 0
+    chunks_written: int = 0
+    chunks_deleted: int = 0
+    embedded: int = 0
+    truncated: int = 0
+    elapsed_s: float = 0.0
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def document_hash(doc: SourceDocument, cfg: CollectionConfig) -> str:
+    """Content hash of a document under a collection's chunking and model."""
+    key = [doc.title, doc.text, doc.metadata, cfg.chunk_size, cfg.chunk_overlap, cfg.language, cfg.embedding_model]
+    return hashlib.sha256(json.dumps(key, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
+def indexed_text(title: str, chunk: str) -> str:
+    """The text a chunk is embedded and BM25-indexed as: its document title, then the chunk."""
+    return f"{title}\n{chunk}" if title else chunk
+
+
+def merge_schema(cfg: CollectionConfig, docs: Sequence[SourceDocument]) -> dict[str, FieldType] | None:
+    """Widen the collection's metadata schema with the fields of ``docs``.
+
+    Returns:
+        The new schema, or ``None`` when nothing changed.
+
+    Raises:
+        InvalidDocument: A field's value type conflicts with the schema (int widens to float).
+    """
+    schema = dict(cfg.schema_)
+    for doc in docs:
+        for key, value in doc.metadata.items():
+            kind = field_type(value)
+            known = schema.get(key)
+            if known is None:
+                schema[key] = kind
+            elif known != kind and not (known == "float" and kind == "int"):
+                if known == "int" and kind == "float":
+                    schema[key] = "float"
+                    continue
+                raise InvalidDocument(
+                    f"document {doc.id!r}: field {key!r} holds {known} values in collection "
+                    f"{cfg.name!r}, got {kind} {value!r}"
+                )
+    return None if schema == cfg.schema_ else schema
+
+
+@dataclass
+class _Planned:
+    chunks: list[StoredChunk]
+    texts: dict[str, str]
+    hashes: list[tuple[str, str]]
+    stale: list[str]
+
+
+class Ingestor:
+    """Writes documents into one collection's three places (vectors, docstore, BM25)."""
+
+    def __init__(
+        self,
+        store: VectorStore,
+        docstore: DocStore,
+        embedder: Embedder,
+        bm25: BM25Registry,
+        *,
+        batch_size: int = 512,
+        embed_batch_size: int = 64,
+    ) -> None:
+        self._store = store
+        self._docstore = docstore
+        self._embedder = embedder
+        self._bm25 = bm25
+        self._batch_size = batch_size
+        self._embed_batch_size = embed_batch_size
+
+    def upsert(
+        self, cfg: CollectionConfig, docs: Sequence[SourceDocument], progress: Progress | None = None
+    ) -> IngestReport:
+        """Insert or replace documents.
+
+        Args:
+            cfg: The target collection.
+            docs: Validated documents (see :mod:`indexing.sources`).
+            progress: Called with the number of documents finished after each batch.
+
+        Returns:
+            Counts of what was added, updated, skipped and embedded.
+
+        Raises:
+            InvalidDocument: A metadata type conflicts with the collection (nothing written).
+            EmbeddingError: The model failed (the failing batch wrote nothing).
+            StoreError: The vector store failed (the failing batch is rolled back).
+        """
+        started = time.perf_counter()
+        report = IngestReport(documents=len(docs))
+        schema = merge_schema(cfg, docs)
+        if schema is not None:
+            cfg = cfg.model_copy(update={"schema_": schema})
+        for i in range(0, len(docs), self._batch_size):
+            batch = docs[i : i + self._batch_size]
+            self._upsert_batch(cfg, batch, report, schema)
+            schema = None
+            if progress is not None:
+                progress(len(batch))
+        self._bm25.invalidate(cfg.name)
+        report.elapsed_s = time.perf_counter() - started
+        return report
+
+    def delete(self, cfg: CollectionConfig, document_ids: Sequence[str]) -> IngestReport:
+        """Delete documents (and all their chunks) from both channels; unknown ids are ignored."""
+        started = time.perf_counter()
+        owned = self._docstore.chunk_ids_of(cfg.name, document_ids)
+        chunk_ids = [c for ids in owned.values() for c in ids]
+        if chunk_ids:
+            self._store.delete(cfg.name, chunk_ids)
+        known = list(self._docstore.document_hashes(cfg.name, document_ids))
+        self._docstore.write_batch(cfg.name, [], [], [], deleted_document_ids=known)
+        self._bm25.invalidate(cfg.name)
+        return IngestReport(
+            documents=len(document_ids),
+            deleted=len(known),
+            chunks_deleted=len(chunk_ids),
+            elapsed_s=time.perf_counter() - started,
+        )
+
+    def _upsert_batch(
+        self,
+        cfg: CollectionConfig,
+        docs: Sequence[SourceDocument],
+        report: IngestReport,
+        schema: dict[str, FieldType] | None,
+    ) -> None:
+        planned = self._plan(cfg, docs, report)
+        if not planned.hashes and schema is None:
+            return
+        existing = {
+            c for ids in self._docstore.chunk_ids_of(cfg.name, [d for d, _ in planned.hashes]).values() for c in ids
+        }
+        kept = self._existing_vectors(cfg, [c.chunk_id for c in planned.chunks if c.chunk_id in existing])
+        to_embed = [c for c in planned.chunks if c.chunk_id not in kept]
+        vectors = self._embed(cfg, [planned.texts[c.chunk_id] for c in to_embed], report)
+        fresh = dict(zip((c.chunk_id for c in to_embed), vectors, strict=True))
+        known = {**kept, **fresh}
+        records = [VectorRecord(c.chunk_id, known[c.chunk_id], dict(c.payload)) for c in planned.chunks]
+        try:
+            if records:
+                self._store.upsert(cfg.name, records)
+            self._docstore.write_batch(
+                cfg.name, planned.hashes, planned.chunks, planned.stale,
+                config=cfg.to_json() if schema is not None else None,
+            )
+        except BaseException:
+            self._compensate(cfg.name, [c for c in fresh if c not in existing])
+            raise
+        if planned.stale:
+            self._store.delete(cfg.name, planned.stale)
+        report.chunks_written += len(records)
+        report.chunks_deleted += len(planned.stale)
+
+    def _plan(self, cfg: CollectionConfig, docs: Sequence[SourceDocument], report: IngestReport) -> _Planned:
+        stored = self._docstore.document_hashes(cfg.name, [d.id for d in docs])
+        changed = []
+        hashes = []
+        for doc in docs:
+            digest = document_hash(doc, cfg)
+            if stored.get(doc.id) == digest:
+                report.unchanged += 1
+                continue
+            if doc.id in stored:
+                report.updated += 1
+            else:
+                report.added += 1
+            changed.append(doc)
+            hashes.append((doc.id, digest))
+        old = self._docstore.chunk_ids_of(cfg.name, [d.id for d in changed])
+        chunks, texts = [], {}
+        for doc in changed:
+            for piece in chunk_text(doc.text or doc.title, cfg.chunk_size, cfg.chunk_overlap):
+                text = indexed_text(doc.title if doc.text else "", piece.text)
+                digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+                chunk_id = f"{doc.id}:{piece.position}:{digest}"
+                payload = {"document_id": doc.id, **doc.metadata}
+                tokens = tokenize(text, cfg.language)
+                chunks.append(StoredChunk(chunk_id, doc.id, piece.position, piece.text, tokens, payload))
+                texts[chunk_id] = text
+        fresh = {c.chunk_id for c in chunks}
+        stale = [c for ids in old.values() for c in ids if c not in fresh]
+        return _Planned(chunks, texts, hashes, stale)
+
+    def _embed(self, cfg: CollectionConfig, texts: list[str], report: IngestReport) -> list[FloatVector]:
+        out: list[FloatVector] = []
+        for i in range(0, len(texts), self._embed_batch_size):
+            result = self._embedder.embed(texts[i : i + self._embed_batch_size])
+            if result.vectors.shape[1] != cfg.dim:
+                raise DimensionMismatch(expected=cfg.dim, got=result.vectors.shape[1], collection=cfg.name)
+            out.extend(result.vectors)
+            report.embedded += len(result.vectors)
+            report.truncated += int(result.truncated.sum())
+        return out
+
+    def _existing_vectors(self, cfg: CollectionConfig, ids: list[str]) -> dict[str, FloatVector]:
+        """Vectors already stored for unchanged chunks (re-used instead of re-embedded)."""
+        if not ids:
+            return {}
+        return {r.id: r.vector for r in self._store.get(cfg.name, ids)}
+
+    def _compensate(self, collection: str, ids: list[str]) -> None:
+        if not ids:
+            return
+        try:
+            self._store.delete(collection, ids)
+        except Exception:  # noqa: BLE001 - the original error is re-raised by the caller
+            return
+

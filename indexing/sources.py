@@ -1,0 +1,176 @@
+"""Document sources: a BEIR folder, a JSONL file, or a folder of ``.txt``/``.md`` files.
+
+Every source is validated in full before anything is written: a malformed line raises
+:class:`~quarry.errors.InvalidDocument` naming the file and the 1-based line number, so a bad
+file stores nothing.
+
+JSONL lines are objects ``{"id" | "_id": str, "text": str, "title"?: str, "metadata"?: {...}}``
+(BEIR's ``corpus.jsonl`` is the same with ``_id``). Metadata values are flat: string, number,
+boolean, or a list of strings; field names are identifiers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quarry.errors import InvalidDocument, InvalidRequest
+from stores.base import Payload
+from stores.filters import FIELD_NAME
+
+RESERVED_FIELDS = frozenset({"document_id", "chunk_id", "position", "title", "text"})
+TEXT_SUFFIXES = (".txt", ".md")
+
+
+@dataclass(frozen=True)
+class SourceDocument:
+    """One document to ingest.
+
+    Attributes:
+        id: Caller's document id (unique within a collection).
+        text: Body text.
+        title: Optional title, indexed with every chunk of the document.
+        metadata: Flat metadata, filterable.
+    """
+
+    id: str
+    text: str
+    title: str = ""
+    metadata: Payload = field(default_factory=dict)
+
+
+def detect_format(path: Path) -> str:
+    """``beir`` (folder with ``corpus.jsonl``), ``jsonl`` (a file) or ``folder`` (txt/md files).
+
+    Raises:
+        InvalidRequest: The path does not exist or holds nothing Quarry can read.
+    """
+    if path.is_dir() and (path / "corpus.jsonl").is_file():
+        return "beir"
+    if path.is_file() and path.suffix in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    if path.is_dir():
+        return "folder"
+    raise InvalidRequest(f"{path}: not a BEIR folder, a .jsonl file or a folder of .txt/.md files")
+
+
+def read_documents(path: Path) -> list[SourceDocument]:
+    """Read and validate every document of a source.
+
+    Args:
+        path: A BEIR folder, a ``.jsonl`` file or a folder of ``.txt``/``.md`` files.
+
+    Returns:
+        The documents, in source order.
+
+    Raises:
+        InvalidDocument: A malformed line or document (the message names file and line).
+        InvalidRequest: The path is not a readable source.
+    """
+    fmt = detect_format(path)
+    if fmt == "beir":
+        return list(iter_jsonl(path / "corpus.jsonl"))
+    if fmt == "jsonl":
+        return list(iter_jsonl(path))
+    return list(iter_folder(path))
+
+
+def iter_jsonl(path: Path) -> Iterator[SourceDocument]:
+    """Parse a JSONL file line by line (blank lines are skipped).
+
+    Raises:
+        InvalidDocument: Bad JSON, missing/empty id or text, duplicate id, bad metadata.
+    """
+    seen: dict[str, int] = {}
+    with path.open(encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InvalidDocument(f"invalid JSON: {exc.msg}", line=line_no, source=str(path)) from exc
+            try:
+                doc = parse_document(raw)
+            except InvalidDocument as exc:
+                raise InvalidDocument(exc.message, line=line_no, source=str(path)) from exc
+            if doc.id in seen:
+                raise InvalidDocument(
+                    f"duplicate document id {doc.id!r} (first at line {seen[doc.id]})",
+                    line=line_no,
+                    source=str(path),
+                )
+            seen[doc.id] = line_no
+            yield doc
+
+
+def iter_folder(path: Path) -> Iterator[SourceDocument]:
+    """Every ``.txt``/``.md`` file below ``path``; the id is the relative path.
+
+    Raises:
+        InvalidRequest: The folder holds no such file.
+        InvalidDocument: A file is not valid UTF-8.
+    """
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+    if not files:
+        raise InvalidRequest(f"{path}: no .txt or .md files found")
+    for file in files:
+        rel = file.relative_to(path).as_posix()
+        try:
+            text = file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidDocument("not valid UTF-8 text", source=str(file)) from exc
+        if text.strip():
+            yield SourceDocument(rel, text, file.stem, {"source": rel, "format": file.suffix[1:].lower()})
+
+
+def parse_document(raw: Any) -> SourceDocument:
+    """Validate one JSON object as a document.
+
+    Raises:
+        InvalidDocument: Not an object, missing/empty id or text, non-string title, bad metadata.
+    """
+    if not isinstance(raw, dict):
+        raise InvalidDocument(f"expected a JSON object, got {type(raw).__name__}")
+    doc_id = raw.get("id", raw.get("_id"))
+    if isinstance(doc_id, int) and not isinstance(doc_id, bool):
+        doc_id = str(doc_id)
+    if not isinstance(doc_id, str) or not doc_id.strip():
+        raise InvalidDocument("missing or empty 'id' (or '_id'): a non-empty string is required")
+    if len(doc_id) > 256:
+        raise InvalidDocument(f"document id is longer than 256 characters: {doc_id[:40]!r}...")
+    text, title = raw.get("text"), raw.get("title", "") or ""
+    if not isinstance(text, str):
+        raise InvalidDocument(f"document {doc_id!r}: 'text' must be a string")
+    if not isinstance(title, str):
+        raise InvalidDocument(f"document {doc_id!r}: 'title' must be a string")
+    if not (text.strip() or title.strip()):
+        raise InvalidDocument(f"document {doc_id!r}: 'text' and 'title' are both empty")
+    return SourceDocument(doc_id, text, title, check_metadata(raw.get("metadata") or {}, doc_id))
+
+
+def check_metadata(meta: Any, doc_id: str) -> Payload:
+    """Validate flat metadata: identifier keys; str, int, float, bool or list-of-str values.
+
+    Raises:
+        InvalidDocument: Nested objects, mixed lists, reserved or invalid field names.
+    """
+    if not isinstance(meta, dict):
+        raise InvalidDocument(f"document {doc_id!r}: 'metadata' must be an object")
+    for key, value in meta.items():
+        if not FIELD_NAME.match(key) or key in RESERVED_FIELDS:
+            raise InvalidDocument(
+                f"document {doc_id!r}: invalid metadata field name {key!r} "
+                f"(identifiers only; reserved: {', '.join(sorted(RESERVED_FIELDS))})"
+            )
+        if isinstance(value, list):
+            if not all(isinstance(v, str) for v in value):
+                raise InvalidDocument(f"document {doc_id!r}: list field {key!r} must hold strings only")
+        elif not isinstance(value, str | int | float | bool) or value is None:
+            raise InvalidDocument(
+                f"document {doc_id!r}: field {key!r} must be a string, number, boolean or list of strings"
+            )
+    return dict(meta)

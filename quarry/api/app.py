@@ -1,0 +1,204 @@
+"""FastAPI application: collections, documents, search, health and metrics.
+
+Endpoints are plain ``def`` functions, so FastAPI runs them in its thread pool: model inference
+and store calls never block the event loop, and the single :class:`~quarry.service.Quarry`
+(one embedded store handle, one model) is shared safely by those threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+
+from indexing.sources import SourceDocument, parse_document
+from quarry.api import errors
+from quarry.api.models import (
+    CreateCollection,
+    DeleteDocuments,
+    HitOut,
+    IngestOut,
+    SearchIn,
+    SearchOut,
+    UpsertDocuments,
+)
+from quarry.errors import InvalidDocument, InvalidRequest, QuarryError
+from quarry.service import Quarry
+from retrieval.search import RerankOptions
+
+REQUESTS = Counter("quarry_requests_total", "HTTP requests", ["route", "status"])
+LATENCY = Histogram("quarry_request_seconds", "HTTP request latency (seconds)", ["route"])
+
+
+def get_quarry(request: Request) -> Quarry:
+    """FastAPI dependency: the app's shared service."""
+    service: Quarry = request.app.state.quarry
+    return service
+
+
+Service = Annotated[Quarry, Depends(get_quarry)]
+router = APIRouter()
+
+
+def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
+    """Build the app around a :class:`Quarry` (or a factory called at startup).
+
+    Args:
+        quarry: The service, or a zero-argument factory (the CLI passes one so that models load
+            in the server process, after the port is bound).
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service = quarry if isinstance(quarry, Quarry) else await run_in_threadpool(quarry)
+        app.state.quarry = service
+        await run_in_threadpool(service.embedder.warm_up)
+        app.state.ready = True
+        yield
+        app.state.ready = False
+        if not isinstance(quarry, Quarry):
+            service.close()
+
+    app = FastAPI(title="Quarry", version="0.1.0", lifespan=lifespan, summary="Hybrid retrieval service")
+    app.state.ready = False
+    errors.install(app)
+    app.middleware("http")(_metrics)
+    app.include_router(router)
+    return app
+
+
+async def _metrics(request: Request, call_next: Any) -> Response:
+    started = time.perf_counter()
+    response: Response = await call_next(request)
+    path = getattr(request.scope.get("route"), "path", "unmatched")
+    LATENCY.labels(path).observe(time.perf_counter() - started)
+    REQUESTS.labels(path, str(response.status_code)).inc()
+    return response
+
+
+@router.get("/healthz", tags=["ops"])
+def healthz() -> dict[str, str]:
+    """Liveness: the process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["ops"])
+def readyz(request: Request, response: Response) -> dict[str, Any]:
+    """Readiness: the model is loaded and the store answers."""
+    if not request.app.state.ready:
+        response.status_code = 503
+        return {"status": "starting"}
+    service = get_quarry(request)
+    try:
+        service.store.list_collections()
+    except QuarryError as exc:
+        response.status_code = 503
+        return {"status": "store unavailable", "message": exc.message}
+    return {"status": "ready", "embedding_model": service.embedder.model_id}
+
+
+@router.get("/metrics", tags=["ops"], include_in_schema=False)
+def prometheus() -> Response:
+    """Prometheus metrics (request counts and latency histograms)."""
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/collections", tags=["collections"])
+def list_collections(q: Service) -> dict[str, Any]:
+    """All collections with their configuration."""
+    return {"collections": [c.to_json() for c in q.list_collections()]}
+
+
+@router.post("/v1/collections", status_code=201, tags=["collections"])
+def create_collection(body: CreateCollection, q: Service) -> dict[str, Any]:
+    """Create a collection (409 if the name is taken)."""
+    cfg = q.create_collection(
+        body.name, language=body.language, chunk_size=body.chunk_size, chunk_overlap=body.chunk_overlap
+    )
+    return cfg.to_json()
+
+
+@router.get("/v1/collections/{name}", tags=["collections"])
+def describe_collection(name: str, q: Service) -> dict[str, Any]:
+    """Configuration, metadata schema, index and counts of a collection."""
+    return q.describe(name)
+
+
+@router.delete("/v1/collections/{name}", tags=["collections"])
+def drop_collection(name: str, q: Service) -> dict[str, str]:
+    """Drop a collection with all its data."""
+    q.drop_collection(name)
+    return {"deleted": name}
+
+
+@router.post("/v1/collections/{name}/documents", tags=["documents"])
+def upsert_documents(name: str, body: UpsertDocuments, q: Service) -> IngestOut:
+    """Insert or replace a batch of documents, atomically (nothing is written on error)."""
+    return IngestOut(**_report(q.upsert(name, _documents(body))))
+
+
+@router.post("/v1/collections/{name}/documents/delete", tags=["documents"])
+def delete_documents(name: str, body: DeleteDocuments, q: Service) -> IngestOut:
+    """Delete documents (all their chunks, in both channels) by id."""
+    return IngestOut(**_report(q.delete_documents(name, body.ids)))
+
+
+@router.delete("/v1/collections/{name}/documents/{document_id}", tags=["documents"])
+def delete_document(name: str, document_id: str, q: Service) -> IngestOut:
+    """Delete one document by id."""
+    return IngestOut(**_report(q.delete_documents(name, [document_id])))
+
+
+@router.post("/v1/collections/{name}/search", tags=["search"])
+def search(name: str, body: SearchIn, q: Service) -> SearchOut:
+    """Hybrid (BM25 + dense, RRF), BM25-only or dense-only search with filters and paging."""
+    started = time.perf_counter()
+    result = q.search(
+        name, body.query, top_k=body.top_k, mode=body.mode, filters=body.filters,
+        offset=body.offset, group=body.group_by_document, rerank=_rerank_options(q, body),
+    )
+    return SearchOut(
+        hits=[HitOut(**dataclasses.asdict(h)) for h in result.hits],
+        total=result.total, mode=result.mode, offset=body.offset, top_k=body.top_k,
+        degraded=result.degraded, reranked=result.reranked, rerank_reason=result.rerank_reason,
+        took_ms=(time.perf_counter() - started) * 1000, timings_ms=result.timings_ms,
+    )
+
+
+def _documents(body: UpsertDocuments) -> list[SourceDocument]:
+    docs, seen = [], set()
+    for i, doc in enumerate(body.documents):
+        try:
+            parsed = parse_document(doc.model_dump())
+        except InvalidDocument as exc:
+            raise InvalidDocument(f"documents[{i}]: {exc.message}") from exc
+        if parsed.id in seen:
+            raise InvalidDocument(f"documents[{i}]: duplicate document id {parsed.id!r} in this batch")
+        seen.add(parsed.id)
+        docs.append(parsed)
+    return docs
+
+
+def _report(report: Any) -> dict[str, Any]:
+    out = dataclasses.asdict(report)
+    out.pop("extra", None)
+    return out
+
+
+def _rerank_options(service: Quarry, body: SearchIn) -> RerankOptions | None:
+    if body.rerank is None:
+        return None
+    cfg = service.settings.rerank
+    if body.rerank.model and service.reranker is not None and body.rerank.model != service.reranker.model_id:
+        raise InvalidRequest(
+            f"rerank model {body.rerank.model!r} is not loaded; this server reranks with {service.reranker.model_id!r}"
+        )
+    return RerankOptions(
+        top_n=body.rerank.top_n, budget_ms=body.rerank.budget_ms or cfg.budget_ms, batch_size=cfg.batch_size
+    )

@@ -1,0 +1,207 @@
+"""The ``quarry`` command line: ingest, search, serve, eval, collections, index."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from quarry.errors import QuarryError
+from quarry.settings import Settings, get_settings
+
+app = typer.Typer(help="Quarry: hybrid BM25 + dense retrieval service.", no_args_is_help=True)
+collections_app = typer.Typer(help="Manage collections.", no_args_is_help=True)
+app.add_typer(collections_app, name="collections")
+err = Console(stderr=True)
+out = Console()
+
+Language = Annotated[str, typer.Option(help="BM25 analysis for a new collection: en, zh or auto.")]
+
+
+def _quarry(settings: Settings | None = None) -> Any:
+    from quarry.service import Quarry
+
+    return Quarry(settings or get_settings())
+
+
+def _default_name(path: Path) -> str:
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", path.resolve().name or "default")
+    return stem if stem[:1].isalpha() else f"c_{stem}"
+
+
+def _fail(exc: QuarryError) -> None:
+    err.print(f"[bold red]error[/] ({type(exc).__name__}): {exc.message}")
+    raise typer.Exit(2)
+
+
+@app.command()
+def ingest(
+    path: Annotated[Path, typer.Argument(help="BEIR folder, .jsonl file, or folder of .txt/.md files.")],
+    collection: Annotated[str | None, typer.Option("--collection", "-c", help="Default: the path's name.")] = None,
+    language: Language = "auto",
+    chunk_size: Annotated[int | None, typer.Option(help="Chunk cap in text tokens (new collection).")] = None,
+    chunk_overlap: Annotated[int | None, typer.Option(help="Overlap in tokens (new collection).")] = None,
+) -> None:
+    """Ingest documents (idempotent: unchanged documents are skipped without embedding)."""
+    from indexing.sources import read_documents
+
+    name = collection or _default_name(path)
+    try:
+        docs = read_documents(path)
+        quarry = _quarry()
+        quarry.create_collection(
+            name, language=language, chunk_size=chunk_size, chunk_overlap=chunk_overlap, exist_ok=True
+        )
+        report = _ingest_with_progress(quarry, name, docs)
+        counts = quarry.describe(name)
+    except QuarryError as exc:
+        _fail(exc)
+        return
+    out.print(
+        f"[green]ingested[/] {name}: {report.added} added, {report.updated} updated, "
+        f"{report.unchanged} unchanged; {report.embedded} chunks embedded "
+        f"({report.truncated} truncated) in {report.elapsed_s:.1f}s; collection has "
+        f"{counts['documents']} documents, {counts['chunks']} chunks"
+    )
+
+
+def _ingest_with_progress(quarry: Any, name: str, docs: list[Any]) -> Any:
+    columns = (TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=False, disable=not err.is_terminal) as bar:
+        task = bar.add_task("documents", total=len(docs))
+        return quarry.upsert(name, docs, progress=lambda n: bar.advance(task, n))
+
+
+@app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="Query text.")],
+    collection: Annotated[str, typer.Option("--collection", "-c")],
+    mode: Annotated[str, typer.Option(help="bm25, dense or hybrid.")] = "hybrid",
+    top_k: Annotated[int, typer.Option("--top-k", "-k")] = 10,
+    filters: Annotated[str | None, typer.Option(help='JSON filter, e.g. \'{"year": {"$gte": 2000}}\'.')] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the raw result as JSON.")] = False,
+) -> None:
+    """Search a collection and print the hits."""
+    import dataclasses
+
+    try:
+        flt = json.loads(filters) if filters else None
+        result = _quarry().search(collection, query, top_k=top_k, mode=mode, filters=flt)
+    except json.JSONDecodeError as exc:
+        err.print(f"[bold red]error[/]: --filters is not valid JSON: {exc.msg}")
+        raise typer.Exit(2) from exc
+    except QuarryError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        out.print_json(json.dumps({"hits": [dataclasses.asdict(h) for h in result.hits], "degraded": result.degraded}))
+        return
+    table = Table("#", "document", "score", "bm25", "dense", "text", title=f"{collection}: {query!r} ({mode})")
+    for i, hit in enumerate(result.hits, start=1):
+        ranks = {k: str(v["rank"]) for k, v in hit.explain.items() if "rank" in v}
+        table.add_row(str(i), hit.document_id, f"{hit.score:.4f}", ranks.get("bm25", "-"), ranks.get("dense", "-"),
+                      hit.text[:80].replace("\n", " "))
+    out.print(table)
+    for note in result.degraded:
+        err.print(f"[yellow]degraded[/]: {note}")
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (default QUARRY_API__HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default QUARRY_API__PORT).")] = None,
+) -> None:
+    """Start the REST API (OpenAPI at /docs)."""
+    import uvicorn
+
+    from quarry.api import create_app
+
+    settings = get_settings()
+    application = create_app(lambda: _quarry(settings))
+    uvicorn.run(application, host=host or settings.api.host, port=port or settings.api.port, log_level="info")
+
+
+@app.command("eval")
+def evaluate(
+    beir: Annotated[Path, typer.Option("--beir", help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/).")],
+    split: Annotated[str, typer.Option(help="qrels split.")] = "test",
+    modes: Annotated[str, typer.Option(help="Comma-separated: bm25,dense,hybrid.")] = "bm25,dense,hybrid",
+    out_dir: Annotated[Path, typer.Option("--out", help="Where report.md and summary.json go.")] = Path("eval-out"),
+    collection: Annotated[str | None, typer.Option("--collection", "-c", help="Default: eval_<dataset>.")] = None,
+    language: Language = "auto",
+) -> None:
+    """Ingest a BEIR corpus (idempotent), run each mode over a split, write the report."""
+    from eval.runner import evaluate as run_eval
+    from indexing.sources import read_documents
+
+    settings = get_settings()
+    name = collection or f"eval_{_default_name(beir)}"
+    wanted = [m.strip() for m in modes.split(",") if m.strip()]
+    try:
+        quarry = _quarry(settings)
+        quarry.create_collection(name, language=language, exist_ok=True)
+        _ingest_with_progress(quarry, name, read_documents(beir))
+        cfg = quarry.get_collection(name)
+
+        def search_fn(text: str, mode: str, top_k: int) -> list[tuple[str, float]]:
+            result = quarry.search(name, text, top_k=top_k, mode=mode)
+            return [(h.document_id, h.score) for h in result.hits]
+
+        config = {
+            "collection": name, "store": settings.store_url, "embedding": settings.embedding.url,
+            "embedding_model": cfg.embedding_model, "language": cfg.language, "chunk_size": cfg.chunk_size,
+            "chunk_overlap": cfg.chunk_overlap, "bm25": settings.bm25.model_dump(),
+            "rrf_k": settings.search.rrf_k, "rank_window_size": settings.search.candidates, "index": cfg.index,
+        }
+        summary = run_eval(search_fn, beir_dir=beir, split=split, modes=wanted, out_dir=out_dir, config=config)
+    except QuarryError as exc:
+        _fail(exc)
+        return
+    table = Table("mode", "nDCG@10", "Recall@10", "Recall@100", "MRR@10", "p50 ms", "p95 ms", title=str(beir))
+    for mode_name, row in summary.to_dict()["modes"].items():
+        table.add_row(mode_name, *(f"{row[k]:.4f}" for k in ("ndcg@10", "recall@10", "recall@100", "mrr@10")),
+                      f"{row['latency_ms']['p50']:.1f}", f"{row['latency_ms']['p95']:.1f}")
+    out.print(table)
+    out.print(f"report: {out_dir / 'report.md'}")
+
+
+@collections_app.command("list")
+def list_collections() -> None:
+    """List collections."""
+    for cfg in _quarry().list_collections():
+        out.print(f"{cfg.name}\t{cfg.language}\t{cfg.embedding_model}\t{cfg.dim}")
+
+
+@collections_app.command("describe")
+def describe_collection(name: str) -> None:
+    """Show a collection's configuration, index and counts."""
+    try:
+        out.print_json(json.dumps(_quarry().describe(name)))
+    except QuarryError as exc:
+        _fail(exc)
+
+
+@collections_app.command("drop")
+def drop_collection(name: str) -> None:
+    """Drop a collection and all its data."""
+    try:
+        _quarry().drop_collection(name)
+    except QuarryError as exc:
+        _fail(exc)
+    out.print(f"dropped {name}")
+
+
+def main() -> None:
+    """Entry point that turns unexpected errors into a non-zero exit."""
+    sys.exit(app())
+
+
+if __name__ == "__main__":
+    main()

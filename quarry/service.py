@@ -1,0 +1,196 @@
+"""The composition root's facade: one object that wires store, models, docstore and BM25.
+
+The REST API and the CLI both talk to :class:`Quarry`; nothing else constructs backends.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from embedding.base import Embedder
+from embedding.factory import open_embedder
+from indexing.collections import NAME, CollectionConfig
+from indexing.docstore import DocStore
+from indexing.pipeline import Ingestor, IngestReport, Progress
+from indexing.sources import SourceDocument
+from quarry.errors import CollectionExists, CollectionNotFound, InvalidRequest, UnsupportedIndex
+from quarry.settings import Settings
+from rerank.base import Reranker
+from retrieval.bm25_registry import BM25Registry
+from retrieval.search import Mode, RerankOptions, Searcher, SearchResult
+from retrieval.text import LANGUAGES, Language
+from stores.base import IndexSpec, VectorStore
+from stores.factory import open_store
+from stores.filters import parse_filter
+
+log = logging.getLogger(__name__)
+
+
+class Quarry:
+    """Collections, ingestion and search over one store, one embedder and one docstore.
+
+    Thread-safe: the REST server shares one instance across its worker threads.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        store: VectorStore | None = None,
+        embedder: Embedder | None = None,
+        reranker: Reranker | None = None,
+    ) -> None:
+        self.settings = settings
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        self.store = store or open_store(settings.store_url)
+        self.embedder = embedder or open_embedder(settings.embedding.url, settings)
+        self.reranker = reranker if reranker is not None else _open_reranker(settings)
+        self.docstore = DocStore(settings.data_dir / "docstore.sqlite")
+        self.bm25 = BM25Registry(self.docstore, settings.data_dir / "bm25", settings.bm25)
+        self.ingestor = Ingestor(
+            self.store, self.docstore, self.embedder, self.bm25,
+            batch_size=settings.ingest.batch_size, embed_batch_size=settings.embedding.batch_size,
+        )
+        self.searcher = Searcher(
+            self.store, self.docstore, self.embedder, self.bm25, settings.search, self.reranker
+        )
+
+    def close(self) -> None:
+        """Release the store and the docstore."""
+        self.store.close()
+        self.docstore.close()
+
+    # --- collections -------------------------------------------------------------------
+    def create_collection(
+        self,
+        name: str,
+        *,
+        language: Language = "auto",
+        chunk_size: int | None = None,
+        chunk_overlap: int | None = None,
+        exist_ok: bool = False,
+    ) -> CollectionConfig:
+        """Create a collection in the store and the docstore.
+
+        Raises:
+            InvalidRequest: Bad name, language or chunking.
+            CollectionExists: The name is taken (unless ``exist_ok``).
+        """
+        if not NAME.match(name):
+            raise InvalidRequest(
+                f"invalid collection name {name!r}: start with a letter; letters, digits and '_' only; at most 63"
+            )
+        if language not in LANGUAGES:
+            raise InvalidRequest(f"unknown language {language!r}; use one of {', '.join(LANGUAGES)}")
+        existing = self.docstore.collection_config(name)
+        if existing is not None:
+            if exist_ok:
+                return CollectionConfig.model_validate(existing)
+            raise CollectionExists(name)
+        if self.store.has_collection(name):
+            raise CollectionExists(name)
+        size = chunk_size or self.settings.ingest.chunk_size
+        overlap = self.settings.ingest.chunk_overlap if chunk_overlap is None else chunk_overlap
+        if size < 1 or not 0 <= overlap < size:
+            raise InvalidRequest(f"chunk_overlap must be >= 0 and < chunk_size ({size}), got {overlap}")
+        self.embedder.warm_up()
+        cfg = CollectionConfig(
+            name=name, language=language, embedding_model=self.embedder.model_id,
+            dim=self.embedder.dim, chunk_size=size, chunk_overlap=overlap,
+        )
+        self.store.create_collection(name, cfg.dim, cfg.metric)
+        try:
+            spec = self._default_index()
+            self.store.build_index(name, spec, timeout_s=self.settings.store.index_build_timeout_s)
+            cfg.index = {"kind": spec.kind, "params": spec.params, "search_params": spec.search_params}
+            self.docstore.put_collection(name, cfg.to_json())
+        except BaseException:
+            self.store.drop_collection(name)
+            raise
+        return cfg
+
+    def _default_index(self) -> IndexSpec:
+        kinds = self.store.capabilities().index_kinds
+        ef = max(128, self.searcher.window)
+        if "HNSW" in kinds:
+            return IndexSpec("HNSW", "cosine", {"M": 16, "efConstruction": 200}, {"ef": ef})
+        if "FLAT" in kinds:
+            return IndexSpec("FLAT", "cosine")
+        raise UnsupportedIndex(f"the store builds neither HNSW nor FLAT (it builds {sorted(kinds)})")
+
+    def get_collection(self, name: str) -> CollectionConfig:
+        """A collection's configuration.
+
+        Raises:
+            CollectionNotFound: No such collection.
+        """
+        raw = self.docstore.collection_config(name)
+        if raw is None:
+            raise CollectionNotFound(name)
+        return CollectionConfig.model_validate(raw)
+
+    def list_collections(self) -> list[CollectionConfig]:
+        """All collections, by name."""
+        return [self.get_collection(n) for n in self.docstore.list_collections()]
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """Configuration plus document/chunk/vector counts."""
+        cfg = self.get_collection(name)
+        documents, chunks = self.docstore.counts(name)
+        return {**cfg.to_json(), "documents": documents, "chunks": chunks, "vectors": self.store.count(name)}
+
+    def drop_collection(self, name: str) -> None:
+        """Drop a collection everywhere.
+
+        Raises:
+            CollectionNotFound: No such collection.
+        """
+        self.get_collection(name)
+        self.store.drop_collection(name)
+        self.bm25.drop(name)
+        self.docstore.drop_collection(name)
+
+    # --- documents ---------------------------------------------------------------------
+    def upsert(self, name: str, docs: Sequence[SourceDocument], progress: Progress | None = None) -> IngestReport:
+        """Insert or replace documents (see :class:`indexing.pipeline.Ingestor`)."""
+        return self.ingestor.upsert(self.get_collection(name), docs, progress)
+
+    def delete_documents(self, name: str, document_ids: Sequence[str]) -> IngestReport:
+        """Delete documents by id from both channels."""
+        return self.ingestor.delete(self.get_collection(name), document_ids)
+
+    # --- search ------------------------------------------------------------------------
+    def search(  # noqa: PLR0913 - mirrors the request body
+        self,
+        name: str,
+        query: str,
+        *,
+        top_k: int = 10,
+        mode: Mode = "hybrid",
+        filters: Mapping[str, Any] | None = None,
+        offset: int = 0,
+        group: bool = True,
+        rerank: RerankOptions | None = None,
+    ) -> SearchResult:
+        """Search a collection (see :meth:`retrieval.search.Searcher.search`).
+
+        Raises:
+            CollectionNotFound: No such collection.
+            InvalidFilter: Unknown field or wrong type in ``filters``.
+            InvalidQuery: Blank query or bad paging.
+        """
+        cfg = self.get_collection(name)
+        flt = parse_filter(filters, cfg.schema_)
+        return self.searcher.search(
+            cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank
+        )
+
+
+def _open_reranker(settings: Settings) -> Reranker | None:
+    if not settings.rerank.model:
+        return None
+    from rerank.factory import open_reranker
+
+    return open_reranker(settings.rerank)

@@ -1,0 +1,177 @@
+"""BM25 over a collection's chunks, with bm25s (Lù, 2024, arXiv:2407.03618) as the engine.
+
+A :class:`BM25Index` is an immutable snapshot: the bm25s sparse score matrix plus, row by row,
+the chunk id, the document id and the payload (for filters). Upserts and deletes build a new
+snapshot from the exact token lists kept in the docstore, so the statistics (N, avgdl, df) are
+always those of the live chunks; the owner swaps snapshots atomically. Snapshots persist to a
+folder with bm25s' own format plus a small sidecar of row data and a version stamp.
+
+With ``method="robertson"`` and the same ``k1``/``b``, scores equal rank-bm25's ``BM25Okapi``
+(Robertson & Zaragoza, 2009) for every term of positive idf (tested).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import bm25s
+import numpy as np
+import numpy.typing as npt
+
+from quarry.settings import BM25Settings
+
+_SIDECAR = "rows.json"
+
+
+@dataclass(frozen=True)
+class BM25Hit:
+    """One BM25 result: row in the snapshot, chunk id, document id and BM25 score."""
+
+    row: int
+    chunk_id: str
+    document_id: str
+    score: float
+
+
+class BM25Index:
+    """An immutable BM25 snapshot of a collection's chunks.
+
+    Attributes:
+        version: Docstore version the snapshot was built from.
+        chunk_ids: Row -> chunk id.
+        document_ids: Row -> document id.
+        payloads: Row -> payload dict (for filter masks).
+    """
+
+    def __init__(
+        self,
+        retriever: bm25s.BM25 | None,
+        chunk_ids: list[str],
+        document_ids: list[str],
+        payloads: list[dict[str, Any]],
+        version: int,
+    ) -> None:
+        self._retriever = retriever
+        self.chunk_ids = chunk_ids
+        self.document_ids = document_ids
+        self.payloads = payloads
+        self.version = version
+
+    def __len__(self) -> int:
+        return len(self.chunk_ids)
+
+    @classmethod
+    def build(
+        cls,
+        rows: Sequence[tuple[str, str, list[str], dict[str, Any]]],
+        params: BM25Settings,
+        version: int,
+    ) -> BM25Index:
+        """Index chunks.
+
+        Args:
+            rows: ``(chunk_id, document_id, tokens, payload)`` per chunk.
+            params: bm25s method, ``k1`` and ``b``.
+            version: Docstore version stamp.
+
+        Returns:
+            A new snapshot (empty when ``rows`` is empty).
+        """
+        if not rows:
+            return cls(None, [], [], [], version)
+        retriever = bm25s.BM25(method=params.method, k1=params.k1, b=params.b)
+        retriever.index([list(r[2]) for r in rows], show_progress=False)
+        return cls(
+            retriever,
+            [r[0] for r in rows],
+            [r[1] for r in rows],
+            [r[3] for r in rows],
+            version,
+        )
+
+    def scores(self, query_tokens: Sequence[str]) -> npt.NDArray[np.float32]:
+        """BM25 score of every row for a tokenised query: ``(len(self),) float32``."""
+        if self._retriever is None:
+            return np.zeros(0, dtype=np.float32)
+        vocab = self._retriever.vocab_dict
+        known = [t for t in query_tokens if t in vocab]
+        if not known:
+            return np.zeros(len(self), dtype=np.float32)
+        return np.asarray(self._retriever.get_scores(known), dtype=np.float32)
+
+    def search(
+        self,
+        query_tokens: Sequence[str],
+        top_n: int,
+        keep: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> list[BM25Hit]:
+        """Top ``top_n`` rows with a positive score, best first.
+
+        Args:
+            query_tokens: Output of :func:`retrieval.text.tokenize` for the query.
+            top_n: Largest number of hits.
+            keep: Payload predicate (a compiled filter); rows it rejects are never returned.
+
+        Returns:
+            Hits in decreasing score order (ties broken by row, i.e. insertion order).
+        """
+        scores = self.scores(query_tokens)
+        if keep is not None and len(scores):
+            mask = np.fromiter((keep(p) for p in self.payloads), dtype=bool, count=len(scores))
+            scores = np.where(mask, scores, 0.0).astype(np.float32)
+        positive = np.flatnonzero(scores > 0)
+        if not len(positive):
+            return []
+        if len(positive) > top_n:
+            part = np.argpartition(-scores[positive], top_n - 1)[:top_n]
+            positive = positive[part]
+        order = positive[np.lexsort((positive, -scores[positive]))]
+        return [
+            BM25Hit(int(r), self.chunk_ids[r], self.document_ids[r], float(scores[r]))
+            for r in order
+        ]
+
+    def save(self, folder: Path) -> None:
+        """Persist to ``folder`` atomically (written beside it, then renamed into place)."""
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        if self._retriever is not None:
+            self._retriever.save(str(tmp), show_progress=False)
+        sidecar = {
+            "version": self.version,
+            "chunk_ids": self.chunk_ids,
+            "document_ids": self.document_ids,
+            "payloads": self.payloads,
+        }
+        (tmp / _SIDECAR).write_text(json.dumps(sidecar), encoding="utf-8")
+        old = folder.with_name(folder.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if folder.exists():
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+        shutil.rmtree(old, ignore_errors=True)
+
+    @classmethod
+    def load(cls, folder: Path) -> BM25Index | None:
+        """Load a snapshot saved by :meth:`save`; ``None`` when missing or unreadable."""
+        try:
+            sidecar = json.loads((folder / _SIDECAR).read_text(encoding="utf-8"))
+            retriever = None
+            if sidecar["chunk_ids"]:
+                retriever = bm25s.BM25.load(str(folder), show_progress=False)
+        except (OSError, ValueError, KeyError):
+            return None
+        return cls(
+            retriever,
+            sidecar["chunk_ids"],
+            sidecar["document_ids"],
+            sidecar["payloads"],
+            int(sidecar["version"]),
+        )

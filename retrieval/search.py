@@ -1,0 +1,258 @@
+"""The query path: BM25 and dense recall, grouped by document, fused by RRF, optionally reranked.
+
+Each channel fetches the same fixed depth of chunks, ``rank_window_size`` (as Elasticsearch's
+RRF retriever does), so a page ``[offset, offset + top_k)`` is always a slice of one and the
+same fused list: joined pages equal the top-``(offset + top_k)`` list. Hits are grouped by
+document by default (a document's best chunk stands for it), since relevance is judged per
+document. In hybrid mode a failing embedder degrades the query to BM25 only, and the response
+says so; in dense mode the error propagates (503).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from embedding.base import Embedder
+from indexing.collections import CollectionConfig
+from indexing.docstore import DocStore
+from quarry.errors import EmbeddingError, InvalidQuery
+from quarry.settings import SearchSettings
+from rerank.base import Reranker
+from retrieval.bm25_registry import BM25Registry
+from retrieval.fusion import rrf
+from retrieval.text import tokenize
+from stores.base import VectorStore
+from stores.filters import Filter, matches
+
+Mode = Literal["bm25", "dense", "hybrid"]
+MODES: tuple[Mode, ...] = ("bm25", "dense", "hybrid")
+
+
+@dataclass(frozen=True)
+class ChannelHit:
+    """A chunk found by one channel: 1-based rank (after grouping), score, chunk id."""
+
+    key: str
+    chunk_id: str
+    document_id: str
+    rank: int
+    score: float
+
+
+@dataclass
+class Hit:
+    """One result returned to the caller."""
+
+    document_id: str
+    chunk_id: str
+    score: float
+    text: str
+    metadata: dict[str, Any]
+    explain: dict[str, Any]
+
+
+@dataclass
+class SearchResult:
+    """A page of hits plus how it was produced."""
+
+    hits: list[Hit]
+    total: int
+    mode: Mode
+    degraded: list[str] = field(default_factory=list)
+    reranked: bool | None = None
+    rerank_reason: str | None = None
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RerankOptions:
+    """Rerank the fused top ``top_n`` within ``budget_ms``."""
+
+    top_n: int
+    budget_ms: float
+    batch_size: int = 32
+
+
+class Searcher:
+    """Runs queries over collections; safe to share across threads."""
+
+    def __init__(
+        self,
+        store: VectorStore,
+        docstore: DocStore,
+        embedder: Embedder,
+        bm25: BM25Registry,
+        settings: SearchSettings,
+        reranker: Reranker | None = None,
+    ) -> None:
+        self._store = store
+        self._docstore = docstore
+        self._embedder = embedder
+        self._bm25 = bm25
+        self._settings = settings
+        self._reranker = reranker
+
+    @property
+    def window(self) -> int:
+        """``rank_window_size``: chunks fetched per channel; ``offset + top_k`` may not exceed it."""
+        return self._settings.candidates
+
+    def search(  # noqa: PLR0913 - these are the request's fields
+        self,
+        cfg: CollectionConfig,
+        query: str,
+        *,
+        top_k: int = 10,
+        mode: Mode = "hybrid",
+        flt: Filter | None = None,
+        offset: int = 0,
+        group: bool = True,
+        rerank: RerankOptions | None = None,
+    ) -> SearchResult:
+        """Search one collection.
+
+        Args:
+            cfg: The collection.
+            query: Query text (non-blank).
+            top_k: Hits to return, ``1 <= top_k`` and ``offset + top_k <= rank_window_size``.
+            mode: ``bm25``, ``dense`` or ``hybrid``.
+            flt: Metadata filter applied inside both channels.
+            offset: Hits to skip (pagination).
+            group: One hit per document (its best chunk) instead of one per chunk.
+            rerank: Rerank the fused top-N with the cross-encoder within a time budget.
+
+        Returns:
+            The page of hits, ``total`` fused candidates, degradations and timings.
+
+        Raises:
+            InvalidQuery: Blank query, bad ``top_k``/``offset``/``mode``.
+            EmbeddingUnavailable: Dense mode and the embedder is down.
+        """
+        self._validate(query, top_k, offset, mode)
+        result = SearchResult([], 0, mode)
+        channels: dict[str, list[ChannelHit]] = {}
+        if mode in ("bm25", "hybrid"):
+            channels["bm25"] = self._timed(result, "bm25", lambda: self._bm25_channel(cfg, query, flt, group))
+        if mode in ("dense", "hybrid"):
+            try:
+                channels["dense"] = self._timed(result, "dense", lambda: self._dense_channel(cfg, query, flt, group))
+            except EmbeddingError as exc:
+                if mode == "dense":
+                    raise
+                result.degraded.append(f"dense channel skipped, BM25 only: {exc.message}")
+        fused = self._fuse(channels)
+        if rerank is not None:
+            fused = self._rerank(cfg, query, fused, rerank, result)
+        result.total = len(fused)
+        page = fused[offset : offset + top_k]
+        result.hits = self._timed(result, "hydrate", lambda: self._hydrate(cfg, page))
+        return result
+
+    def _validate(self, query: str, top_k: int, offset: int, mode: str) -> None:
+        if not query or not query.strip():
+            raise InvalidQuery("query must not be empty")
+        if mode not in MODES:
+            raise InvalidQuery(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
+        if top_k < 1:
+            raise InvalidQuery(f"top_k must be >= 1, got {top_k}")
+        if offset < 0:
+            raise InvalidQuery(f"offset must be >= 0, got {offset}")
+        if offset + top_k > self.window:
+            raise InvalidQuery(
+                f"offset + top_k must be <= {self.window} (rank_window_size, "
+                f"QUARRY_SEARCH__CANDIDATES), got {offset} + {top_k}"
+            )
+
+    def _bm25_channel(self, cfg: CollectionConfig, query: str, flt: Filter | None, group: bool) -> list[ChannelHit]:
+        index = self._bm25.get(cfg.name)
+        keep = None if flt is None else (lambda payload: matches(flt, payload))
+        hits = index.search(tokenize(query, cfg.language), self.window, keep)
+        return _ranked([(h.chunk_id, h.document_id, h.score) for h in hits], group)
+
+    def _dense_channel(self, cfg: CollectionConfig, query: str, flt: Filter | None, group: bool) -> list[ChannelHit]:
+        vectors = self._embedder.embed([query]).vectors
+        found = self._store.search(cfg.name, vectors, self.window, flt)[0]
+        return _ranked([(h.id, str(h.payload.get("document_id", "")), h.score) for h in found], group)
+
+    def _fuse(self, channels: dict[str, list[ChannelHit]]) -> list[dict[str, Any]]:
+        by_channel = {name: {h.key: h for h in hits} for name, hits in channels.items()}
+        if len(channels) == 1:
+            (name, hits), = channels.items()
+            return [{"key": h.key, "score": h.score, "channels": {name: h}} for h in hits]
+        weights = {"bm25": self._settings.bm25_weight, "dense": self._settings.dense_weight}
+        fused = rrf({n: [h.key for h in hits] for n, hits in channels.items()}, self._settings.rrf_k, weights)
+        return [
+            {"key": f.id, "score": f.score, "fused": True, "channels": {n: by_channel[n][f.id] for n in f.ranks}}
+            for f in fused
+        ]
+
+    def _rerank(
+        self, cfg: CollectionConfig, query: str, fused: list[dict[str, Any]], opts: RerankOptions, result: SearchResult
+    ) -> list[dict[str, Any]]:
+        from rerank.budget import rerank_within_budget
+
+        if self._reranker is None:
+            result.reranked, result.rerank_reason = False, "no reranker configured (QUARRY_RERANK__MODEL)"
+            return fused
+        head, tail = fused[: opts.top_n], fused[opts.top_n :]
+        chunks = self._docstore.get_chunks(cfg.name, [_best(item).chunk_id for item in head])
+        passages = [chunks[_best(i).chunk_id].text if _best(i).chunk_id in chunks else "" for i in head]
+        started = time.perf_counter()
+        outcome = rerank_within_budget(self._reranker, query, passages, opts.budget_ms, opts.batch_size)
+        result.timings_ms["rerank"] = (time.perf_counter() - started) * 1000
+        result.reranked, result.rerank_reason = outcome.reranked, outcome.reason
+        if not outcome.reranked or outcome.scores is None:
+            return fused
+        for before, (item, score) in enumerate(zip(head, outcome.scores, strict=True), start=1):
+            item["rerank"] = {"score": float(score), "rank_before": before}
+        ordered = sorted(head, key=lambda it: (-it["rerank"]["score"], it["rerank"]["rank_before"]))
+        return ordered + tail
+
+    def _hydrate(self, cfg: CollectionConfig, page: Sequence[dict[str, Any]]) -> list[Hit]:
+        chunks = self._docstore.get_chunks(cfg.name, [_best(item).chunk_id for item in page])
+        hits = []
+        for item in page:
+            best = _best(item)
+            stored = chunks.get(best.chunk_id)
+            if stored is None:  # a vector whose chunk is gone (orphan): never shown
+                continue
+            explain: dict[str, Any] = {
+                name: {"rank": h.rank, "score": h.score, "chunk_id": h.chunk_id} for name, h in item["channels"].items()
+            }
+            if item.get("fused"):
+                explain["fusion"] = {"method": "rrf", "k": self._settings.rrf_k, "score": item["score"]}
+            if "rerank" in item:
+                explain["rerank"] = item["rerank"]
+            score = item["rerank"]["score"] if "rerank" in item else item["score"]
+            metadata = {k: v for k, v in stored.payload.items() if k != "document_id"}
+            hits.append(Hit(stored.document_id, stored.chunk_id, float(score), stored.text, metadata, explain))
+        return hits
+
+    @staticmethod
+    def _timed(result: SearchResult, name: str, fn: Any) -> Any:
+        started = time.perf_counter()
+        out = fn()
+        result.timings_ms[name] = (time.perf_counter() - started) * 1000
+        return out
+
+
+def _ranked(found: list[tuple[str, str, float]], group: bool) -> list[ChannelHit]:
+    """Turn a channel's chunk list (best first) into ranked hits, one per document if grouping."""
+    hits: list[ChannelHit] = []
+    seen: set[str] = set()
+    for chunk_id, document_id, score in found:
+        key = document_id if group else chunk_id
+        if key in seen:
+            continue
+        seen.add(key)
+        hits.append(ChannelHit(key, chunk_id, document_id, len(hits) + 1, score))
+    return hits
+
+
+def _best(item: dict[str, Any]) -> ChannelHit:
+    """The channel hit whose chunk represents a fused item (the best-ranked one)."""
+    best: ChannelHit = min(item["channels"].values(), key=lambda h: h.rank)
+    return best
