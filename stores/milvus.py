@@ -6,7 +6,8 @@ lives in the collection description. Reads use ``Strong`` consistency, so a read
 earlier write.
 
 Scores are higher-is-better: ``cosine`` similarity, ``ip`` inner product, and for ``l2`` the
-*negated squared* Euclidean distance (Milvus ``L2`` returns squared distances).
+negated Euclidean distance (Milvus ``L2`` returns *squared* distances; we take the root, so the
+score matches the other backends).
 
 Indexes: a new collection (and one whose index was dropped) has an exact ``FLAT`` index named
 ``exact`` (Milvus cannot load a collection without an index); :meth:`MilvusStore.describe_index`
@@ -27,8 +28,10 @@ server; the Lite alias table and the collection-info cache are guarded by a lock
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -105,6 +108,7 @@ class MilvusStore:
         self._infos: dict[str, _Info] = {}
         self._aliases: dict[str, str] = {}
         self._specs: dict[str, IndexSpec | None] = {}
+        self._closed = False
         if lite:
             self._load_lite_aliases()
 
@@ -127,10 +131,13 @@ class MilvusStore:
         else:
             raise ConfigError(f"a Milvus URL needs a host or a file path: {url!r}")
         try:
-            client = MilvusClient(uri, timeout=30)
+            # A private connection alias: closing this store must not close another's channel.
+            client = MilvusClient(uri, timeout=30, alias=f"quarry-{uuid.uuid4().hex}")
         except Exception as exc:
             hint = " (is another process using this Milvus Lite file?)" if lite else ""
             raise StoreUnavailable(f"cannot open Milvus at {uri}{hint}: {exc}") from exc
+        if lite:
+            _lite_acquire(uri)
         return cls(client, lite=lite, uri=uri)
 
     # -- collections -----------------------------------------------------------------------
@@ -317,12 +324,9 @@ class MilvusStore:
             ),
             info.name,
         )
-        sign = -1.0 if info.metric == "l2" else 1.0
+        score = _l2_score if info.metric == "l2" else float
         return [
-            [
-                ScoredId(decode_id(hit["id"]), sign * float(hit["distance"]), _payload(hit))
-                for hit in hits
-            ]
+            [ScoredId(decode_id(hit["id"]), score(hit["distance"]), _payload(hit)) for hit in hits]
             for hits in raw
         ]
 
@@ -418,8 +422,17 @@ class MilvusStore:
         return self._alias_target(name) or name
 
     def close(self) -> None:
-        """Close the gRPC channel (and the embedded Lite server when this was its last user)."""
+        """Close the gRPC channel, and stop the embedded Lite server when this was its last user.
+
+        Stopping the Lite server releases its file, so another process may open it afterwards.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
         self._client.close()
+        if self._lite:
+            _lite_release(self._uri)
 
     # -- internals -------------------------------------------------------------------------
 
@@ -532,9 +545,7 @@ class MilvusStore:
                 f"metric {info.metric!r}"
             )
 
-    def _search_params(
-        self, info: _Info, top_k: int, overrides: dict[str, Any]
-    ) -> dict[str, Any]:
+    def _search_params(self, info: _Info, top_k: int, overrides: dict[str, Any]) -> dict[str, Any]:
         spec = self._index_spec(info) if not overrides else None
         params = dict(spec.search_params) if spec is not None else {}
         params.update(overrides)
@@ -619,6 +630,27 @@ def _is_unavailable(exc: Exception) -> bool:
     return "UNAVAILABLE" in text or "DEADLINE_EXCEEDED" in text or "closed channel" in str(exc)
 
 
+_LITE_USERS: dict[str, int] = {}
+_LITE_LOCK = threading.Lock()
+
+
+def _lite_acquire(path: str) -> None:
+    with _LITE_LOCK:
+        _LITE_USERS[path] = _LITE_USERS.get(path, 0) + 1
+
+
+def _lite_release(path: str) -> None:
+    """Stop the in-process Milvus Lite server of ``path`` when its last store closes."""
+    with _LITE_LOCK:
+        _LITE_USERS[path] = _LITE_USERS.get(path, 1) - 1
+        if _LITE_USERS[path] > 0:
+            return
+        del _LITE_USERS[path]
+    from milvus_lite.server_manager import server_manager_instance
+
+    server_manager_instance.release_server(path)
+
+
 def _lite_version() -> str:
     from importlib.metadata import version
 
@@ -659,6 +691,11 @@ def _query_matrix(queries: FloatMatrix, info: _Info) -> FloatMatrix:
     if matrix.shape[1] != info.dim:
         raise DimensionMismatch(expected=info.dim, got=matrix.shape[1], collection=info.name)
     return matrix
+
+
+def _l2_score(squared: float) -> float:
+    """Milvus ``L2`` returns the squared distance; the contract's score is ``-distance``."""
+    return -math.sqrt(max(float(squared), 0.0))
 
 
 def _payload(hit: dict[str, Any]) -> Payload:
