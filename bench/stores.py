@@ -1,0 +1,232 @@
+"""Benchmark every vector store on GloVe-100k at the index planner's parameters, with hnswlib.
+
+Usage::
+
+    python bench/stores.py [--json FILE] [--backends milvus-lite pgvector ...] [--n-base N]
+
+Per backend: ingest the 100k L2-normalised GloVe vectors (``../shared/data/glove-50-angular-100k``),
+build the index :func:`indexing.planner.plan_for_store` picks for (100k, 50) under 16 GiB, then
+time a single-query loop (one client, one query per call, ``top_k`` 10, after a warm-up) and
+measure recall@10 against the exact ground truth. ``hnswlib`` runs on the same data in the same
+process with ``M``/``efConstruction``/``ef`` equal to the planner's HNSW parameters, and once more
+over an ``ef`` sweep so each backend can be compared at equal recall: ``x hnswlib`` is the
+backend's QPS over hnswlib's QPS at the smallest swept ``ef`` whose recall is at least the
+backend's (hnswlib's best recall when no ``ef`` reaches it).
+
+``--json FILE`` writes ``{"<backend>": {"recall@10", "qps", "build_s", ...}, "hnswlib": {...}}``.
+Server backends must be running (``bash scripts/services.sh start``); their URLs are options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+# Run as ``python bench/stores.py``: this file's folder would shadow the ``stores`` package.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
+import hnswlib  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from indexing.ann_data import AnnDataset, load_ann_dataset, recall_at_k  # noqa: E402
+from indexing.planner import GIB, hnsw_ef, hnsw_m, plan_for_store  # noqa: E402
+from stores.base import VectorRecord, VectorStore  # noqa: E402
+from stores.factory import open_store  # noqa: E402
+
+REPO = _HERE.parent
+DEFAULT_DATA = REPO.parent / "shared" / "data" / "glove-50-angular-100k"
+TOP_K = 10
+WARMUP = 50
+BATCH = 10_000
+EF_SWEEP = (10, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+@dataclass
+class Result:
+    """One row of the table (and of the JSON file)."""
+
+    kind: str
+    params: str
+    ingest_s: float
+    build_s: float
+    qps: float
+    recall: float
+    vs_hnswlib: float | None = None
+    hnswlib_ef: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form: ``recall@10``, ``qps``, ``build_s`` and the other fields."""
+        data = asdict(self)
+        data["recall@10"] = data.pop("recall")
+        return data
+
+
+def backend_urls(args: argparse.Namespace, tmp: Path) -> dict[str, str]:
+    return {
+        "milvus-lite": f"milvus://{tmp}/bench.db",
+        "milvus-server": args.milvus_url,
+        "qdrant-edge": f"qdrant://{tmp}/qdrant",
+        "qdrant-local": f"qdrant+local://{tmp}/qdrant-local",
+        "pgvector": args.pg_url,
+    }
+
+
+def query_loop(search: Any, queries: npt.NDArray[np.float32]) -> tuple[np.ndarray, float]:
+    """Run one query per call; return ``(q, TOP_K)`` ids (``-1`` padded) and queries/second."""
+    for q in queries[:WARMUP]:
+        search(q)
+    found = np.full((len(queries), TOP_K), -1, dtype=np.int64)
+    t0 = time.perf_counter()
+    for row, q in enumerate(queries):
+        ids = search(q)
+        found[row, : len(ids)] = ids
+    return found, len(queries) / (time.perf_counter() - t0)
+
+
+def bench_store(url: str, data: AnnDataset) -> Result:
+    store = open_store(url)
+    name = f"bench_{uuid.uuid4().hex[:8]}"
+    try:
+        return _bench_open_store(store, name, data)
+    finally:
+        store.drop_collection(name)
+        store.close()
+
+
+def _bench_open_store(store: VectorStore, name: str, data: AnnDataset) -> Result:
+    store.create_collection(name, data.dim, "cosine")
+    t0 = time.perf_counter()
+    for start in range(0, len(data.base), BATCH):
+        rows = range(start, min(start + BATCH, len(data.base)))
+        store.upsert(name, [VectorRecord(str(i), data.base[i]) for i in rows])
+    ingest_s = time.perf_counter() - t0
+    plan = plan_for_store(store, len(data.base), data.dim, 16 * GIB, top_k=TOP_K)
+    t0 = time.perf_counter()
+    store.build_index(name, plan.spec, timeout_s=1800)
+    build_s = time.perf_counter() - t0
+
+    def search(q: npt.NDArray[np.float32]) -> list[int]:
+        return [int(h.id) for h in store.search(name, q[None, :], TOP_K)[0]]
+
+    found, qps = query_loop(search, data.queries)
+    params = {**plan.spec.params, **plan.spec.search_params}
+    return Result(
+        kind=plan.spec.kind,
+        params=", ".join(f"{k}={v}" for k, v in params.items()),
+        ingest_s=ingest_s,
+        build_s=build_s,
+        qps=qps,
+        recall=recall_at_k(found, data.groundtruth, TOP_K),
+    )
+
+
+def bench_hnswlib(data: AnnDataset) -> tuple[Result, list[tuple[int, float, float]]]:
+    """Run hnswlib at the planner's HNSW parameters, plus an ``ef`` sweep ``(ef, recall, qps)``."""
+    n, dim = data.base.shape
+    m, ef = hnsw_m(n, dim), hnsw_ef(n, TOP_K)
+    t0 = time.perf_counter()
+    index = hnswlib.Index(space="ip", dim=dim)
+    index.init_index(max_elements=n, M=m, ef_construction=200, random_seed=100)
+    index.add_items(data.base, np.arange(n))
+    build_s = time.perf_counter() - t0
+    index.set_num_threads(1)
+
+    def run(ef_value: int) -> tuple[float, float]:
+        index.set_ef(ef_value)
+        found, qps = query_loop(lambda q: index.knn_query(q, k=TOP_K)[0][0], data.queries)
+        return recall_at_k(found, data.groundtruth, TOP_K), qps
+
+    sweep = [(e, *run(e)) for e in EF_SWEEP]
+    recall, qps = run(ef)
+    params = f"M={m}, efConstruction=200, ef={ef}"
+    return Result("HNSW", params, 0.0, build_s, qps, recall), sweep
+
+
+def attach_ratio(result: Result, sweep: list[tuple[int, float, float]]) -> None:
+    """Compare with hnswlib at the smallest swept ``ef`` reaching the backend's recall."""
+    reaching = [point for point in sweep if point[1] >= result.recall]
+    ef, _, qps = reaching[0] if reaching else max(sweep, key=lambda p: (p[1], p[2]))
+    result.vs_hnswlib, result.hnswlib_ef = result.qps / qps, ef
+
+
+def render(results: dict[str, Result], sweep: list[tuple[int, float, float]]) -> Table:
+    table = Table(title=f"GloVe-100k (dim 50, cosine), top_k={TOP_K}, single-query loop")
+    for col in ("backend", "index", "params", "ingest s", "build s", "QPS", "recall@10"):
+        table.add_column(col, justify="left" if col in ("backend", "index", "params") else "right")
+    table.add_column("x hnswlib", justify="right")
+    table.add_column("hnswlib at equal recall", justify="right")
+    points = {ef: (recall, qps) for ef, recall, qps in sweep}
+    for name, r in results.items():
+        ratio, ref = "-", "-"
+        if r.vs_hnswlib is not None and r.hnswlib_ef is not None:
+            ref_recall, ref_qps = points[r.hnswlib_ef]
+            ratio = f"{r.vs_hnswlib:.2f}x"
+            ref = f"ef={r.hnswlib_ef}: {ref_recall:.4f}, {ref_qps:,.0f} QPS"
+        table.add_row(
+            name,
+            r.kind,
+            r.params,
+            f"{r.ingest_s:.1f}",
+            f"{r.build_s:.1f}",
+            f"{r.qps:,.0f}",
+            f"{r.recall:.4f}",
+            ratio,
+            ref,
+        )
+    return table
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", type=Path, help="write the results to this JSON file")
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        default=["milvus-lite", "milvus-server", "qdrant-edge", "pgvector"],
+        choices=["milvus-lite", "milvus-server", "qdrant-edge", "qdrant-local", "pgvector"],
+    )
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="texmex-format ANN set")
+    parser.add_argument("--n-base", type=int, help="use only the first N base vectors (quick runs)")
+    parser.add_argument("--milvus-url", default="milvus://127.0.0.1:19530")
+    parser.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5433/quarry")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console(width=None if sys.stdout.isatty() else 170)
+    data = load_ann_dataset(args.data, n_base=args.n_base)
+    console.print(f"data: {len(data.base):,} x {data.dim}, {len(data.queries):,} queries")
+    baseline, sweep = bench_hnswlib(data)
+    results: dict[str, Result] = {}
+    with tempfile.TemporaryDirectory(prefix="quarry-bench-") as tmp:
+        urls = backend_urls(args, Path(tmp))
+        for name in args.backends:
+            console.print(f"[bold]{name}[/bold]: {urls[name]}")
+            results[name] = bench_store(urls[name], data)
+            attach_ratio(results[name], sweep)
+    results["hnswlib"] = baseline
+    attach_ratio(baseline, sweep)
+    console.print(render(results, sweep))
+    if args.json:
+        payload: dict[str, Any] = {name: r.to_json() for name, r in results.items()}
+        payload["hnswlib"]["ef_sweep"] = [{"ef": ef, "recall@10": rec, "qps": qps} for ef, rec, qps in sweep]
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
