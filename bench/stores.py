@@ -83,7 +83,7 @@ def backend_urls(args: argparse.Namespace, tmp: Path) -> dict[str, str]:
     }
 
 
-def query_loop(search: Any, queries: npt.NDArray[np.float32]) -> tuple[np.ndarray, float]:
+def query_loop(search: Any, queries: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.int64], float]:
     """Run one query per call; return ``(q, TOP_K)`` ids (``-1`` padded) and queries/second."""
     for q in queries[:WARMUP]:
         search(q)
