@@ -35,7 +35,8 @@ HNSW               ``n·(d·b + 2·M·4)``, ``b`` = 4 (float32) or 2 (halfvec). 
                    bytes per vector (level-0 links dominate).
 HNSW + SQ/PQ       ``n·(c + 2·M·4)`` with ``c`` the quantized code (``d`` bytes for int8 SQ,
                    ``4·d/x`` for PQ ``x``-fold); ``n·c`` with the graph on disk (Qdrant
-                   "Quantization" and "Storage" docs: originals on disk, codes in RAM).
+                   "Quantization" and "Storage" docs: originals on disk, codes in RAM; the
+                   plan says so with ``params["vectors_on_disk"] = True``).
 IVF_FLAT           ``n·(d·b + 8) + nlist·d·4`` (vectors, 8-byte ids, centroids).
 IVF_PQ             ``n·(m·nbits/8 + 8) + nlist·d·4`` (Faiss wiki: IndexIVFPQ code size + 8
                    bytes per vector for the id; plus coarse centroids).
@@ -288,7 +289,9 @@ def _quantized_hnsw(n: int, dim: int, metric: Metric, top_k: int, engine: str) -
     search = {**base.search_params, "rescore": True, "oversampling": 2.0}
     out = []
     for on_disk in (False, True):
-        extra: dict[str, Any] = {"on_disk": True} if on_disk else {}
+        extra: dict[str, Any] = {"vectors_on_disk": True}
+        if on_disk:
+            extra["on_disk"] = True
         where = " (graph on disk)" if on_disk else ""
         sq = {**base.params, "quantization": "scalar", **extra}
         out.append(
