@@ -7,7 +7,9 @@ always those of the live chunks; the owner swaps snapshots atomically. Snapshots
 folder with bm25s' own format plus a small sidecar of row data and a version stamp.
 
 With ``method="robertson"`` and the same ``k1``/``b``, scores equal rank-bm25's ``BM25Okapi``
-(Robertson & Zaragoza, 2009) for every term of positive idf (tested).
+(Robertson & Zaragoza, 2009) for every term of positive idf (tested). bm25s leaves out the
+constant ``(k1 + 1)`` numerator factor of the Okapi formula (rank-equivalent, as Lucene does);
+for ``robertson`` we put it back so the scores are the textbook values.
 """
 
 from __future__ import annotations
@@ -56,8 +58,10 @@ class BM25Index:
         document_ids: list[str],
         payloads: list[dict[str, Any]],
         version: int,
+        scale: float = 1.0,
     ) -> None:
         self._retriever = retriever
+        self._scale = scale
         self.chunk_ids = chunk_ids
         self.document_ids = document_ids
         self.payloads = payloads
@@ -93,6 +97,7 @@ class BM25Index:
             [r[1] for r in rows],
             [r[3] for r in rows],
             version,
+            _scale(params),
         )
 
     def scores(self, query_tokens: Sequence[str]) -> npt.NDArray[np.float32]:
@@ -103,7 +108,8 @@ class BM25Index:
         known = [t for t in query_tokens if t in vocab]
         if not known:
             return np.zeros(len(self), dtype=np.float32)
-        return np.asarray(self._retriever.get_scores(known), dtype=np.float32)
+        scores = np.asarray(self._retriever.get_scores(known), dtype=np.float32)
+        return scores * np.float32(self._scale) if self._scale != 1.0 else scores
 
     def search(
         self,
@@ -149,6 +155,7 @@ class BM25Index:
             "chunk_ids": self.chunk_ids,
             "document_ids": self.document_ids,
             "payloads": self.payloads,
+            "scale": self._scale,
         }
         (tmp / _SIDECAR).write_text(json.dumps(sidecar), encoding="utf-8")
         old = folder.with_name(folder.name + ".old")
@@ -174,4 +181,10 @@ class BM25Index:
             sidecar["document_ids"],
             sidecar["payloads"],
             int(sidecar["version"]),
+            float(sidecar.get("scale", 1.0)),
         )
+
+
+def _scale(params: BM25Settings) -> float:
+    """Factor that turns bm25s' score into the textbook Okapi value for ``robertson``."""
+    return params.k1 + 1.0 if params.method == "robertson" else 1.0

@@ -6,8 +6,10 @@ A text is split into runs of CJK characters and runs of everything else:
   list) are dropped and the rest Snowball-stemmed (PyStemmer), as Lucene's EnglishAnalyzer does;
   for ``zh`` they are only lowercased.
 * CJK runs: for ``zh`` and ``auto``, segmented with jieba in search mode (words plus the
-  dictionary sub-words of long words, so a two-character query term matches inside a longer
-  compound); Chinese stopwords dropped. For ``en``, CJK falls back to single characters.
+  dictionary sub-words of long words); Chinese stopwords dropped. Every character bigram of
+  the run is added as a separate term (prefixed ``#``), as Lucene's CJKBigramFilter does, so a
+  two-character query term still matches where jieba cut the text differently (早茶 inside
+  "早/茶文化"). For ``en``, CJK falls back to single characters.
 
 The language is chosen per collection and stored with it, so indexing and querying agree.
 """
@@ -95,6 +97,8 @@ def _cjk_terms(run: str, language: Language) -> Iterator[str]:
     for word in words:
         if word not in _ZH_STOP:
             yield word
+    for i in range(len(run) - 1):
+        yield "#" + run[i : i + 2]
 
 
 @lru_cache(maxsize=65536)

@@ -1,0 +1,94 @@
+"""Fixtures for the core pipeline: one real Quarry (Milvus Lite + packaged MiniLM) per session."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from embedding.base import Embedder, Embeddings
+from embedding.sentence_transformers import SentenceTransformerEmbedder
+from indexing.sources import SourceDocument, iter_jsonl
+from quarry.service import Quarry
+from quarry.settings import Settings
+
+
+class CountingEmbedder:
+    """Wraps the REAL embedder and counts the texts it is asked to embed (no fake inference)."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.calls = 0
+        self.texts = 0
+
+    @property
+    def model_id(self) -> str:
+        return self.inner.model_id
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.inner.max_seq_length
+
+    def warm_up(self) -> None:
+        self.inner.warm_up()
+
+    def embed(self, texts: Sequence[str]) -> Embeddings:
+        self.calls += 1
+        self.texts += len(texts)
+        return self.inner.embed(texts)
+
+
+@pytest.fixture(scope="session")
+def minilm() -> SentenceTransformerEmbedder:
+    model = SentenceTransformerEmbedder("all-MiniLM-L6-v2", batch_size=64, device="cpu")
+    model.warm_up()
+    return model
+
+
+@pytest.fixture(scope="session")
+def counting(minilm: SentenceTransformerEmbedder) -> CountingEmbedder:
+    return CountingEmbedder(minilm)
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory: pytest.TempPathFactory, counting: CountingEmbedder) -> Iterator[Quarry]:
+    data = tmp_path_factory.mktemp("quarry-data")
+    quarry = Quarry(Settings(data_dir=data), embedder=counting)
+    yield quarry
+    quarry.close()
+
+
+_names = itertools.count()
+
+
+@pytest.fixture()
+def collection(service: Quarry) -> Iterator[str]:
+    """A fresh, empty collection (language auto), dropped afterwards."""
+    name = f"t{next(_names)}"
+    service.create_collection(name)
+    yield name
+    service.drop_collection(name)
+
+
+@pytest.fixture(scope="session")
+def scifact_docs(shared_data: Path) -> list[SourceDocument]:
+    """The first 300 SciFact documents plus the documents judged for the first 20 test queries."""
+    docs = list(iter_jsonl(shared_data / "scifact" / "corpus.jsonl"))
+    judged = set()
+    with (shared_data / "scifact" / "qrels" / "test.tsv").open() as fh:
+        next(fh)
+        for line in itertools.islice(fh, 20):
+            judged.add(line.split("\t")[1])
+    return [d for i, d in enumerate(docs) if i < 300 or d.id in judged]
+
+
+def write_jsonl(path: Path, rows: list[object]) -> Path:
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,36 @@
+import random
+
+import pytest
+
+from indexing.chunking import chunk_text, count_tokens
+from quarry.errors import InvalidRequest
+
+WORDS = ["alpha", "beta,", "gamma.", "机器", "学习", "δ", "(x)", "  ", "\n", "3.14", "e-mail", "東京"]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_chunks_are_contiguous_capped_and_overlapping(seed: int) -> None:
+    rng = random.Random(seed)
+    text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, 400)))
+    size = rng.randint(1, 60)
+    overlap = rng.randint(0, size - 1)
+    chunks = chunk_text(text, size, overlap)
+    total = count_tokens(text)
+    if total == 0:
+        assert chunks == []
+        return
+    for c in chunks:
+        assert text[c.start : c.end] == c.text  # a contiguous slice of the source
+        assert count_tokens(c.text) <= size  # the size is a hard cap
+    for a, b in zip(chunks, chunks[1:], strict=False):
+        assert b.start > a.start
+        assert count_tokens(text[b.start : a.end]) == overlap if a.end > b.start else overlap == 0
+    covered = sum(count_tokens(c.text) for c in chunks) - overlap * (len(chunks) - 1)
+    assert covered == total  # nothing lost, nothing repeated beyond the overlap
+    assert [c.position for c in chunks] == list(range(len(chunks)))
+
+
+@pytest.mark.parametrize(("size", "overlap"), [(10, 10), (10, 11), (0, 0), (5, -1)])
+def test_bad_overlap_is_rejected(size: int, overlap: int) -> None:
+    with pytest.raises(InvalidRequest):
+        chunk_text("some text here", size, overlap)

@@ -1,0 +1,126 @@
+from pathlib import Path
+
+import pytest
+
+from indexing.sources import SourceDocument, read_documents
+from quarry.errors import CollectionNotFound, InvalidDocument, InvalidFilter, InvalidQuery
+from quarry.service import Quarry
+from tests.core.conftest import CountingEmbedder, write_jsonl
+
+
+def _ids(result: object) -> list[str]:
+    return [h.document_id for h in result.hits]  # type: ignore[attr-defined]
+
+
+def test_reingest_is_idempotent_and_makes_zero_embedding_calls(
+    service: Quarry, collection: str, counting: CountingEmbedder, scifact_docs: list[SourceDocument]
+) -> None:
+    first = service.upsert(collection, scifact_docs)
+    assert first.added == len(scifact_docs) and first.embedded >= len(scifact_docs)
+    counts = service.describe(collection)
+    before = counting.texts
+    again = service.upsert(collection, scifact_docs)
+    assert counting.texts == before  # zero embedding calls
+    assert again.unchanged == len(scifact_docs) and again.embedded == 0 and again.chunks_written == 0
+    assert service.describe(collection) == counts
+    assert counts["documents"] == len(scifact_docs) and counts["vectors"] == counts["chunks"]
+
+
+def test_changed_document_replaces_its_chunks_and_delete_removes_both_channels(
+    service: Quarry, collection: str, counting: CountingEmbedder
+) -> None:
+    long_text = " ".join(f"word{i}" for i in range(600))
+    service.upsert(collection, [SourceDocument("doc", long_text, "zebra", {"year": 2001}), SourceDocument("other", "plain text about cats")])
+    old = service.docstore.chunk_ids_of(collection, ["doc"])["doc"]
+    assert len(old) >= 2
+    before = counting.texts
+    service.upsert(collection, [SourceDocument("doc", "a short new text about giraffes", "zebra", {"year": 2002})])
+    assert counting.texts - before == 1  # only the new chunk is embedded
+    new = service.docstore.chunk_ids_of(collection, ["doc"])["doc"]
+    assert len(new) == 1 and not set(new) & set(old)
+    assert service.store.get(collection, old) == []
+    assert service.store.count(collection) == 2
+    assert _ids(service.search(collection, "giraffes", mode="bm25")) == ["doc"]
+    assert _ids(service.search(collection, "word599", mode="bm25")) == []
+    assert _ids(service.search(collection, "giraffes", mode="hybrid", filters={"year": 2002}))[0] == "doc"
+    service.delete_documents(collection, ["doc"])
+    assert service.store.count(collection) == 1
+    assert "doc" not in _ids(service.search(collection, "giraffes", mode="bm25"))
+    assert "doc" not in _ids(service.search(collection, "giraffes zebra", mode="dense"))
+    assert service.describe(collection)["documents"] == 1
+
+
+def test_metadata_only_change_reuses_vectors(service: Quarry, collection: str, counting: CountingEmbedder) -> None:
+    service.upsert(collection, [SourceDocument("m", "metadata only change", "", {"tag": "a"})])
+    before = counting.texts
+    service.upsert(collection, [SourceDocument("m", "metadata only change", "", {"tag": "b"})])
+    assert counting.texts == before
+    assert _ids(service.search(collection, "change", mode="dense", filters={"tag": "b"})) == ["m"]
+    assert _ids(service.search(collection, "change", mode="dense", filters={"tag": "a"})) == []
+
+
+def test_malformed_jsonl_names_the_line_and_stores_nothing(service: Quarry, collection: str, tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "bad.jsonl", [{"id": "1", "text": "ok"}, {"id": "2", "text": "ok"}, '{"id": "3", "text": '])
+    with pytest.raises(InvalidDocument, match="line 3"):
+        service.upsert(collection, read_documents(path))
+    for bad, pattern in [
+        ({"text": "no id"}, "line 1.*'id'"),
+        ({"id": "x", "text": 5}, "'text' must be a string"),
+        ({"id": "x", "text": "t", "metadata": {"nested": {"a": 1}}}, "field 'nested'"),
+    ]:
+        with pytest.raises(InvalidDocument, match=pattern):
+            read_documents(write_jsonl(tmp_path / "b.jsonl", [bad]))
+    assert service.describe(collection)["documents"] == 0
+
+
+def test_metadata_type_conflict_writes_nothing(service: Quarry, collection: str) -> None:
+    service.upsert(collection, [SourceDocument("a", "first", "", {"year": 2001})])
+    with pytest.raises(InvalidDocument, match="'year' holds int"):
+        service.upsert(collection, [SourceDocument("b", "second", "", {}), SourceDocument("c", "third", "", {"year": "x"})])
+    assert service.describe(collection)["documents"] == 1
+
+
+def test_search_errors_are_typed(service: Quarry, collection: str) -> None:
+    service.upsert(collection, [SourceDocument("a", "alpha beta", "", {"year": 2001, "tag": "x"})])
+    with pytest.raises(InvalidQuery, match="empty"):
+        service.search(collection, "   ")
+    with pytest.raises(InvalidQuery, match="top_k"):
+        service.search(collection, "alpha", top_k=0)
+    with pytest.raises(InvalidQuery, match="rank_window_size"):
+        service.search(collection, "alpha", top_k=10_000)
+    with pytest.raises(InvalidFilter, match="unknown filter field 'yeer'"):
+        service.search(collection, "alpha", filters={"yeer": 2001})
+    with pytest.raises(InvalidFilter, match="holds int"):
+        service.search(collection, "alpha", filters={"year": "2001"})
+    with pytest.raises(CollectionNotFound):
+        service.search("nope", "alpha")
+
+
+def test_filters_in_both_channels(service: Quarry, collection: str) -> None:
+    docs = [SourceDocument(f"d{i}", f"protein folding study number {i}", "", {"year": 2000 + i, "tag": "even" if i % 2 == 0 else "odd"}) for i in range(10)]
+    service.upsert(collection, docs)
+    for mode in ("bm25", "dense", "hybrid"):
+        got = _ids(service.search(collection, "protein folding", mode=mode, top_k=10, filters={"year": {"$gte": 2003, "$lt": 2007}, "tag": {"$in": ["even"]}}))
+        assert sorted(got) == ["d4", "d6"], mode
+        ors = _ids(service.search(collection, "protein folding", mode=mode, top_k=10, filters={"$or": [{"year": 2001}, {"year": 2009}]}))
+        assert sorted(ors) == ["d1", "d9"], mode
+
+
+def test_pages_joined_equal_the_top_list(service: Quarry, collection: str, scifact_docs: list[SourceDocument]) -> None:
+    service.upsert(collection, scifact_docs[:150])
+    for mode in ("bm25", "dense", "hybrid"):
+        top = _ids(service.search(collection, "cell differentiation in cancer", mode=mode, top_k=30))
+        pages = [_ids(service.search(collection, "cell differentiation in cancer", mode=mode, top_k=7, offset=o)) for o in range(0, 30, 7)]
+        joined = [d for page in pages for d in page][:30]
+        assert joined == top, mode
+        assert len(set(top)) == len(top)
+
+
+def test_hybrid_explain_has_both_channels(service: Quarry, collection: str, scifact_docs: list[SourceDocument]) -> None:
+    service.upsert(collection, scifact_docs[:100])
+    result = service.search(collection, scifact_docs[3].title, mode="hybrid", top_k=5)
+    top = result.hits[0]
+    assert top.document_id == scifact_docs[3].id
+    assert set(top.explain) >= {"bm25", "dense", "fusion"}
+    assert top.explain["fusion"]["k"] == 60
+    assert top.explain["bm25"]["rank"] >= 1 and top.explain["dense"]["score"] > 0
