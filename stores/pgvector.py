@@ -10,9 +10,12 @@ is how tests isolate themselves on a shared server):
 
 Indexes (pgvector >= 0.8): HNSW and IVFFlat on ``embedding``, or on ``embedding::halfvec(dim)``
 with ``params={"halfvec": True}`` (half the memory, up to 4000 dims); FLAT means no index (an
-exact scan). Filtered searches turn on iterative index scans (``hnsw.iterative_scan``,
-``ivfflat.iterative_scan``), and a query that still comes back short of ``top_k`` is re-run as
-an exact scan, so a search returns fewer than ``top_k`` hits only when fewer rows match.
+exact scan). Filtered searches: a filter the payload GIN index serves that matches few rows
+(:func:`stores.pgvector_sql.exact_row_limit`, about 3600 of 100k for k = 10) is answered by an
+exact scan of those rows, as Qdrant's planner does below its full-scan threshold; any other uses
+the vector index with iterative scans (``hnsw.iterative_scan``, ``ivfflat.iterative_scan``), and
+a query that still comes back short of ``top_k`` is re-run as an exact scan, so a search returns
+fewer than ``top_k`` hits only when fewer rows match.
 
 Connections come from a thread-safe :class:`psycopg_pool.ConnectionPool`. Every value is a
 bound parameter (see :mod:`stores.pgvector_sql`). Start a local server with
@@ -354,8 +357,10 @@ class PgVectorStore:
 
         ``search_params`` override the index's: ``ef`` (HNSW ``hnsw.ef_search``, raised to at
         least ``top_k``), ``nprobe`` (``ivfflat.probes``), ``iterative_scan`` (default
-        ``relaxed_order``), ``max_scan_tuples``, ``scan_mem_multiplier``, ``max_probes``.
-        Other keys are ignored (they belong to other engines).
+        ``relaxed_order``), ``max_scan_tuples``, ``scan_mem_multiplier``, ``max_probes``, and
+        ``exact`` (``True``: exact scan; ``False``: the index even for a selective filter;
+        unset: chosen per call, see :meth:`_exact_route`). Other keys are ignored (they belong
+        to other engines).
 
         Returns:
             ``n`` lists of at most ``top_k`` hits, best first; scores are cosine similarity,
@@ -381,15 +386,64 @@ class PgVectorStore:
             params = {**index.search_params, **(search_params or {})}
             halfvec = bool(index.params.get("halfvec"))
             stmt = q.search_sql(self._schema, coll.name, coll.dim, coll.metric, halfvec, cond)
-            _set_local(conn, q.search_settings(index.kind, params, top_k))
+            compiled = (cond, cond_params)
+            exact = self._exact_route(conn, coll, index.kind, flt, compiled, params, top_k)
+            if exact:
+                _set_local(conn, [("enable_indexscan", "off")])
+            else:
+                _set_local(conn, q.search_settings(index.kind, params, top_k))
             search = _Search(conn, stmt, cond_params, top_k, coll.metric)
             hits = search.run(list(matrix))
             short = [i for i, h in enumerate(hits) if len(h) < top_k]
-            if short and self._exact_fallback and index.kind != "FLAT":
+            if short and self._exact_fallback and not exact:
                 _set_local(conn, [("enable_indexscan", "off")])
                 for i, redo in zip(short, search.run([matrix[i] for i in short]), strict=True):
                     hits[i] = redo
         return hits
+
+    def _exact_route(
+        self,
+        conn: Conn,
+        coll: _Collection,
+        kind: str,
+        flt: Filter | None,
+        compiled: tuple[sql.Composable, list[Any]],
+        params: dict[str, Any],
+        top_k: int,
+    ) -> bool:
+        """Whether to answer with an exact scan instead of the vector index.
+
+        ``search_params["exact"]`` forces the choice. Otherwise: always without an index; with
+        one, only for a filter the payload GIN index serves that matches at most
+        :func:`~stores.pgvector_sql.exact_row_limit` rows (counted with ``LIMIT``, so the probe
+        stays cheap): then a bitmap scan of the matching rows beats walking the graph past the
+        99 % that do not match.
+        """
+        forced = params.get("exact")
+        if forced is not None:
+            if not isinstance(forced, bool):
+                raise InvalidQuery(f"search parameter exact must be true or false, got {forced!r}")
+            return forced
+        if kind == "FLAT":
+            return True
+        if flt is None or not q.index_served(flt):
+            return False
+        row = self._run(
+            conn,
+            "SELECT c.reltuples FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s",
+            (self._schema, q.table_name(coll.name)),
+        ).fetchone()
+        limit = q.exact_row_limit(top_k, float(row[0]) if row else 0.0)
+        cond, cond_params = compiled
+        found = self._run(
+            conn,
+            "SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {where} LIMIT %s) AS m",
+            [*cond_params, limit + 1],
+            coll=coll.name,
+            where=cond,
+        ).fetchone()
+        return found is not None and int(found[0]) <= limit
 
     # ------------------------------------------------------------------ indexes
 

@@ -120,7 +120,7 @@ def test_filtered_search_at_1_percent_returns_exactly_k(
     try:
         assert "Index Scan using c_big_vec" in plan_of(pg, schema, name, flt, DIM)
         queries = unit(np.random.default_rng(1), 30, DIM)
-        results = index_only.search(name, queries, K, flt=flt)
+        results = index_only.search(name, queries, K, flt=flt, search_params={"exact": False})
     finally:
         index_only.close()
     tagged = np.arange(7, N, 100)
@@ -137,7 +137,7 @@ def test_exact_fallback_fills_queries_the_index_left_short(pg: PgVectorStore, bi
     name, data = big
     queries = unit(np.random.default_rng(2), 5, DIM)
     flt = Eq("tag", "rare")
-    off = {"iterative_scan": "off"}
+    off = {"iterative_scan": "off", "exact": False}
     results = pg.search(name, queries, K, flt=flt, search_params=off)
     tagged = np.arange(7, N, 100)
     truth = tagged[np.argsort(-(queries @ data[tagged].T), axis=1)[:, :K]]
@@ -145,10 +145,32 @@ def test_exact_fallback_fills_queries_the_index_left_short(pg: PgVectorStore, bi
         assert [int(h.id[1:]) for h in hits] == want.tolist()  # exact re-run: exact order
 
 
+def test_selective_indexed_filter_is_answered_exactly(pg: PgVectorStore, big: tuple[str, np.ndarray]) -> None:
+    name, data = big
+    assert q.index_served(And((Eq("tag", "rare"), Range("bucket", lt=50))))
+    assert not q.index_served(Or((Eq("tag", "rare"), Range("bucket", lt=50))))
+    assert q.exact_row_limit(10, 100_000) == 3605 and q.exact_row_limit(10, -1) == 1000
+    queries = unit(np.random.default_rng(7), 20, DIM)
+    tagged = np.arange(7, N, 100)  # 200 rows: under the limit, so an exact scan of them
+    truth = tagged[np.argsort(-(queries @ data[tagged].T), axis=1)[:, :K]]
+    for flt in (Eq("tag", "rare"), In("tag", ("rare", "none")), And((Eq("tag", "rare"),))):
+        results = pg.search(name, queries, K, flt=flt)
+        assert [[int(h.id[1:]) for h in hits] for hits in results] == truth.tolist()
+    exact = pg.search(name, queries, K, search_params={"exact": True})
+    full = np.argsort(-(queries @ data.T), axis=1)[:, :K]
+    assert [[int(h.id[1:]) for h in hits] for hits in exact] == full.tolist()
+
+
 def test_search_params_are_validated(pg: PgVectorStore, big: tuple[str, np.ndarray]) -> None:
     name, _ = big
     query = unit(np.random.default_rng(3), 1, DIM)
-    for bad in ({"ef": 0}, {"ef": 5000}, {"iterative_scan": "sideways"}, {"ef": "40; SELECT 1"}):
+    for bad in (
+        {"ef": 0},
+        {"ef": 5000},
+        {"iterative_scan": "sideways"},
+        {"ef": "40; SELECT 1"},
+        {"exact": "yes"},
+    ):
         with pytest.raises(InvalidQuery):
             pg.search(name, query, K, search_params=bad)
     assert len(pg.search(name, query, 50, search_params={"ef": 10})[0]) == 50  # ef >= top_k
