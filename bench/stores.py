@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/stores.py [--json FILE] [--backends milvus-lite pgvector ...] [--n-base N]
+    python bench/stores.py [--json FILE] [--markdown FILE] [--backends milvus-lite ...] [--n-base N]
 
 Per backend: ingest the 100k L2-normalised GloVe vectors (``../shared/data/glove-50-angular-100k``),
 build the index :func:`indexing.planner.plan_for_store` picks for (100k, 50) under 16 GiB, then
@@ -161,8 +161,10 @@ def attach_ratio(result: Result, sweep: list[tuple[int, float, float]]) -> None:
     result.vs_hnswlib, result.hnswlib_ef = result.qps / qps, ef
 
 
-def render(results: dict[str, Result], sweep: list[tuple[int, float, float]]) -> Table:
-    table = Table(title=f"GloVe-100k (dim 50, cosine), top_k={TOP_K}, single-query loop")
+def render(results: dict[str, Result], sweep: list[tuple[int, float, float]], data: AnnDataset) -> Table:
+    n, dim = data.base.shape
+    title = f"{n:,} x {dim} (cosine), top_k={TOP_K}, single-query loop, 1 client"
+    table = Table(title=title)
     for col in ("backend", "index", "params", "ingest s", "build s", "QPS", "recall@10"):
         table.add_column(col, justify="left" if col in ("backend", "index", "params") else "right")
     table.add_column("x hnswlib", justify="right")
@@ -188,6 +190,18 @@ def render(results: dict[str, Result], sweep: list[tuple[int, float, float]]) ->
     return table
 
 
+def markdown(results: dict[str, Result]) -> str:
+    """A GitHub table of the results (for the README)."""
+    lines = [
+        "| backend | index | params | build s | QPS | recall@10 | x hnswlib (equal recall) |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for name, r in results.items():
+        ratio = f"{r.vs_hnswlib:.2f}x (ef={r.hnswlib_ef})" if r.vs_hnswlib is not None else "-"
+        lines.append(f"| {name} | {r.kind} | {r.params} | {r.build_s:.1f} | {r.qps:,.0f} | {r.recall:.4f} | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", type=Path, help="write the results to this JSON file")
@@ -197,6 +211,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=["milvus-lite", "milvus-server", "qdrant-edge", "pgvector"],
         choices=["milvus-lite", "milvus-server", "qdrant-edge", "qdrant-local", "pgvector"],
     )
+    parser.add_argument("--markdown", type=Path, help="write a Markdown table to this file")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="texmex-format ANN set")
     parser.add_argument("--n-base", type=int, help="use only the first N base vectors (quick runs)")
     parser.add_argument("--milvus-url", default="milvus://127.0.0.1:19530")
@@ -219,7 +234,9 @@ def main(argv: list[str] | None = None) -> int:
             attach_ratio(results[name], sweep)
     results["hnswlib"] = baseline
     attach_ratio(baseline, sweep)
-    console.print(render(results, sweep))
+    console.print(render(results, sweep, data))
+    if args.markdown:
+        args.markdown.write_text(markdown(results))
     if args.json:
         payload: dict[str, Any] = {name: r.to_json() for name, r in results.items()}
         payload["hnswlib"]["ef_sweep"] = [{"ef": ef, "recall@10": rec, "qps": qps} for ef, rec, qps in sweep]
