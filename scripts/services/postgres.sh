@@ -57,9 +57,13 @@ setup_user() {
     [[ "$(id -u)" -ne 0 ]] && return 0
     if ! id -u postgres >/dev/null 2>&1; then
         log "creating system user postgres"
-        useradd --system --user-group --no-create-home --home-dir "$PGROOT" \
-            --shell /usr/sbin/nologin postgres
+        local group=(--user-group) shell
+        getent group postgres >/dev/null 2>&1 && group=(-g postgres)
+        shell="$(command -v nologin || echo /bin/false)"
+        useradd --system "${group[@]}" --no-create-home --home-dir "$PGROOT" \
+            --shell "$shell" postgres
     fi
+    command -v runuser >/dev/null || die "runuser (util-linux) is needed to run PostgreSQL as postgres"
     RUNAS=(runuser -u postgres --)
 }
 
