@@ -30,7 +30,10 @@ def test_changed_document_replaces_its_chunks_and_delete_removes_both_channels(
     service: Quarry, collection: str, counting: CountingEmbedder
 ) -> None:
     long_text = " ".join(f"word{i}" for i in range(600))
-    service.upsert(collection, [SourceDocument("doc", long_text, "zebra", {"year": 2001}), SourceDocument("other", "plain text about cats")])
+    service.upsert(
+        collection,
+        [SourceDocument("doc", long_text, "zebra", {"year": 2001}), SourceDocument("other", "plain text about cats")],
+    )
     old = service.docstore.chunk_ids_of(collection, ["doc"])["doc"]
     assert len(old) >= 2
     before = counting.texts
@@ -60,7 +63,9 @@ def test_metadata_only_change_reuses_vectors(service: Quarry, collection: str, c
 
 
 def test_malformed_jsonl_names_the_line_and_stores_nothing(service: Quarry, collection: str, tmp_path: Path) -> None:
-    path = write_jsonl(tmp_path / "bad.jsonl", [{"id": "1", "text": "ok"}, {"id": "2", "text": "ok"}, '{"id": "3", "text": '])
+    path = write_jsonl(
+        tmp_path / "bad.jsonl", [{"id": "1", "text": "ok"}, {"id": "2", "text": "ok"}, '{"id": "3", "text": ']
+    )
     with pytest.raises(InvalidDocument, match="line 3"):
         service.upsert(collection, read_documents(path))
     for bad, pattern in [
@@ -76,7 +81,9 @@ def test_malformed_jsonl_names_the_line_and_stores_nothing(service: Quarry, coll
 def test_metadata_type_conflict_writes_nothing(service: Quarry, collection: str) -> None:
     service.upsert(collection, [SourceDocument("a", "first", "", {"year": 2001})])
     with pytest.raises(InvalidDocument, match="'year' holds int"):
-        service.upsert(collection, [SourceDocument("b", "second", "", {}), SourceDocument("c", "third", "", {"year": "x"})])
+        service.upsert(
+            collection, [SourceDocument("b", "second", "", {}), SourceDocument("c", "third", "", {"year": "x"})]
+        )
     assert service.describe(collection)["documents"] == 1
 
 
@@ -97,12 +104,29 @@ def test_search_errors_are_typed(service: Quarry, collection: str) -> None:
 
 
 def test_filters_in_both_channels(service: Quarry, collection: str) -> None:
-    docs = [SourceDocument(f"d{i}", f"protein folding study number {i}", "", {"year": 2000 + i, "tag": "even" if i % 2 == 0 else "odd"}) for i in range(10)]
+    docs = [
+        SourceDocument(
+            f"d{i}", f"protein folding study number {i}", "", {"year": 2000 + i, "tag": "even" if i % 2 == 0 else "odd"}
+        )
+        for i in range(10)
+    ]
     service.upsert(collection, docs)
     for mode in ("bm25", "dense", "hybrid"):
-        got = _ids(service.search(collection, "protein folding", mode=mode, top_k=10, filters={"year": {"$gte": 2003, "$lt": 2007}, "tag": {"$in": ["even"]}}))
+        got = _ids(
+            service.search(
+                collection,
+                "protein folding",
+                mode=mode,
+                top_k=10,
+                filters={"year": {"$gte": 2003, "$lt": 2007}, "tag": {"$in": ["even"]}},
+            )
+        )
         assert sorted(got) == ["d4", "d6"], mode
-        ors = _ids(service.search(collection, "protein folding", mode=mode, top_k=10, filters={"$or": [{"year": 2001}, {"year": 2009}]}))
+        ors = _ids(
+            service.search(
+                collection, "protein folding", mode=mode, top_k=10, filters={"$or": [{"year": 2001}, {"year": 2009}]}
+            )
+        )
         assert sorted(ors) == ["d1", "d9"], mode
 
 
@@ -110,7 +134,10 @@ def test_pages_joined_equal_the_top_list(service: Quarry, collection: str, scifa
     service.upsert(collection, scifact_docs[:150])
     for mode in ("bm25", "dense", "hybrid"):
         top = _ids(service.search(collection, "cell differentiation in cancer", mode=mode, top_k=30))
-        pages = [_ids(service.search(collection, "cell differentiation in cancer", mode=mode, top_k=7, offset=o)) for o in range(0, 30, 7)]
+        pages = [
+            _ids(service.search(collection, "cell differentiation in cancer", mode=mode, top_k=7, offset=o))
+            for o in range(0, 30, 7)
+        ]
         joined = [d for page in pages for d in page][:30]
         assert joined == top, mode
         assert len(set(top)) == len(top)

@@ -1,0 +1,150 @@
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from indexing.sources import SourceDocument
+from quarry.api import create_app
+from quarry.service import Quarry
+
+
+@pytest.fixture(scope="module")
+def client(service: Quarry) -> Iterator[TestClient]:
+    with TestClient(create_app(service)) as c:
+        yield c
+
+
+@pytest.fixture()
+def api_collection(client: TestClient, scifact_docs: list[SourceDocument]) -> Iterator[str]:
+    name = "api_docs"
+    assert client.post("/v1/collections", json={"name": name, "language": "en"}).status_code == 201
+    docs = [
+        {"id": d.id, "title": d.title, "text": d.text, "metadata": {"n": i}} for i, d in enumerate(scifact_docs[:60])
+    ]
+    r = client.post(f"/v1/collections/{name}/documents", json={"documents": docs})
+    assert r.status_code == 200 and r.json()["added"] == 60
+    yield name
+    client.delete(f"/v1/collections/{name}")
+
+
+def _error(r: object, status: int) -> str:
+    assert r.status_code == status, r.text  # type: ignore[attr-defined]
+    body = r.json()  # type: ignore[attr-defined]
+    assert set(body["error"]) == {"type", "message", "retryable"}
+    return str(body["error"]["message"])
+
+
+def test_health_ready_openapi(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json()["status"] == "ready"
+    paths = client.get("/openapi.json").json()["paths"]
+    assert "/v1/collections/{name}/search" in paths and "/v1/collections" in paths
+    assert "quarry_requests_total" in client.get("/metrics").text
+
+
+def test_collection_lifecycle_and_conflicts(client: TestClient) -> None:
+    assert client.post("/v1/collections", json={"name": "life"}).status_code == 201
+    assert "exists" in _error(client.post("/v1/collections", json={"name": "life"}), 409)
+    assert "life" in [c["name"] for c in client.get("/v1/collections").json()["collections"]]
+    assert client.get("/v1/collections/life").json()["documents"] == 0
+    assert client.delete("/v1/collections/life").json() == {"deleted": "life"}
+    assert "does not exist" in _error(client.get("/v1/collections/life"), 404)
+    assert "invalid collection name" in _error(client.post("/v1/collections", json={"name": "1-bad"}), 400)
+    assert "chunk_overlap" in _error(
+        client.post("/v1/collections", json={"name": "x", "chunk_size": 16, "chunk_overlap": 16}), 400
+    )
+
+
+def test_search_returns_relevant_hits_with_explain(
+    client: TestClient, api_collection: str, scifact_docs: list[SourceDocument]
+) -> None:
+    target = scifact_docs[7]
+    r = client.post(
+        f"/v1/collections/{api_collection}/search", json={"query": target.title, "top_k": 5, "mode": "hybrid"}
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["hits"][0]["document_id"] == target.id
+    hit = body["hits"][0]
+    assert set(hit) == {"document_id", "chunk_id", "score", "text", "metadata", "explain"}
+    assert hit["metadata"] == {"n": 7} and {"bm25", "dense", "fusion"} <= set(hit["explain"])
+    assert body["degraded"] == [] and body["total"] >= 5
+    for mode in ("bm25", "dense"):
+        r = client.post(f"/v1/collections/{api_collection}/search", json={"query": target.title, "mode": mode})
+        assert r.json()["hits"][0]["document_id"] == target.id
+
+
+def test_filters_and_paging_over_rest(client: TestClient, api_collection: str) -> None:
+    url = f"/v1/collections/{api_collection}/search"
+    r = client.post(url, json={"query": "cells", "top_k": 50, "filters": {"n": {"$lt": 10}}, "mode": "hybrid"})
+    assert r.status_code == 200 and all(h["metadata"]["n"] < 10 for h in r.json()["hits"])
+    full = [h["document_id"] for h in client.post(url, json={"query": "cells", "top_k": 20}).json()["hits"]]
+    pages = [
+        h["document_id"]
+        for o in (0, 10)
+        for h in client.post(url, json={"query": "cells", "top_k": 10, "offset": o}).json()["hits"]
+    ]
+    assert pages == full
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        ({"query": ""}, 400, "empty"),
+        ({"query": "   "}, 400, "empty"),
+        ({"query": "x", "top_k": 0}, 422, "top_k"),
+        ({"query": "x", "top_k": -3}, 422, "top_k"),
+        ({"query": "x", "top_k": 5000}, 400, "rank_window_size"),
+        ({"query": "x", "offset": -1}, 422, "offset"),
+        ({"query": "x", "mode": "sparse"}, 422, "mode"),
+        ({"query": "x", "filters": {"yeer": 1}}, 400, "unknown filter field 'yeer'"),
+        ({"query": "x", "filters": {"n": "seven"}}, 400, "field 'n' holds int"),
+        ({"query": "x", "filters": {"n": {"$near": 1}}}, 400, "unknown operator"),
+        ({"query": "x", "unknown": 1}, 422, "unknown"),
+        ({"top_k": 3}, 422, "query"),
+    ],
+)
+def test_bad_search_requests_get_typed_4xx(
+    client: TestClient, api_collection: str, body: dict[str, object], status: int, needle: str
+) -> None:
+    assert needle in _error(client.post(f"/v1/collections/{api_collection}/search", json=body), status)
+
+
+def test_unknown_collection_is_404(client: TestClient) -> None:
+    assert "'ghost' does not exist" in _error(client.post("/v1/collections/ghost/search", json={"query": "x"}), 404)
+    assert _error(client.post("/v1/collections/ghost/documents", json={"documents": [{"id": "a", "text": "b"}]}), 404)
+
+
+def test_bad_documents_write_nothing(client: TestClient, api_collection: str) -> None:
+    url = f"/v1/collections/{api_collection}/documents"
+    before = client.get(f"/v1/collections/{api_collection}").json()["documents"]
+    bad_batches = [
+        (
+            [{"id": "ok1", "text": "fine"}, {"id": "bad", "text": "x", "metadata": {"n": "not-an-int"}}],
+            400,
+            "'n' holds int",
+        ),
+        ([{"id": "ok1", "text": "fine"}, {"id": "ok1", "text": "dup"}], 400, "documents[1]: duplicate"),
+        ([{"id": "ok1", "text": "fine"}, {"id": "e", "text": "", "title": ""}], 400, "documents[1]"),
+        (
+            [{"id": "ok1", "text": "fine"}, {"id": "m", "text": "x", "metadata": {"bad key": 1}}],
+            400,
+            "invalid metadata field",
+        ),
+        ([{"text": "no id"}], 422, "id"),
+    ]
+    for docs, status, needle in bad_batches:
+        assert needle in _error(client.post(url, json={"documents": docs}), status)
+    assert client.get(f"/v1/collections/{api_collection}").json()["documents"] == before
+
+
+def test_delete_documents_over_rest(
+    client: TestClient, api_collection: str, scifact_docs: list[SourceDocument]
+) -> None:
+    doc = scifact_docs[5]
+    r = client.post(f"/v1/collections/{api_collection}/documents/delete", json={"ids": [doc.id, "never-there"]})
+    assert r.status_code == 200 and r.json()["deleted"] == 1
+    hits = client.post(f"/v1/collections/{api_collection}/search", json={"query": doc.title, "top_k": 20}).json()[
+        "hits"
+    ]
+    assert doc.id not in [h["document_id"] for h in hits]
