@@ -168,6 +168,7 @@ class PgVectorStore:
         *,
         coll: str | None = None,
         where: sql.Composable | None = None,
+        binary: bool = False,
     ) -> psycopg.Cursor[tuple[Any, ...]]:
         """Execute a statement template over this store's schema; values stay bound.
 
@@ -180,7 +181,7 @@ class PgVectorStore:
             table=q.table(self._schema, coll) if coll else sql.SQL(""),
             where=where if where is not None else sql.SQL("TRUE"),
         )
-        return conn.execute(query, params)
+        return conn.execute(query, params, binary=binary)
 
     def _lookup(self, conn: Conn, name: str) -> _Collection:
         row = self._run(
@@ -296,7 +297,7 @@ class PgVectorStore:
                 self._run(
                     conn,
                     "INSERT INTO {table} (id, embedding, payload) "
-                    "SELECT * FROM unnest(%s::text[], %s::vector[], %s::jsonb[]) "
+                    "SELECT * FROM unnest(%s::text[], %b::vector[], %b::jsonb[]) "
                     "ON CONFLICT (id) DO UPDATE "
                     "SET embedding = EXCLUDED.embedding, payload = EXCLUDED.payload",
                     ([r[0] for r in chunk], [r[1] for r in chunk], [Jsonb(r[2]) for r in chunk]),
@@ -329,6 +330,7 @@ class PgVectorStore:
                 "SELECT id, embedding, payload FROM {table} WHERE id = ANY(%s::text[])",
                 (list(ids),),
                 coll=coll.name,
+                binary=True,
             ).fetchall()
         found = {r[0]: VectorRecord(r[0], _to_numpy(r[1]), r[2]) for r in rows}
         return [found[i] for i in dict.fromkeys(ids) if i in found]

@@ -338,7 +338,7 @@ def create_index_sql(schema: str, name: str, plan: IndexPlan, dim: int, metric: 
 
 
 def search_sql(schema: str, name: str, dim: int, metric: Metric, halfvec: bool, cond: sql.Composable) -> sql.Composed:
-    """Batched k-NN: one LATERAL index scan per row of ``unnest(%s::vector[])``.
+    """Batched k-NN: one LATERAL index scan per row of ``unnest(%b::vector[])`` (binary).
 
     Placeholders, in order: the query vectors (``list`` of ``(dim,) float32``), the filter's
     parameters, ``top_k``. Rows: ``(query ordinal from 1, id, exact distance, payload)`` sorted
@@ -352,7 +352,7 @@ def search_sql(schema: str, name: str, dim: int, metric: Metric, halfvec: bool, 
     order = sql.SQL("{} {} {}").format(_indexed_expr(dim, halfvec, "embedding"), op, _indexed_expr(dim, halfvec, "q.v"))
     return sql.SQL(
         "SELECT q.ord, h.id, h.dist, h.payload "
-        "FROM unnest(%s::vector[]) WITH ORDINALITY AS q(v, ord) "
+        "FROM unnest(%b::vector[]) WITH ORDINALITY AS q(v, ord) "
         "CROSS JOIN LATERAL ("
         "SELECT id, payload, {} AS dist FROM {} WHERE {} ORDER BY {} LIMIT %s"
         ") AS h ORDER BY q.ord, h.dist"
