@@ -1,0 +1,182 @@
+"""Benchmark the query path, each figure beside a baseline measured in the same run.
+
+1. BM25 queries/s: Quarry's BM25 (bm25s snapshot, top-10 with filters compiled away) against
+   rank-bm25's BM25Okapi on the same tokens, over the SciFact corpus and test queries.
+2. REST search API (hybrid, no rerank): a real ``quarry serve`` process on loopback, driven by
+   httpx with 1 client and with 32 concurrent clients: p50/p99 latency, requests/s, errors.
+
+    python bench/search.py [--json FILE] [--embedding-url onnx://all-MiniLM-L6-v2?quantize=int8]
+
+The server uses ``QUARRY_DATA_DIR`` (default ``./data``) and ingests SciFact there first if
+needed (idempotent: a re-run embeds nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from rank_bm25 import BM25Okapi
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from eval.beir import load_split  # noqa: E402
+from indexing.sources import iter_jsonl  # noqa: E402
+from quarry.settings import BM25Settings  # noqa: E402
+from retrieval.bm25 import BM25Index  # noqa: E402
+from retrieval.text import tokenize  # noqa: E402
+
+console = Console()
+
+
+def bench_bm25(scifact: Path, repeats: int) -> dict[str, Any]:
+    docs = list(iter_jsonl(scifact / "corpus.jsonl"))
+    tokens = [tokenize(f"{d.title}\n{d.text}", "en") for d in docs]
+    queries = [tokenize(q, "en") for q in load_split(scifact, "test").queries.values()]
+    ours = BM25Index.build([(d.id, d.id, t, {}) for d, t in zip(docs, tokens, strict=True)], BM25Settings(), 1)
+    okapi = BM25Okapi(tokens)
+
+    def run_ours() -> None:
+        for q in queries:
+            ours.search(q, 10)
+
+    def run_okapi() -> None:
+        for q in queries:
+            scores = okapi.get_scores(q)
+            np.argpartition(-scores, 10)[:10]
+
+    ours_s = min(_timed(run_ours) for _ in range(repeats))
+    okapi_s = _timed(run_okapi)
+    ours_qps, okapi_qps = len(queries) / ours_s, len(queries) / okapi_s
+    return {"quarry_qps": ours_qps, "rank_bm25_qps": okapi_qps, "speedup": ours_qps / okapi_qps,
+            "queries": len(queries), "documents": len(docs)}
+
+
+def _timed(fn: Any) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "quarry.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("server did not become ready in 300 s")
+
+
+async def _client(http: httpx.AsyncClient, url: str, queries: list[str], until: float, offset: int,
+                  latencies: list[float], errors: list[str]) -> None:
+    i = offset
+    while time.perf_counter() < until:
+        body = {"query": queries[i % len(queries)], "top_k": 10, "mode": "hybrid"}
+        started = time.perf_counter()
+        try:
+            r = await http.post(url, json=body)
+            if r.status_code != 200:
+                errors.append(str(r.status_code))
+        except httpx.HTTPError as exc:
+            errors.append(type(exc).__name__)
+        latencies.append((time.perf_counter() - started) * 1000)
+        i += 1
+
+
+async def load(url: str, queries: list[str], clients: int, seconds: float) -> dict[str, Any]:
+    latencies: list[float] = []
+    errors: list[str] = []
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(limits=limits, timeout=30) as http:
+        for q in queries[:clients]:  # warm the connections
+            await http.post(url, json={"query": q, "top_k": 10})
+        started = time.perf_counter()
+        until = started + seconds
+        await asyncio.gather(*(_client(http, url, queries, until, c * 7, latencies, errors) for c in range(clients)))
+        elapsed = time.perf_counter() - started
+    ordered = sorted(latencies)
+    return {
+        "clients": clients, "requests": len(latencies), "errors": len(errors), "rps": len(latencies) / elapsed,
+        "p50_ms": statistics.median(ordered), "p99_ms": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+    }
+
+
+def bench_api(scifact: Path, seconds: float, embedding_url: str | None) -> dict[str, Any]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if embedding_url:
+        env["QUARRY_EMBEDDING__URL"] = embedding_url
+    subprocess.run([sys.executable, "-m", "quarry.cli", "ingest", str(scifact), "--collection", "scifact"],
+                   env=env, check=True)
+    port = _free_port()
+    proc = start_server(port, env)
+    try:
+        url = f"http://127.0.0.1:{port}/v1/collections/scifact/search"
+        queries = list(load_split(scifact, "test").queries.values())
+        return {
+            "embedding_url": embedding_url or "torch://all-MiniLM-L6-v2",
+            "1_client": asyncio.run(load(url, queries, 1, seconds)),
+            "32_clients": asyncio.run(load(url, queries, 32, seconds)),
+        }
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scifact", type=Path, default=REPO.parent / "shared" / "data" / "scifact")
+    parser.add_argument("--seconds", type=float, default=20.0, help="duration of each load phase")
+    parser.add_argument("--embedding-url", default=None, help="query encoder of the server (QUARRY_EMBEDDING__URL)")
+    parser.add_argument("--skip-api", action="store_true")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    results: dict[str, Any] = {"bm25": bench_bm25(args.scifact, repeats=3)}
+    table = Table("benchmark", "quarry", "baseline", "ratio", title="bench/search.py")
+    b = results["bm25"]
+    table.add_row("BM25 queries/s (SciFact)", f"{b['quarry_qps']:.0f}", f"rank-bm25 {b['rank_bm25_qps']:.1f}",
+                  f"{b['speedup']:.0f}x")
+    if not args.skip_api:
+        results["api"] = bench_api(args.scifact, args.seconds, args.embedding_url)
+        for key in ("1_client", "32_clients"):
+            r = results["api"][key]
+            table.add_row(f"REST hybrid, {r['clients']} client(s)",
+                          f"p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms",
+                          f"{r['rps']:.0f} req/s", f"{r['errors']} errors / {r['requests']}")
+    console.print(table)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
