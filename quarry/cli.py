@@ -19,6 +19,8 @@ from quarry.settings import Settings, get_settings
 app = typer.Typer(help="Quarry: hybrid BM25 + dense retrieval service.", no_args_is_help=True)
 collections_app = typer.Typer(help="Manage collections.", no_args_is_help=True)
 app.add_typer(collections_app, name="collections")
+index_app = typer.Typer(help="Plan and build vector indexes by data size.", no_args_is_help=True)
+app.add_typer(index_app, name="index")
 err = Console(stderr=True)
 out = Console()
 
@@ -73,8 +75,16 @@ def ingest(
 
 
 def _ingest_with_progress(quarry: Any, name: str, docs: list[Any]) -> Any:
+    if not err.is_terminal:  # logs (CI, files): one line per batch instead of a live bar
+        done = [0]
+
+        def log_line(n: int) -> None:
+            done[0] += n
+            err.print(f"ingest {name}: {done[0]}/{len(docs)} documents")
+
+        return quarry.upsert(name, docs, progress=log_line)
     columns = (TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=err, transient=False, disable=not err.is_terminal) as bar:
+    with Progress(*columns, console=err, transient=False) as bar:
         task = bar.add_task("documents", total=len(docs))
         return quarry.upsert(name, docs, progress=lambda n: bar.advance(task, n))
 
@@ -196,6 +206,57 @@ def drop_collection(name: str) -> None:
     except QuarryError as exc:
         _fail(exc)
     out.print(f"dropped {name}")
+
+
+@index_app.command("plan")
+def index_plan(
+    vectors: Annotated[int | None, typer.Option(help="Planned vector count (default: the collection's).")] = None,
+    dim: Annotated[int | None, typer.Option(help="Vector dimension (default: the collection's).")] = None,
+    collection: Annotated[str | None, typer.Option("--collection", "-c")] = None,
+    budget_gib: Annotated[float | None, typer.Option(help="Memory budget, GiB.")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Show the index the planner picks for this store, with its reasons and memory estimate."""
+    try:
+        plan = _plan(vectors, dim, collection, budget_gib)[1]
+    except QuarryError as exc:
+        _fail(exc)
+        return
+    from indexing.planner import format_plan
+
+    out.print_json(json.dumps(plan.to_dict())) if as_json else out.print(format_plan(plan))
+
+
+@index_app.command("apply")
+def index_apply(
+    collection: Annotated[str, typer.Option("--collection", "-c")],
+    vectors: Annotated[int | None, typer.Option(help="Planned size (default: current vector count).")] = None,
+    budget_gib: Annotated[float | None, typer.Option()] = None,
+) -> None:
+    """Build the planned index on a collection (timeout and rollback: QUARRY_STORE__INDEX_BUILD_TIMEOUT_S)."""
+    try:
+        quarry, plan = _plan(vectors, None, collection, budget_gib)
+        quarry.apply_index(collection, plan)
+    except QuarryError as exc:
+        _fail(exc)
+        return
+    out.print(f"[green]built[/] {plan.spec.kind} on {collection}: {plan.reason}")
+
+
+def _plan(vectors: int | None, dim: int | None, collection: str | None, budget_gib: float | None) -> tuple[Any, Any]:
+    from indexing.planner import GIB, plan_for_store
+    from quarry.errors import InvalidRequest
+
+    settings = get_settings()
+    quarry = _quarry(settings)
+    if collection is not None:
+        cfg = quarry.get_collection(collection)
+        dim = dim or cfg.dim
+        vectors = quarry.store.count(collection) if vectors is None else vectors
+    if vectors is None or dim is None:
+        raise InvalidRequest("give --collection, or both --vectors and --dim")
+    budget = int((budget_gib or settings.store.memory_budget_gib) * GIB)
+    return quarry, plan_for_store(quarry.store, vectors, dim, budget, top_k=settings.search.candidates)
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from embedding.factory import open_embedder
 from indexing.collections import NAME, CollectionConfig
 from indexing.docstore import DocStore
 from indexing.pipeline import Ingestor, IngestReport, Progress
+from indexing.planner import IndexPlan
 from indexing.sources import SourceDocument
 from quarry.errors import CollectionExists, CollectionNotFound, InvalidRequest, UnsupportedIndex
 from quarry.settings import Settings
@@ -104,7 +105,10 @@ class Quarry:
         try:
             spec = self._default_index()
             self.store.build_index(name, spec, timeout_s=self.settings.store.index_build_timeout_s)
-            cfg.index = {"kind": spec.kind, "params": spec.params, "search_params": spec.search_params}
+            cfg.index = {
+                "kind": spec.kind, "params": spec.params, "search_params": spec.search_params,
+                "reason": "default for a new collection; `quarry index plan|apply -c NAME` re-plans by size",
+            }
             self.docstore.put_collection(name, cfg.to_json())
         except BaseException:
             self.store.drop_collection(name)
@@ -119,6 +123,18 @@ class Quarry:
         if "FLAT" in kinds:
             return IndexSpec("FLAT", "cosine")
         raise UnsupportedIndex(f"the store builds neither HNSW nor FLAT (it builds {sorted(kinds)})")
+
+    def apply_index(self, name: str, plan: IndexPlan) -> None:
+        """Build a planned index on a collection and record it (and the planner's reasons).
+
+        Raises:
+            UnsupportedIndex: The engine cannot build the plan's index.
+            IndexBuildFailed: The build failed or timed out (rolled back by the store).
+        """
+        cfg = self.get_collection(name)
+        self.store.build_index(name, plan.spec, timeout_s=self.settings.store.index_build_timeout_s)
+        cfg.index = {**plan.to_dict(), "kind": plan.spec.kind}
+        self.docstore.put_collection(name, cfg.to_json())
 
     def get_collection(self, name: str) -> CollectionConfig:
         """A collection's configuration.
