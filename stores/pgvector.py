@@ -361,7 +361,7 @@ class PgVectorStore:
         least ``top_k``), ``nprobe`` (``ivfflat.probes``), ``iterative_scan`` (default
         ``relaxed_order``), ``max_scan_tuples``, ``scan_mem_multiplier``, ``max_probes``, and
         ``exact`` (``True``: exact scan; ``False``: the index even for a selective filter;
-        unset: chosen per call, see :meth:`_exact_route`). Other keys are ignored (they belong
+        unset: chosen per call, see :meth:`_route`). Other keys are ignored (they belong
         to other engines).
 
         Returns:
@@ -386,24 +386,26 @@ class PgVectorStore:
                 return []
             index = coll.index or IndexSpec("FLAT")
             params = {**index.search_params, **(search_params or {})}
+            route = self._route(conn, coll, index.kind, flt, (cond, cond_params), params, top_k)
+            if route == "few":
+                stmt = q.candidates_search_sql(self._schema, coll.name, coll.metric, cond)
+                return _Search(conn, stmt, coll.metric, cond_params, [top_k]).run(list(matrix))
             halfvec = bool(index.params.get("halfvec"))
             stmt = q.search_sql(self._schema, coll.name, coll.dim, coll.metric, halfvec, cond)
-            compiled = (cond, cond_params)
-            exact = self._exact_route(conn, coll, index.kind, flt, compiled, params, top_k)
-            if exact:
+            if route == "exact":
                 _set_local(conn, [("enable_indexscan", "off")])
             else:
                 _set_local(conn, q.search_settings(index.kind, params, top_k))
-            search = _Search(conn, stmt, cond_params, top_k, coll.metric)
+            search = _Search(conn, stmt, coll.metric, [], [*cond_params, top_k])
             hits = search.run(list(matrix))
             short = [i for i, h in enumerate(hits) if len(h) < top_k]
-            if short and self._exact_fallback and not exact:
+            if short and self._exact_fallback and route == "index":
                 _set_local(conn, [("enable_indexscan", "off")])
                 for i, redo in zip(short, search.run([matrix[i] for i in short]), strict=True):
                     hits[i] = redo
         return hits
 
-    def _exact_route(
+    def _route(
         self,
         conn: Conn,
         coll: _Collection,
@@ -412,24 +414,25 @@ class PgVectorStore:
         compiled: tuple[sql.Composable, list[Any]],
         params: dict[str, Any],
         top_k: int,
-    ) -> bool:
-        """Whether to answer with an exact scan instead of the vector index.
+    ) -> str:
+        """How to answer: ``"index"`` (vector index), ``"exact"`` (scan) or ``"few"``.
 
-        ``search_params["exact"]`` forces the choice. Otherwise: always without an index; with
-        one, only for a filter the payload GIN index serves that matches at most
-        :func:`~stores.pgvector_sql.exact_row_limit` rows (counted with ``LIMIT``, so the probe
-        stays cheap): then a bitmap scan of the matching rows beats walking the graph past the
-        99 % that do not match.
+        ``search_params["exact"]`` forces ``exact``/``index``; without an index it is ``exact``.
+        A filter the payload GIN index serves that matches at most
+        :func:`~stores.pgvector_sql.exact_row_limit` rows (counted through the GIN index with
+        ``LIMIT``, so the probe stays cheap) is ``few``: its rows are read once per batch and
+        every query ranks them exactly, which beats walking the graph past the 99 % of
+        tuples that do not match. Leaves ``enable_seqscan`` off for the ``few`` route.
         """
         forced = params.get("exact")
         if forced is not None:
             if not isinstance(forced, bool):
                 raise InvalidQuery(f"search parameter exact must be true or false, got {forced!r}")
-            return forced
+            return "exact" if forced else "index"
         if kind == "FLAT":
-            return True
+            return "exact"
         if flt is None or not q.index_served(flt):
-            return False
+            return "index"
         row = self._run(
             conn,
             "SELECT c.reltuples FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -438,6 +441,7 @@ class PgVectorStore:
         ).fetchone()
         limit = q.exact_row_limit(top_k, float(row[0]) if row else 0.0)
         cond, cond_params = compiled
+        _set_local(conn, [("enable_seqscan", "off")])  # the GIN index finds the rows
         found = self._run(
             conn,
             "SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {where} LIMIT %s) AS m",
@@ -445,7 +449,10 @@ class PgVectorStore:
             coll=coll.name,
             where=cond,
         ).fetchone()
-        return found is not None and int(found[0]) <= limit
+        if found is not None and int(found[0]) <= limit:
+            return "few"
+        _set_local(conn, [("enable_seqscan", "on")])
+        return "index"
 
     # ------------------------------------------------------------------ indexes
 
@@ -587,15 +594,18 @@ def _set_local(conn: Conn, settings: list[tuple[str, str]]) -> None:
 
 
 class _Search:
-    """One prepared batched search inside a transaction."""
+    """One batched search statement inside a transaction.
 
-    def __init__(self, conn: Conn, stmt: sql.Composed, cond_params: list[Any], top_k: int, metric: Metric) -> None:
-        self._conn, self._stmt, self._cond_params = conn, stmt, cond_params
-        self._top_k, self._metric = top_k, metric
+    Its parameters are ``[*before, query vectors, *after]``.
+    """
+
+    def __init__(self, conn: Conn, stmt: sql.Composed, metric: Metric, before: list[Any], after: list[Any]) -> None:
+        self._conn, self._stmt, self._metric = conn, stmt, metric
+        self._before, self._after = before, after
 
     def run(self, vectors: list[Any]) -> list[list[ScoredId]]:
         """Hits for each of ``vectors``, best first."""
-        params = [vectors, *self._cond_params, self._top_k]
+        params = [*self._before, vectors, *self._after]
         hits: list[list[ScoredId]] = [[] for _ in vectors]
         for ordinal, rid, dist, payload in self._conn.execute(self._stmt, params):
             hits[int(ordinal) - 1].append(ScoredId(rid, q.score(self._metric, dist), payload))

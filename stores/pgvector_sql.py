@@ -359,6 +359,24 @@ def search_sql(schema: str, name: str, dim: int, metric: Metric, halfvec: bool, 
     ).format(exact, table(schema, name), cond, order)
 
 
+def candidates_search_sql(schema: str, name: str, metric: Metric, cond: sql.Composable) -> sql.Composed:
+    """Batched exact k-NN over the rows a selective filter matches, read once per batch.
+
+    Placeholders, in order: the filter's parameters, the query vectors, ``top_k``. The
+    ``MATERIALIZED`` CTE holds the matching rows; every query ranks them by exact distance (no
+    vector index can serve a CTE scan). Rows as in :func:`search_sql`.
+    """
+    op = sql.SQL(_OPERATOR[metric])
+    return sql.SQL(
+        "WITH cand AS MATERIALIZED (SELECT id, payload, embedding FROM {} WHERE {}) "
+        "SELECT q.ord, h.id, h.dist, h.payload "
+        "FROM unnest(%b::vector[]) WITH ORDINALITY AS q(v, ord) "
+        "CROSS JOIN LATERAL ("
+        "SELECT id, payload, embedding {} q.v AS dist FROM cand ORDER BY dist LIMIT %s"
+        ") AS h ORDER BY q.ord, h.dist"
+    ).format(table(schema, name), cond, op)
+
+
 def score(metric: Metric, distance: float) -> float:
     """Turn a pgvector distance into a higher-is-better score.
 
