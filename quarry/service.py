@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from embedding.base import Embedder
+from embedding.batching import BatchingEmbedder
 from embedding.factory import open_embedder
 from indexing.collections import NAME, CollectionConfig
 from indexing.docstore import DocStore
@@ -54,8 +55,10 @@ class Quarry:
             self.store, self.docstore, self.embedder, self.bm25,
             batch_size=settings.ingest.batch_size, embed_batch_size=settings.embedding.batch_size,
         )
+        # queries from concurrent requests share model calls (dynamic batching in process)
+        self.query_embedder = BatchingEmbedder(self.embedder)
         self.searcher = Searcher(
-            self.store, self.docstore, self.embedder, self.bm25, settings.search, self.reranker
+            self.store, self.docstore, self.query_embedder, self.bm25, settings.search, self.reranker
         )
 
     def close(self) -> None:

@@ -1,0 +1,31 @@
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from embedding.batching import BatchingEmbedder
+from embedding.sentence_transformers import SentenceTransformerEmbedder
+
+
+def test_concurrent_calls_share_batches_and_get_their_own_rows(minilm: SentenceTransformerEmbedder) -> None:
+    batcher = BatchingEmbedder(minilm, max_batch=16)
+    texts = [f"query number {i} about protein folding" for i in range(40)]
+    direct = minilm.embed(texts).vectors
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        results = list(pool.map(lambda t: batcher.embed([t]), texts))
+    got = np.vstack([r.vectors for r in results])
+    assert got.shape == (40, minilm.dim)
+    np.testing.assert_allclose(got, direct, atol=1e-5)
+    multi = batcher.embed(texts[:3])
+    np.testing.assert_allclose(multi.vectors, direct[:3], atol=1e-5)
+    assert batcher.embed([]).vectors.shape == (0, minilm.dim)
+
+
+def test_errors_reach_the_caller(minilm: SentenceTransformerEmbedder) -> None:
+    batcher = BatchingEmbedder(minilm)
+    try:
+        batcher.embed([None])  # type: ignore[list-item]
+    except Exception as exc:  # noqa: BLE001
+        assert "embedding model failed" in str(exc)
+    else:
+        raise AssertionError("expected an error")
+    assert batcher.embed(["still works"]).vectors.shape == (1, minilm.dim)
