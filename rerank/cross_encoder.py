@@ -88,9 +88,7 @@ def _check_source(model: str) -> tuple[str, bool]:
     if not model:
         raise ConfigError(f"no cross-encoder configured: {_HOW_TO_GET_ONE}")
     if "://" in model:
-        raise ConfigError(
-            f"rerank model {model!r} is a URL; give a local folder or a hub name: {_HOW_TO_GET_ONE}"
-        )
+        raise ConfigError(f"rerank model {model!r} is a URL; give a local folder or a hub name: {_HOW_TO_GET_ONE}")
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -127,15 +125,11 @@ def _load(model: str, device: str, max_length: int | None) -> CrossEncoder:
         )
     except OSError as exc:
         where = "the folder" if is_local else "the local cache or the Hugging Face Hub"
-        raise ConfigError(
-            f"cannot load cross-encoder {name!r} from {where} ({exc}); {_HOW_TO_GET_ONE}"
-        ) from exc
+        raise ConfigError(f"cannot load cross-encoder {name!r} from {where} ({exc}); {_HOW_TO_GET_ONE}") from exc
     except Exception as exc:  # corrupt weights, wrong architecture: any loader error
         raise RerankError(f"{name!r} does not load as a cross-encoder: {exc}") from exc
     if encoder.num_labels != 1:
-        raise RerankError(
-            f"{name!r} has {encoder.num_labels} output labels; a reranker needs exactly 1 (a score)"
-        )
+        raise RerankError(f"{name!r} has {encoder.num_labels} output labels; a reranker needs exactly 1 (a score)")
     if device == "cuda":
         encoder.half()
     encoder.eval()
@@ -207,18 +201,21 @@ class CrossEncoderReranker:
         Args:
             query: The query text.
             passages: ``n`` passage texts; each pair is truncated to the model's max length.
+                Loads the model first if :meth:`warm_up` was not called.
 
         Returns:
             ``(n,) float32`` raw logits, higher is more relevant; independent of batching.
 
         Raises:
-            RerankError: :meth:`warm_up` was not called, or the forward pass failed.
+            ConfigError: Not warmed up yet and the model cannot be found.
+            RerankError: The forward pass failed.
         """
         if not passages:
             return np.zeros(0, dtype=np.float32)
+        if self._encoder is None:  # call warm_up() at startup so no request pays the load
+            self.warm_up()
         encoder = self._encoder
-        if encoder is None:
-            raise RerankError(f"reranker {self.model_id!r} is not loaded: call warm_up() first")
+        assert encoder is not None
         pairs = [(query, passage) for passage in passages]
         import torch
 

@@ -93,9 +93,16 @@ def test_warm_up_is_idempotent(tiny_model_dir: Path) -> None:
     assert model._encoder is encoder
 
 
-def test_scoring_before_warm_up_is_a_typed_error(tiny_model_dir: Path) -> None:
+def test_scoring_before_warm_up_loads_the_model(reranker: CrossEncoderReranker, tiny_model_dir: Path) -> None:
     model = CrossEncoderReranker(str(tiny_model_dir), device="cpu")
-    with pytest.raises(RerankError, match="warm_up"):
+    scores = model.score("query", ["passage", "another passage"])
+    assert model.loaded
+    np.testing.assert_allclose(scores, reranker.score("query", ["passage", "another passage"]))
+
+
+def test_scoring_without_a_model_is_a_typed_error(tmp_path: Path) -> None:
+    model = CrossEncoderReranker(str(tmp_path / "missing"), device="cpu")
+    with pytest.raises(ConfigError, match="QUARRY_RERANK__MODEL"):
         model.score("query", ["passage"])
 
 
