@@ -8,10 +8,13 @@
 #
 # URL: milvus://127.0.0.1:19530 (gRPC); health: http://127.0.0.1:9091/healthz.
 # Data: ${QUARRY_SERVICES_DIR:-/tmp/quarry-services}/milvus/{data,milvus.log,milvus.pid}
-# Env:  QUARRY_SERVICES_DIR, QUARRY_MILVUS_START_TIMEOUT_S (180), QUARRY_MILVUS_STOP_TIMEOUT_S (60),
-#       MILVUS_SERVER (the milvus-server launcher; default: the repo's .venv, else PATH).
-# Runs as root too (the server has no root check). Tests use Strong consistency, so no flush
-# interval matters. The server is a test/dev service: its data dir is reused across restarts.
+# Env:  QUARRY_SERVICES_DIR, QUARRY_MILVUS_START_TIMEOUT_S (180), QUARRY_MILVUS_STOP_TIMEOUT_S (20),
+#       QUARRY_MILVUS_KEEP_DATA (0), MILVUS_SERVER (the milvus-server launcher; default: the
+#       repo's .venv, else PATH).
+# Runs as root too (the server has no root check). A test/dev service: `start` wipes the data
+# dir unless QUARRY_MILVUS_KEEP_DATA=1, because Milvus 2.3.5's graceful stop hangs (it is then
+# killed) and a restart on the old data waits for the dead node sessions in its embedded etcd to
+# expire, which was seen to take over 3 minutes.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -23,15 +26,44 @@ PIDFILE="$ROOT/milvus.pid"
 HEALTH_URL="http://127.0.0.1:9091/healthz"
 URL="milvus://127.0.0.1:19530"
 START_TIMEOUT_S="${QUARRY_MILVUS_START_TIMEOUT_S:-180}"
-STOP_TIMEOUT_S="${QUARRY_MILVUS_STOP_TIMEOUT_S:-60}"
+STOP_TIMEOUT_S="${QUARRY_MILVUS_STOP_TIMEOUT_S:-20}"
+KEEP_DATA="${QUARRY_MILVUS_KEEP_DATA:-0}"
 
-log() { echo "[milvus.sh] $*" >&2; }
+log() { echo "[milvus.sh $(date +%T)] $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 launcher() {
     if [[ -n "${MILVUS_SERVER:-}" ]]; then echo "$MILVUS_SERVER"
     elif [[ -x "$REPO/.venv/bin/milvus-server" ]]; then echo "$REPO/.venv/bin/milvus-server"
     else command -v milvus-server || die "milvus-server not found: pip install 'quarry[milvus-server]'"
+    fi
+}
+
+# The launcher silently moves to the next free port when it cannot bind one (a port still held
+# by a stopping server, or in TIME_WAIT after health checks): wait until ours can be bound the
+# way the launcher binds them (no SO_REUSEADDR), so the URL and the health check stay right.
+ports_bindable() {
+    "$(python_bin)" -c '
+import socket
+for port in (19530, 9091):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+' 2>/dev/null
+}
+
+wait_ports_free() {
+    local waited=0
+    until ports_bindable; do
+        (( waited >= 120 )) && die "ports 19530/9091 still cannot be bound after 120s"
+        (( waited % 15 == 0 )) && log "waiting for ports 19530/9091 to be released"
+        sleep 1
+        waited=$((waited + 1))
+    done
+}
+
+python_bin() {
+    if [[ -x "$REPO/.venv/bin/python" ]]; then echo "$REPO/.venv/bin/python"
+    else command -v python3 || die "python3 not found"
     fi
 }
 
@@ -76,12 +108,17 @@ start() {
     if healthy; then
         die "a Milvus not started by this script already answers on $HEALTH_URL; stop it first"
     fi
+    if [[ "$KEEP_DATA" != 1 && -d "$DATA" ]]; then
+        log "wiping old data in $DATA (set QUARRY_MILVUS_KEEP_DATA=1 to keep it)"
+        rm -rf "$DATA"
+    fi
     mkdir -p "$DATA"
+    wait_ports_free
     local bin
     bin="$(launcher)"
     log "starting $bin --data $DATA (log: $LOG)"
     # setsid: own session, so the server outlives this shell and stop can signal it alone.
-    setsid "$bin" --data "$DATA" >>"$LOG" 2>&1 < /dev/null &
+    setsid "$bin" --data "$DATA" --proxy-port 19530 >>"$LOG" 2>&1 < /dev/null &
     pid=$!
     echo "$pid" > "$PIDFILE"
     wait_healthy "$pid"
@@ -95,9 +132,20 @@ stop() {
         log "not running"
         return 0
     fi
-    log "stopping pid $pid (SIGINT)"
+    # The milvus-server launcher answers SIGINT by SIGTERM + SIGKILL of its child after 1 s.
+    # The child (`milvus run standalone`) gets SIGINT first and STOP_TIMEOUT_S to stop
+    # gracefully (2.3.5 often hangs in its graceful stop); then the launcher gets SIGINT.
+    local child waited=0
+    for child in $(pgrep -P "$pid" || true); do
+        log "stopping milvus (pid $child, SIGINT)"
+        kill -INT "$child" 2>/dev/null || true
+        while kill -0 "$child" 2>/dev/null && (( waited < STOP_TIMEOUT_S )); do
+            sleep 1
+            waited=$((waited + 1))
+        done
+    done
+    log "stopping launcher pid $pid (SIGINT)"
     kill -INT "$pid" 2>/dev/null || true
-    local waited=0
     while kill -0 "$pid" 2>/dev/null; do
         if (( waited >= STOP_TIMEOUT_S )); then
             log "still running after ${STOP_TIMEOUT_S}s: SIGTERM to its process group"
