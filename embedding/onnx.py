@@ -1,0 +1,190 @@
+"""ONNX Runtime embedding on CPU (``onnx://`` URLs): the fast path without torch at query time.
+
+``onnx://all-MiniLM-L6-v2?quantize=int8`` (default ``int8``; ``quantize=none`` is fp32) exports
+the packaged sentence-transformers model once (:mod:`embedding.onnx_export`, cached under
+``cache_dir``), then runs it with an ``onnxruntime.InferenceSession``. ``onnx:///path/to/model``
+takes a local sentence-transformers folder. ``threads=N`` sets ONNX Runtime's intra-op threads
+(default: the CPUs this process may use).
+
+Tokenisation uses the model's own fast tokenizer (``tokenizer.json``, Hugging Face
+``tokenizers``), truncated to ``max_seq_length``; mean pooling over the attention mask and L2
+normalisation are done in numpy, as sentence-transformers does (Reimers & Gurevych, 2019).
+Inputs are sorted by length before batching so that little padding is computed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+from urllib.parse import parse_qs, urlsplit
+
+import numpy as np
+import numpy.typing as npt
+
+from embedding.base import Embeddings
+from embedding.onnx_export import Quantize, ensure_onnx
+from embedding.sentence_transformers import resolve_model_path
+from embedding.st_layout import StLayout, read_layout
+from quarry.errors import ConfigError, EmbeddingError
+
+_QUANTIZE = {"int8": "int8", "none": "none", "fp32": "none"}
+
+
+def parse_onnx_url(url: str) -> tuple[str, Quantize, int | None]:
+    """Split an ``onnx://`` URL into (model name or path, quantisation, threads).
+
+    Raises:
+        ConfigError: Wrong scheme, no model, or an unknown/invalid query parameter.
+    """
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "onnx" or not (parts.netloc + parts.path).strip("/"):
+        raise ConfigError(f"expected onnx://<model>[?quantize=int8|none] or onnx:///path, got {url!r}")
+    params = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+    unknown = set(params) - {"quantize", "threads"}
+    if unknown:
+        raise ConfigError(f"unknown parameter(s) {sorted(unknown)} in {url!r}; known: quantize, threads")
+    quantize = _QUANTIZE.get(params.get("quantize", "int8").lower())
+    if quantize is None:
+        raise ConfigError(f"quantize must be int8 or none (fp32) in {url!r}")
+    threads = params.get("threads")
+    if threads is not None and not (threads.isdigit() and int(threads) > 0):
+        raise ConfigError(f"threads must be a positive integer in {url!r}")
+    return parts.netloc + parts.path, cast(Quantize, quantize), int(threads) if threads else None
+
+
+class OnnxEmbedder:
+    """Sentence embeddings with ONNX Runtime; safe to call from many threads.
+
+    Args:
+        model: Packaged model name (``all-MiniLM-L6-v2``) or a sentence-transformers folder.
+        cache_dir: Where the exported ONNX files are cached.
+        quantize: ``"int8"`` (dynamic, per-channel weights) or ``"none"`` (fp32).
+        batch_size: Texts per ONNX Runtime call.
+        threads: Intra-op threads; default the CPUs available to this process.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        cache_dir: Path,
+        quantize: Quantize = "int8",
+        batch_size: int = 64,
+        threads: int | None = None,
+    ) -> None:
+        self.model_id = Path(model).name if Path(model).is_dir() else model
+        self.quantize: Quantize = quantize
+        self._path = resolve_model_path(model)
+        self._cache_dir = cache_dir
+        self._batch_size = batch_size
+        self._threads = threads or len(os.sched_getaffinity(0))
+        self._lock = threading.Lock()
+        self._session: Any = None
+        self._tokenizer: Any = None
+        self._input_names: list[str] = []
+        self.layout: StLayout | None = None
+        self.onnx_path: Path | None = None
+        self.dim = 0
+        self.max_seq_length = 0
+
+    @classmethod
+    def from_url(cls, url: str, cache_dir: Path, batch_size: int = 64) -> OnnxEmbedder:
+        """Build from ``onnx://<model>?quantize=int8|none[&threads=N]`` (nothing loads yet).
+
+        Raises:
+            ConfigError: Malformed URL or a model that is neither packaged nor a folder.
+        """
+        model, quantize, threads = parse_onnx_url(url)
+        return cls(model, cache_dir=cache_dir, quantize=quantize, batch_size=batch_size, threads=threads)
+
+    def warm_up(self) -> None:
+        """Export/quantise once (cached), open the ONNX Runtime session and the tokenizer.
+
+        Raises:
+            ConfigError: The model folder lacks a fast tokenizer or uses non-mean pooling.
+            EmbeddingError: Export or session creation failed.
+        """
+        with self._lock:
+            if self._session is not None:
+                return
+            import onnxruntime as ort
+            from tokenizers import Tokenizer
+
+            layout = read_layout(self._path)
+            path = ensure_onnx(layout, self._cache_dir, self.model_id, self.quantize)
+            try:
+                session = ort.InferenceSession(
+                    str(path), self._session_options(ort), providers=["CPUExecutionProvider"]
+                )
+            except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+                raise EmbeddingError(f"cannot open ONNX model {path}: {exc}") from exc
+            tokenizer = Tokenizer.from_file(str(layout.tokenizer_file))
+            tokenizer.no_padding()
+            tokenizer.enable_truncation(max_length=layout.max_seq_length)
+            self._tokenizer, self.layout, self.onnx_path = tokenizer, layout, path
+            self._input_names = [i.name for i in session.get_inputs()]
+            self.dim, self.max_seq_length = layout.dim, layout.max_seq_length
+            self._session = session
+
+    def _session_options(self, ort: Any) -> Any:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.intra_op_num_threads = self._threads
+        options.inter_op_num_threads = 1
+        # Busy-waiting workers burn CPU that concurrent callers (and other processes) need.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return options
+
+    def embed(self, texts: Sequence[str]) -> Embeddings:
+        """Embed texts: ``(n, dim) float32`` L2-normalised rows plus truncation flags.
+
+        Raises:
+            EmbeddingError: ONNX Runtime failed on the batch.
+        """
+        self.warm_up()
+        if not texts:
+            return Embeddings(np.zeros((0, self.dim), np.float32), np.zeros(0, bool))
+        encodings = self._tokenizer.encode_batch(list(texts))
+        truncated = np.fromiter((bool(e.overflowing) for e in encodings), bool, len(encodings))
+        lengths = np.fromiter((len(e.ids) for e in encodings), np.int64, len(encodings))
+        order = np.argsort(-lengths, kind="stable")
+        vectors = np.empty((len(texts), self.dim), np.float32)
+        for start in range(0, len(order), self._batch_size):
+            rows = order[start : start + self._batch_size]
+            vectors[rows] = self._forward([encodings[i].ids for i in rows], lengths[rows])
+        return Embeddings(vectors, truncated)
+
+    def _forward(self, ids: list[list[int]], lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.float32]:
+        width = int(lengths.max())
+        input_ids = np.zeros((len(ids), width), np.int64)
+        for row, seq in enumerate(ids):
+            input_ids[row, : len(seq)] = seq
+        mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
+        feeds = {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)}
+        try:
+            (hidden,) = self._session.run(None, {k: feeds[k] for k in self._input_names})
+        except Exception as exc:  # onnxruntime.capi errors
+            raise EmbeddingError(f"ONNX Runtime failed on a batch of {len(ids)}: {exc}") from exc
+        return mean_pool_normalize(hidden, mask)
+
+
+def mean_pool_normalize(hidden: npt.NDArray[np.float32], mask: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
+    """Mean of the token vectors under ``mask``, then L2-normalised.
+
+    Args:
+        hidden: ``(b, seq, dim) float32`` token vectors.
+        mask: ``(b, seq)`` 1 for real tokens, 0 for padding.
+
+    Returns:
+        ``(b, dim) float32`` unit vectors (a zero vector stays zero).
+    """
+    weights = mask.astype(np.float32)
+    summed = np.einsum("bsd,bs->bd", hidden, weights)
+    mean = summed / np.clip(weights.sum(axis=1, keepdims=True), 1e-9, None)
+    norms = np.linalg.norm(mean, axis=1, keepdims=True)
+    unit: npt.NDArray[np.float32] = (mean / np.clip(norms, 1e-12, None)).astype(np.float32, copy=False)
+    return unit

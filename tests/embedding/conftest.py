@@ -1,0 +1,40 @@
+"""Fixtures of the embedding tests: SciFact texts, the torch reference model, an ONNX cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from embedding.sentence_transformers import SentenceTransformerEmbedder
+
+
+def scifact_texts(shared_data: Path, limit: int | None = None) -> list[str]:
+    """SciFact documents as ``title + " " + text`` (most exceed the 256-token limit)."""
+    texts = []
+    with (shared_data / "scifact" / "corpus.jsonl").open(encoding="utf-8") as fh:
+        for line in fh:
+            doc = json.loads(line)
+            texts.append(f"{doc['title']} {doc['text']}".strip())
+            if limit is not None and len(texts) >= limit:
+                break
+    return texts
+
+
+@pytest.fixture(scope="session")
+def scifact_subset(shared_data: Path) -> list[str]:
+    return scifact_texts(shared_data, 96)
+
+
+@pytest.fixture(scope="session")
+def torch_embedder() -> SentenceTransformerEmbedder:
+    embedder = SentenceTransformerEmbedder("all-MiniLM-L6-v2", batch_size=32, device="cpu")
+    embedder.warm_up()
+    return embedder
+
+
+@pytest.fixture(scope="session")
+def onnx_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One model cache for the session: each ONNX export happens once."""
+    return tmp_path_factory.mktemp("models")

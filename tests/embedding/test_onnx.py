@@ -1,0 +1,153 @@
+"""ONNX Runtime embedder against the torch (sentence-transformers) model on real SciFact text."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from embedding.base import Embedder
+from embedding.onnx import OnnxEmbedder, parse_onnx_url
+from embedding.onnx_export import cache_folder
+from embedding.sentence_transformers import SentenceTransformerEmbedder, resolve_model_path
+from quarry.errors import ConfigError
+
+from .conftest import scifact_texts
+
+
+@pytest.fixture(scope="module")
+def fp32(onnx_cache: Path) -> OnnxEmbedder:
+    embedder = OnnxEmbedder.from_url("onnx://all-MiniLM-L6-v2?quantize=none", onnx_cache, batch_size=32)
+    embedder.warm_up()
+    return embedder
+
+
+@pytest.fixture(scope="module")
+def int8(onnx_cache: Path) -> OnnxEmbedder:
+    embedder = OnnxEmbedder.from_url("onnx://all-MiniLM-L6-v2?quantize=int8", onnx_cache, batch_size=32)
+    embedder.warm_up()
+    return embedder
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.einsum("ij,ij->i", a, b)
+
+
+def test_satisfies_the_embedder_protocol(int8: OnnxEmbedder) -> None:
+    assert isinstance(int8, Embedder)
+    assert (int8.model_id, int8.dim, int8.max_seq_length) == ("all-MiniLM-L6-v2", 384, 256)
+
+
+@pytest.mark.parametrize(("variant", "floor"), [("fp32", 0.9999), ("int8", 0.99)])
+def test_matches_torch_on_scifact_subset(
+    request: pytest.FixtureRequest,
+    variant: str,
+    floor: float,
+    scifact_subset: list[str],
+    torch_embedder: SentenceTransformerEmbedder,
+) -> None:
+    embedder: OnnxEmbedder = request.getfixturevalue(variant)
+    got = embedder.embed(scifact_subset)
+    want = torch_embedder.embed(scifact_subset)
+    assert got.vectors.shape == (len(scifact_subset), 384) and got.vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(got.vectors, axis=1), 1.0, atol=1e-5)
+    cos = cosines(got.vectors, want.vectors)
+    assert cos.min() >= floor, f"{variant}: min cosine {cos.min():.5f} (mean {cos.mean():.5f})"
+    np.testing.assert_array_equal(got.truncated, want.truncated)
+
+
+def test_truncation_flags_say_which_inputs_were_cut(int8: OnnxEmbedder, scifact_subset: list[str]) -> None:
+    tokenizer = Tokenizer.from_file(str(resolve_model_path("all-MiniLM-L6-v2") / "tokenizer.json"))
+    tokenizer.no_truncation()
+    texts = ["a short sentence", "word " * 300, "", *scifact_subset[:20]]
+    expected = [len(tokenizer.encode(t).ids) > 256 for t in texts]
+    assert expected[:3] == [False, True, False] and any(expected[3:]) and not all(expected[3:])
+    assert int8.embed(texts).truncated.tolist() == expected
+
+
+def test_a_text_cut_at_the_limit_embeds_like_its_first_256_tokens(fp32: OnnxEmbedder) -> None:
+    long = " ".join(f"token{i}" for i in range(400))
+    result = fp32.embed([long, long + " and much more text after the cut"])
+    assert result.truncated.tolist() == [True, True]
+    assert cosines(result.vectors[:1], result.vectors[1:])[0] > 0.99999
+
+
+def test_batching_and_order_do_not_change_vectors(fp32: OnnxEmbedder, scifact_subset: list[str]) -> None:
+    texts = ["short", *scifact_subset[:10], "a medium length sentence about cells"]
+    whole = fp32.embed(texts).vectors
+    one_by_one = np.vstack([fp32.embed([t]).vectors for t in texts])
+    reversed_ = fp32.embed(texts[::-1]).vectors[::-1]
+    np.testing.assert_allclose(whole, one_by_one, atol=1e-5)
+    np.testing.assert_allclose(whole, reversed_, atol=1e-5)
+
+
+def test_empty_input(int8: OnnxEmbedder) -> None:
+    result = int8.embed([])
+    assert result.vectors.shape == (0, 384) and result.truncated.shape == (0,)
+
+
+def test_concurrent_calls_give_the_sequential_result(int8: OnnxEmbedder, scifact_subset: list[str]) -> None:
+    chunks = [scifact_subset[i : i + 4] for i in range(0, 32, 4)]
+    sequential = [int8.embed(c).vectors for c in chunks]
+    with ThreadPoolExecutor(8) as pool:
+        concurrent = list(pool.map(lambda c: int8.embed(c).vectors, chunks))
+    for a, b in zip(sequential, concurrent, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_export_is_cached_by_weight_hash(int8: OnnxEmbedder, fp32: OnnxEmbedder, onnx_cache: Path) -> None:
+    assert int8.layout is not None and int8.onnx_path is not None and fp32.onnx_path is not None
+    folder = cache_folder(int8.layout, onnx_cache, "all-MiniLM-L6-v2")
+    assert int8.onnx_path.parent == fp32.onnx_path.parent == folder
+    assert int8.layout.weights_digest()[:16] in folder.name
+    stamp = int8.onnx_path.stat().st_mtime_ns
+    again = OnnxEmbedder.from_url("onnx://all-MiniLM-L6-v2?quantize=int8", onnx_cache)
+    again.warm_up()
+    assert again.onnx_path == int8.onnx_path and again.onnx_path.stat().st_mtime_ns == stamp
+    assert int8.onnx_path.stat().st_size < 0.8 * fp32.onnx_path.stat().st_size
+
+
+def test_url_forms() -> None:
+    assert parse_onnx_url("onnx://all-MiniLM-L6-v2") == ("all-MiniLM-L6-v2", "int8", None)
+    assert parse_onnx_url("onnx://all-MiniLM-L6-v2?quantize=fp32&threads=2") == ("all-MiniLM-L6-v2", "none", 2)
+    assert parse_onnx_url("onnx:///models/my-model?quantize=none") == ("/models/my-model", "none", None)
+    path = resolve_model_path("all-MiniLM-L6-v2")
+    local = OnnxEmbedder.from_url(f"onnx://{path}?quantize=int8", Path("unused"))
+    assert local.model_id == path.name and local.quantize == "int8"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "onnx://all-MiniLM-L6-v2?quantize=int4",
+        "onnx://all-MiniLM-L6-v2?threads=0",
+        "onnx://all-MiniLM-L6-v2?precision=int8",
+        "onnx://",
+        "torch://all-MiniLM-L6-v2",
+        "onnx://no-such-model-anywhere",
+    ],
+)
+def test_bad_urls_are_config_errors(url: str) -> None:
+    with pytest.raises(ConfigError):
+        OnnxEmbedder.from_url(url, Path("unused"))
+
+
+@pytest.mark.slow
+def test_int8_and_fp32_match_torch_on_all_scifact_documents(
+    shared_data: Path,
+    torch_embedder: SentenceTransformerEmbedder,
+    int8: OnnxEmbedder,
+    fp32: OnnxEmbedder,
+) -> None:
+    texts = scifact_texts(shared_data)
+    assert len(texts) == 5183
+    want = torch_embedder.embed(texts)
+    for embedder, floor in ((int8, 0.99), (fp32, 0.9999)):
+        got = embedder.embed(texts)
+        cos = cosines(got.vectors, want.vectors)
+        print(f"{embedder.quantize}: cosine vs torch min {cos.min():.5f} mean {cos.mean():.5f}")
+        assert cos.min() >= floor, f"{embedder.quantize}: min cosine {cos.min():.5f} over SciFact"
+        np.testing.assert_array_equal(got.truncated, want.truncated)
