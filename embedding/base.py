@@ -38,9 +38,20 @@ class Embedder(Protocol):
         max_seq_length: Inputs are truncated to this many model tokens.
     """
 
-    model_id: str
-    dim: int
-    max_seq_length: int
+    @property
+    def model_id(self) -> str:
+        """Stable model name."""
+        ...
+
+    @property
+    def dim(self) -> int:
+        """Output dimension (valid after :meth:`warm_up`)."""
+        ...
+
+    @property
+    def max_seq_length(self) -> int:
+        """Token limit; longer inputs are truncated (valid after :meth:`warm_up`)."""
+        ...
 
     def warm_up(self) -> None:
         """Load weights / connect and check readiness; idempotent. Called before first use."""

@@ -88,7 +88,7 @@ class SentenceTransformerEmbedder:
             get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
             dim = get_dim()  # None only for models without a pooling layer
             self.dim = int(dim) if dim else 0
-            self.max_seq_length = int(model.max_seq_length)
+            self.max_seq_length = int(model.max_seq_length or 0)
             self._model = model
 
     def embed(self, texts: Sequence[str]) -> Embeddings:

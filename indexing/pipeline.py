@@ -32,9 +32,9 @@ from quarry.errors import DimensionMismatch, InvalidDocument
 from retrieval.bm25_registry import BM25Registry
 from retrieval.text import tokenize
 from stores.base import VectorRecord, VectorStore
+from stores.filters import FieldType, field_type
 
 FloatVector = npt.NDArray[np.float32]
-from stores.filters import FieldType, field_type
 
 Progress = Callable[[int], None]
 
