@@ -61,6 +61,12 @@ class Quarry:
             self.store, self.docstore, self.query_embedder, self.bm25, settings.search, self.reranker
         )
 
+    def warm_up(self) -> None:
+        """Load the models (embedder, reranker) so that the first request pays nothing."""
+        self.query_embedder.warm_up()
+        if self.reranker is not None:
+            self.reranker.warm_up()
+
     def close(self) -> None:
         """Release the store and the docstore."""
         self.store.close()

@@ -58,7 +58,7 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service = quarry if isinstance(quarry, Quarry) else await run_in_threadpool(quarry)
         app.state.quarry = service
-        await run_in_threadpool(service.embedder.warm_up)
+        await run_in_threadpool(service.warm_up)
         app.state.ready = True
         yield
         app.state.ready = False
