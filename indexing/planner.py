@@ -33,10 +33,10 @@ FLAT               ``n·d·4`` (raw float32)
 HNSW               ``n·(d·b + 2·M·4)``, ``b`` = 4 (float32) or 2 (halfvec). Faiss wiki,
                    "Guidelines to choose an index": IndexHNSWFlat uses ``(d·4 + M·2·4)``
                    bytes per vector (level-0 links dominate).
-HNSW + SQ/PQ       ``n·(c + 2·M·4)`` with ``c`` the quantized code (``d`` bytes for int8 SQ,
-                   ``4·d/x`` for PQ ``x``-fold); ``n·c`` with the graph on disk (Qdrant
-                   "Quantization" and "Storage" docs: originals on disk, codes in RAM; the
-                   plan says so with ``params["vectors_on_disk"] = True``).
+HNSW + SQ/PQ       ``n·c`` with ``c`` the quantized code (``d`` bytes for int8 SQ, ``4·d/x``
+                   for PQ ``x``-fold): Qdrant with ``on_disk`` keeps the original vectors
+                   and the graph on disk and the codes in RAM (Qdrant "Quantization" and
+                   "Storage" docs); ``n·(c + 2·M·4)`` when the graph stays in RAM.
 IVF_FLAT           ``n·(d·b + 8) + nlist·d·4`` (vectors, 8-byte ids, centroids).
 IVF_PQ             ``n·(m·nbits/8 + 8) + nlist·d·4`` (Faiss wiki: IndexIVFPQ code size + 8
                    bytes per vector for the id; plus coarse centroids).
@@ -286,32 +286,24 @@ def _quantized_hnsw(n: int, dim: int, metric: Metric, top_k: int, engine: str) -
         return [_Candidate(spec, hnsw_bytes(n, dim, m, 2), "HNSW on halfvec")]
     if not engine.startswith("qdrant"):
         return []
+    return _qdrant_quantized(n, dim, metric, base)
+
+
+def _qdrant_quantized(n: int, dim: int, metric: Metric, base: IndexSpec) -> list[_Candidate]:
+    """Qdrant HNSW over int8/PQ codes in RAM; ``on_disk`` puts the originals and graph on disk."""
     search = {**base.search_params, "rescore": True, "oversampling": 2.0}
-    out = []
-    for on_disk in (False, True):
-        extra: dict[str, Any] = {"vectors_on_disk": True}
-        if on_disk:
-            extra["on_disk"] = True
-        where = " (graph on disk)" if on_disk else ""
-        sq = {**base.params, "quantization": "scalar", **extra}
-        out.append(
-            _Candidate(
-                IndexSpec("HNSW", metric, sq, search),
-                quantized_hnsw_bytes(n, dim, m, on_disk),
-                f"HNSW + int8 scalar quantization{where}",
-            )
+    options: list[tuple[dict[str, Any], int, str]] = [({"quantization": "scalar"}, dim, "int8 scalar quantization")]
+    for x in QDRANT_PQ_COMPRESSIONS:
+        code = max(4 * dim // x, 1)
+        options.append(({"quantization": "product", "compression": f"x{x}"}, code, f"product quantization x{x}"))
+    return [
+        _Candidate(
+            IndexSpec("HNSW", metric, {**base.params, **quant, "on_disk": True}, search),
+            quantized_hnsw_bytes(n, code, int(base.params["M"]), graph_on_disk=True),
+            f"HNSW + {label} (vectors and graph on disk)",
         )
-        for x in QDRANT_PQ_COMPRESSIONS:
-            pq = {**base.params, "quantization": "product", "compression": f"x{x}", **extra}
-            code = max(4 * dim // x, 1)
-            out.append(
-                _Candidate(
-                    IndexSpec("HNSW", metric, pq, search),
-                    quantized_hnsw_bytes(n, code, m, on_disk),
-                    f"HNSW + product quantization x{x}{where}",
-                )
-            )
-    return out
+        for quant, code, label in options
+    ]
 
 
 def _option(group: str, ctx: _Ctx) -> list[_Candidate]:
