@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import uuid
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from indexing.planner import (
@@ -297,3 +301,55 @@ def test_ensure_buildable_fails_fast() -> None:
     with pytest.raises(UnsupportedIndex, match="at most 4000"):
         ensure_buildable(IndexSpec("HNSW", params={"halfvec": True}), CAPS["pgvector"], 5000)
     ensure_buildable(IndexSpec("FLAT"), CAPS["pgvector"], 16000)
+
+
+# ---------------------------------------------------------------- fallback specs on the real engines
+
+FALLBACK_CASES = [
+    ("qdrant-edge", 50_000_000, 384),  # HNSW + PQ x8, vectors and graph on disk
+    ("qdrant-edge", 500_000_000, 384),  # HNSW + PQ x64, on disk
+    ("pgvector", 50_000_000, 384),  # HNSW on halfvec
+    ("pgvector", 1_000_000, 3072),  # wider than vector's 2000: HNSW on halfvec
+    ("milvus-lite", 1_000_000, 384),  # IVF_FLAT instead of HNSW
+]
+
+
+def _fallback_params() -> list[object]:
+    from tests.stores.conftest import BACKENDS
+
+    by_id = {b.id: b for b in BACKENDS}
+    return [
+        pytest.param(by_id[b], n, d, id=f"{b}-{n}-{d}", marks=[pytest.mark.integration] if by_id[b].server else [])
+        for b, n, d in FALLBACK_CASES
+    ]
+
+
+@pytest.mark.parametrize(("backend", "n", "dim"), _fallback_params())
+def test_fallback_specs_build_on_the_real_engine(backend: Any, n: int, dim: int, tmp_path: Path) -> None:
+    """The planner's fallback spec (planned for n vectors) is accepted by the engine it was planned for."""
+    from stores.base import VectorRecord
+    from stores.factory import open_store
+    from tests.stores.conftest import _require_service
+
+    url = backend.url(tmp_path)
+    if backend.server:
+        _require_service(backend, url)
+    store = open_store(url)
+    name = f"plan_{uuid.uuid4().hex[:8]}"
+    try:
+        plan = plan_index(n, dim, store.capabilities(), BUDGET)
+        assert plan.fallback_reason, format_plan(plan)
+        store.create_collection(name, dim)
+        rows = np.random.default_rng(7).standard_normal((2000, dim)).astype(np.float32)
+        rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+        store.upsert(name, [VectorRecord(str(i), v) for i, v in enumerate(rows)])
+        spec = plan.spec
+        if spec.kind == "IVF_FLAT":  # the planned nlist is for n vectors; 2,000 rows train 32 lists
+            spec = IndexSpec(spec.kind, spec.metric, {**spec.params, "nlist": 32}, {"nprobe": 8})
+        store.build_index(name, spec, timeout_s=600)
+        hits = store.search(name, rows[:5], 10)
+        assert [len(h) for h in hits] == [10] * 5
+        assert [h[0].id for h in hits] == [str(i) for i in range(5)]
+    finally:
+        store.drop_collection(name)
+        store.close()
