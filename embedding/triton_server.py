@@ -1,0 +1,213 @@
+"""Host an embedding model in a real NVIDIA Triton Inference Server through PyTriton.
+
+PyTriton (``nvidia-pytriton``) ships the ``tritonserver`` binary and its Python backend; the
+model is one of Quarry's in-process embedders (ONNX int8 by default, or torch), bound as a
+Triton model with dynamic batching. The Triton model contract is the same as the standalone
+``model_repository/minilm`` one, so one client (:mod:`embedding.triton`) talks to both::
+
+    input   text       TYPE_STRING [1]      one UTF-8 text per batch row
+    output  embedding  TYPE_FP32   [dim]    L2-normalised
+    output  truncated  TYPE_BOOL   [1]      the text was cut at max_seq_length tokens
+    parameters: model_id, max_seq_length
+
+Endpoints (Triton's own): HTTP ``/v2/health/live``, ``/v2/health/ready``,
+``/v2/models/<name>/config``, gRPC on its port, Prometheus metrics on ``/metrics``.
+SIGTERM or SIGINT stops tritonserver and its Python-backend stubs, then the process exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sysconfig
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import numpy.typing as npt
+
+from embedding.base import Embedder
+from quarry.errors import ConfigError
+from quarry.settings import Settings
+
+LOG = logging.getLogger(__name__)
+
+BACKENDS = {
+    "onnx": "onnx://all-MiniLM-L6-v2?quantize=int8",
+    "onnx-int8": "onnx://all-MiniLM-L6-v2?quantize=int8",
+    "onnx-fp32": "onnx://all-MiniLM-L6-v2?quantize=none",
+    "torch": "torch://all-MiniLM-L6-v2",
+}
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """How to host the model.
+
+    Attributes:
+        model: An in-process embedder URL (``onnx://...``, ``torch://...``) or a shorthand of
+            :data:`BACKENDS`. Default ``onnx-fp32``: the torch model's vectors (cosine 1.0) at
+            ONNX Runtime speed. ``onnx`` (int8) is faster but its vectors differ (cosine >= 0.99,
+            and slightly with batch composition, as activations are quantised per batch).
+        model_name: Triton model name clients use in their URL (``triton+grpc://h:8001/<name>``).
+        address: Bind address of the HTTP, gRPC and metrics endpoints.
+        http_port: HTTP/REST (KServe v2) port.
+        grpc_port: gRPC port.
+        metrics_port: Prometheus metrics port.
+        max_batch_size: Largest batch Triton's dynamic batcher forms (texts).
+        max_queue_delay_us: Longest a request waits for others to batch with, in microseconds.
+        preferred_batch_sizes: Batch sizes the batcher aims for (empty: as large as possible).
+        instances: Model instances (threads calling the embedder concurrently).
+    """
+
+    model: str = "onnx-fp32"
+    model_name: str = "minilm"
+    address: str = "0.0.0.0"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    max_batch_size: int = 64
+    max_queue_delay_us: int = 1000
+    preferred_batch_sizes: tuple[int, ...] = ()
+    instances: int = 1
+
+
+def backend_url(model: str) -> str:
+    """Resolve a ``--model`` value to an in-process embedder URL.
+
+    Raises:
+        ConfigError: A Triton URL (a server cannot wrap a client of itself) or an unknown shorthand.
+    """
+    url = BACKENDS.get(model.lower(), model)
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in ("onnx", "torch"):
+        raise ConfigError(
+            f"--model must be an in-process embedder (onnx://..., torch://...) or one of "
+            f"{', '.join(BACKENDS)}; got {model!r}"
+        )
+    return url
+
+
+def make_infer(embedder: Embedder) -> Callable[..., dict[str, npt.NDArray[Any]]]:
+    """The PyTriton inference callable: a batch of ``(n, 1)`` byte strings -> embeddings."""
+    from pytriton.decorators import batch
+
+    @batch  # type: ignore[untyped-decorator]
+    def infer(text: npt.NDArray[np.object_]) -> dict[str, npt.NDArray[Any]]:
+        texts = [row[0].decode("utf-8", errors="replace") for row in text]
+        result = embedder.embed(texts)
+        return {"embedding": result.vectors, "truncated": result.truncated.reshape(-1, 1)}
+
+    return infer  # type: ignore[no-any-return]
+
+
+def use_interpreter_libpython() -> None:
+    """Put this interpreter's ``LIBDIR`` first on ``LD_LIBRARY_PATH`` for the backend stub.
+
+    The Python-backend stub links ``libpython3.X.so``; the system copy of another patch release
+    fails with ``_thread.RLock ... _recursion_count``. tritonserver and the stubs inherit this.
+    """
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if not libdir:
+        return
+    current = os.environ.get("LD_LIBRARY_PATH", "")
+    if libdir not in current.split(":"):
+        os.environ["LD_LIBRARY_PATH"] = f"{libdir}:{current}" if current else libdir
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Turn the first SIGTERM (or SIGINT) into ``KeyboardInterrupt``; ignore repeats while stopping.
+
+    PyTriton's ``serve()`` stops tritonserver (and waits for it) on ``KeyboardInterrupt``.
+    """
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+        LOG.info("signal %s received: stopping Triton", signal.Signals(signum).name)
+        raise KeyboardInterrupt
+
+    for sig in previous:
+        signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def serve(config: ServeConfig, settings: Settings) -> None:
+    """Start Triton with the embedding model and block until SIGTERM/SIGINT, then stop it.
+
+    Raises:
+        ConfigError: Bad ``--model``.
+        EmbeddingError: The wrapped model failed to load.
+    """
+    from embedding.factory import open_embedder
+
+    embedder = open_embedder(backend_url(config.model), settings)
+    embedder.warm_up()
+    use_interpreter_libpython()
+    with stop_on_sigterm(), contextlib.suppress(KeyboardInterrupt):
+        _run(config, embedder)
+    LOG.info("Triton stopped")
+
+
+def _run(config: ServeConfig, embedder: Embedder) -> None:
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+    from pytriton.triton import Triton, TritonConfig
+
+    triton_config = TritonConfig(
+        http_address=config.address, http_port=config.http_port,
+        grpc_address=config.address, grpc_port=config.grpc_port,
+        metrics_address=config.address, metrics_port=config.metrics_port,
+        allow_metrics=True, allow_cpu_metrics=True, allow_gpu_metrics=False,
+        strict_readiness=True, exit_timeout_secs=10,
+    )
+    batcher = DynamicBatcher(
+        max_queue_delay_microseconds=config.max_queue_delay_us,
+        preferred_batch_size=list(config.preferred_batch_sizes) or None,
+    )
+    triton = Triton(config=triton_config)
+    try:  # not `with Triton()`: entering it loads bound models before their parameters are set
+        triton.bind(
+            model_name=config.model_name,
+            infer_func=[make_infer(embedder) for _ in range(config.instances)],
+            inputs=[Tensor(name="text", dtype=bytes, shape=(1,))],
+            outputs=[
+                Tensor(name="embedding", dtype=np.float32, shape=(embedder.dim,)),
+                Tensor(name="truncated", dtype=np.bool_, shape=(1,)),
+            ],
+            config=ModelConfig(max_batch_size=config.max_batch_size, batcher=batcher),
+            strict=True,
+        )
+        _publish_parameters(triton, {"model_id": embedder.model_id, "max_seq_length": str(embedder.max_seq_length)})
+        LOG.info(
+            "starting Triton for %s as model %r: http %s:%d, grpc %s:%d, metrics %s:%d/metrics",
+            embedder.model_id, config.model_name, config.address, config.http_port,
+            config.address, config.grpc_port, config.address, config.metrics_port,
+        )
+        triton.serve()  # returns after KeyboardInterrupt (our SIGTERM) once tritonserver stopped
+    finally:
+        triton.stop()
+
+
+def _publish_parameters(triton: Any, parameters: dict[str, str]) -> None:
+    """Add ``parameters`` to the generated ``config.pbtxt`` of the bound model.
+
+    PyTriton 0.7 has no public field for model-config parameters; its model objects keep a
+    ``TritonModelConfig`` whose ``backend_parameters`` become ``parameters`` in the config.
+    Without them a client reports the Triton model name as ``model_id`` (see the log line).
+    """
+    try:
+        for model in triton._model_manager.models:
+            model._get_triton_model_config().backend_parameters.update(parameters)
+    except AttributeError as exc:  # a PyTriton release that moved these internals
+        LOG.warning("cannot publish %s in the model config (PyTriton internals changed: %s)", parameters, exc)

@@ -1,0 +1,235 @@
+"""Triton embedding end to end: a real Triton server (PyTriton) in a subprocess, real clients.
+
+The ``triton`` fixture runs ``python -m quarry.triton_cli serve`` on free ports (the ONNX fp32
+backend, exported into the session's model cache), waits for the model to be ready, and the last
+test stops it with SIGTERM and checks that no tritonserver / stub process is left.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embedding.base import Embedder
+from embedding.sentence_transformers import SentenceTransformerEmbedder
+from embedding.triton import TritonEmbedder, parse_triton_url
+from indexing.sources import SourceDocument, iter_jsonl
+from quarry.errors import ConfigError, EmbeddingUnavailable
+from quarry.service import Quarry
+from quarry.settings import Settings
+
+from .server_process import ServerProcess, free_ports
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_BATCH = 16
+
+
+@dataclass
+class TritonServer:
+    process: ServerProcess
+    http: int
+    grpc: int
+    metrics: int
+
+    def url(self, wire: str) -> str:
+        return f"triton+{wire}://127.0.0.1:{self.grpc if wire == 'grpc' else self.http}/minilm"
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory: pytest.TempPathFactory, onnx_cache: Path) -> Iterator[TritonServer]:
+    http, grpc, metrics = free_ports(3)
+    workdir = tmp_path_factory.mktemp("triton")
+    env = {
+        **os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+        "QUARRY_DATA_DIR": str(workdir), "QUARRY_EMBEDDING__CACHE_DIR": str(onnx_cache),
+    }
+    cmd = [
+        sys.executable, "-m", "quarry.triton_cli", "serve", "--model", "onnx-fp32", "--address", "127.0.0.1",
+        "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+        "--max-batch-size", str(MAX_BATCH), "--max-queue-delay-us", "2000",
+    ]
+    process = ServerProcess(cmd, env, workdir / "triton.log")
+    try:
+        process.wait_ready(f"http://127.0.0.1:{http}/v2/models/minilm/ready", timeout_s=300)
+        yield TritonServer(process, http, grpc, metrics)
+    finally:
+        process.stop()
+        process.kill_all()
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - local test server
+        return response.read().decode()
+
+
+def metric(text: str, name: str) -> float:
+    return sum(float(m) for m in re.findall(rf"^{name}{{[^}}]*model=\"minilm\"[^}}]*}} (\S+)$", text, re.M))
+
+
+@pytest.mark.integration
+def test_health_endpoints_metrics_and_batching_config(triton: TritonServer) -> None:
+    base = f"http://127.0.0.1:{triton.http}"
+    assert get(f"{base}/v2/health/live") == "" and get(f"{base}/v2/health/ready") == ""
+    config = get(f"{base}/v2/models/minilm/config")
+    assert '"max_batch_size":16' in config and '"max_queue_delay_microseconds":2000' in config
+    assert '"model_id":{"string_value":"all-MiniLM-L6-v2"}' in config
+    assert "nv_inference_request_success" in get(f"http://127.0.0.1:{triton.metrics}/metrics")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("wire", ["grpc", "http"])
+def test_same_vectors_as_the_in_process_model(
+    triton: TritonServer, wire: str, scifact_subset: list[str], torch_embedder: SentenceTransformerEmbedder
+) -> None:
+    embedder = TritonEmbedder.from_url(triton.url(wire), timeout_s=30, batch_size=64)
+    embedder.warm_up()
+    assert isinstance(embedder, Embedder)
+    assert (embedder.model_id, embedder.dim, embedder.max_seq_length) == ("all-MiniLM-L6-v2", 384, 256)
+    texts = [*scifact_subset, "", "a short query about cells"]
+    got, want = embedder.embed(texts), torch_embedder.embed(texts)
+    assert got.vectors.shape == (len(texts), 384) and got.vectors.dtype == np.float32
+    cos = np.einsum("ij,ij->i", got.vectors, want.vectors)
+    assert cos.min() >= 0.999, f"min cosine {cos.min():.5f}"
+    np.testing.assert_array_equal(got.truncated, want.truncated)
+    assert got.truncated.any() and embedder.embed([]).vectors.shape == (0, 384)
+    embedder.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("wire", ["grpc", "http"])
+def test_many_threads_share_one_embedder_and_get_batched(
+    triton: TritonServer, wire: str, scifact_subset: list[str]
+) -> None:
+    embedder = TritonEmbedder.from_url(triton.url(wire), timeout_s=30)
+    texts = [t[:200] for t in scifact_subset[:48]]
+    expected = embedder.embed(texts).vectors
+    before = get(f"http://127.0.0.1:{triton.metrics}/metrics")
+    with ThreadPoolExecutor(8) as pool:  # one text per request, 8 at a time: Triton batches them
+        rows = list(pool.map(lambda t: embedder.embed([t]).vectors[0], texts))
+    np.testing.assert_allclose(np.vstack(rows), expected, atol=1e-5)
+    after = get(f"http://127.0.0.1:{triton.metrics}/metrics")
+    requests = metric(after, "nv_inference_count") - metric(before, "nv_inference_count")
+    executions = metric(after, "nv_inference_exec_count") - metric(before, "nv_inference_exec_count")
+    assert requests == len(texts) and executions < requests, (requests, executions)
+    embedder.close()
+
+
+@pytest.mark.integration
+def test_client_batches_never_exceed_the_server_max(triton: TritonServer, scifact_subset: list[str]) -> None:
+    embedder = TritonEmbedder.from_url(triton.url("grpc"), timeout_s=30, batch_size=1000)
+    result = embedder.embed([t[:100] for t in scifact_subset[: 3 * MAX_BATCH + 1]])  # 4 requests of <= 16
+    assert result.vectors.shape == (3 * MAX_BATCH + 1, 384)
+
+
+@pytest.mark.parametrize("wire", ["grpc", "http"])
+def test_down_server_is_a_quick_typed_error(wire: str) -> None:
+    (port,) = free_ports(1)
+    embedder = TritonEmbedder.from_url(f"triton+{wire}://127.0.0.1:{port}/minilm?retries=3", timeout_s=2)
+    start = time.monotonic()
+    with pytest.raises(EmbeddingUnavailable, match=rf"triton\+{wire}://127.0.0.1:{port}/minilm") as info:
+        embedder.warm_up()
+    assert time.monotonic() - start < 3 and info.value.retryable
+    with pytest.raises(EmbeddingUnavailable):
+        embedder.embed(["hello"])
+
+
+def test_url_forms() -> None:
+    target = parse_triton_url("triton+grpc://triton:8001/minilm/2?model_id=all-MiniLM-L6-v2&retries=5")
+    assert (target.wire, target.address, target.model, target.version) == ("grpc", "triton:8001", "minilm", "2")
+    assert (target.model_id, target.attempts) == ("all-MiniLM-L6-v2", 5)
+    assert parse_triton_url("triton+http://localhost:8000/m").url == "triton+http://localhost:8000/m"
+    for bad in ("triton+grpc://host/minilm", "triton+grpc://host:8001/", "triton://host:8001/m",
+                "triton+http://host:8000/m?retries=0", "triton+http://host:8000/m?foo=1"):
+        with pytest.raises(ConfigError):
+            parse_triton_url(bad)
+
+
+# --- through the ingestion pipeline and the query path --------------------------------------
+QUERIES = ["0-dimensional biomaterials show inductive properties", "vitamin D deficiency and cancer risk",
+           "microstructural development of white matter in newborns", "DNA methylation in tumours"]
+
+
+@pytest.fixture(scope="module")
+def scifact_docs(shared_data: Path) -> list[SourceDocument]:
+    docs = iter_jsonl(shared_data / "scifact" / "corpus.jsonl")
+    return [d for _, d in zip(range(120), docs, strict=False)]
+
+
+def dense_hits(quarry: Quarry, collection: str) -> list[list[str]]:
+    return [[h.document_id for h in quarry.search(collection, q, top_k=10, mode="dense").hits] for q in QUERIES]
+
+
+@pytest.fixture(scope="module")
+def reference_hits(
+    tmp_path_factory: pytest.TempPathFactory,
+    torch_embedder: SentenceTransformerEmbedder,
+    scifact_docs: list[SourceDocument],
+) -> list[list[str]]:
+    quarry = Quarry(Settings(data_dir=tmp_path_factory.mktemp("torch-data")), embedder=torch_embedder)
+    try:
+        quarry.create_collection("scifact")
+        quarry.upsert("scifact", scifact_docs)
+        return dense_hits(quarry, "scifact")
+    finally:
+        quarry.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("wire", ["grpc", "http"])
+def test_ingest_through_triton_gives_the_in_process_hits(
+    triton: TritonServer,
+    wire: str,
+    tmp_path: Path,
+    scifact_docs: list[SourceDocument],
+    reference_hits: list[list[str]],
+) -> None:
+    embedder = TritonEmbedder.from_url(triton.url(wire), timeout_s=30)
+    quarry = Quarry(Settings(data_dir=tmp_path), embedder=embedder)
+    try:
+        quarry.create_collection("scifact")
+        report = quarry.upsert("scifact", scifact_docs)
+        assert report.documents == len(scifact_docs) and report.embedded > 0
+        assert dense_hits(quarry, "scifact") == reference_hits
+    finally:
+        quarry.close()
+
+
+@pytest.mark.integration
+def test_sigterm_stops_everything_and_then_ingestion_fails_typed(
+    triton: TritonServer, tmp_path: Path, scifact_docs: list[SourceDocument]
+) -> None:
+    """Runs last in this module: it stops the module's server."""
+    embedder = TritonEmbedder.from_url(triton.url("grpc") + "?retries=2", timeout_s=5)
+    quarry = Quarry(Settings(data_dir=tmp_path), embedder=embedder)
+    try:
+        quarry.create_collection("scifact")
+        quarry.upsert("scifact", scifact_docs[:5])
+        before = quarry.describe("scifact")
+        assert triton.process.leftovers(grace_s=0), "the tagged server processes should be visible"
+
+        assert triton.process.stop() == 0, triton.process.log_tail()
+        assert triton.process.leftovers() == [], f"left running after SIGTERM:\n{triton.process.log_tail()}"
+        assert "Triton stopped" in triton.process.log_tail()
+
+        with pytest.raises(EmbeddingUnavailable):
+            quarry.upsert("scifact", scifact_docs[5:10])
+        after = quarry.describe("scifact")
+        assert {k: after[k] for k in ("documents", "chunks", "vectors")} == {
+            k: before[k] for k in ("documents", "chunks", "vectors")
+        }
+        degraded = quarry.search("scifact", QUERIES[2], top_k=3, mode="hybrid")
+        assert degraded.hits and degraded.degraded
+        with pytest.raises(EmbeddingUnavailable):
+            quarry.search("scifact", QUERIES[2], top_k=3, mode="dense")
+    finally:
+        quarry.close()
