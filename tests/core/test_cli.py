@@ -1,0 +1,44 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.core.conftest import write_jsonl
+
+
+def _quarry(args: list[str], data_dir: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "QUARRY_DATA_DIR": str(data_dir), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "quarry.cli", *args], env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_cli_ingest_search_and_bad_line(tmp_path: Path) -> None:
+    docs = [
+        {"id": f"d{i}", "title": f"title {i}", "text": t, "metadata": {"year": 2000 + i}}
+        for i, t in enumerate(
+            [
+                "the mitochondria is the powerhouse of the cell",
+                "jupiter is a gas giant planet",
+                "熊猫主要生活在四川的山区",
+            ]
+        )
+    ]
+    corpus = write_jsonl(tmp_path / "docs.jsonl", docs)
+    data = tmp_path / "data"
+    first = _quarry(["ingest", str(corpus), "--collection", "demo"], data)
+    assert first.returncode == 0, first.stderr
+    assert "3 added" in first.stdout
+    again = _quarry(["ingest", str(corpus), "--collection", "demo"], data)
+    assert "3 unchanged; 0 chunks embedded" in " ".join(again.stdout.split())
+    found = _quarry(["search", "gas giant", "--collection", "demo", "--json", "-k", "1"], data)
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout)["hits"][0]["document_id"] == "d1"
+    zh = _quarry(["search", "熊猫", "--collection", "demo", "--json", "--mode", "bm25"], data)
+    assert json.loads(zh.stdout)["hits"][0]["document_id"] == "d2"
+    bad = write_jsonl(tmp_path / "bad.jsonl", [docs[0], "{not json"])
+    failed = _quarry(["ingest", str(bad), "--collection", "demo2"], data)
+    assert failed.returncode == 2 and "line 2" in failed.stderr
+    missing = _quarry(["search", "x", "--collection", "nope"], data)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
