@@ -61,6 +61,8 @@ class ServeConfig:
         metrics_port: Prometheus metrics port.
         max_batch_size: Largest batch Triton's dynamic batcher forms (texts).
         max_queue_delay_us: Longest a request waits for others to batch with, in microseconds.
+            Default 0: with one busy CPU instance the queue forms the batches by itself, and a
+            delay only adds latency at low load (1000 us cost ~1 ms p50 at 1 client here).
         preferred_batch_sizes: Batch sizes the batcher aims for (empty: as large as possible).
         instances: Model instances (threads calling the embedder concurrently).
     """
@@ -72,7 +74,7 @@ class ServeConfig:
     grpc_port: int = 8001
     metrics_port: int = 8002
     max_batch_size: int = 64
-    max_queue_delay_us: int = 1000
+    max_queue_delay_us: int = 0
     preferred_batch_sizes: tuple[int, ...] = ()
     instances: int = 1
 

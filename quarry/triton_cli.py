@@ -35,8 +35,8 @@ def serve(
     metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port (/metrics).")] = 8002,
     max_batch_size: Annotated[int, typer.Option(min=1, help="Largest dynamic batch (texts).")] = 64,
     max_queue_delay_us: Annotated[
-        int, typer.Option(min=0, help="Longest wait for a batch to fill, in microseconds.")
-    ] = 1000,
+        int, typer.Option(min=0, help="Longest wait for a batch to fill, in microseconds (0: no wait).")
+    ] = 0,
     preferred_batch_size: Annotated[
         list[int] | None, typer.Option(help="Preferred dynamic batch size (repeatable).")
     ] = None,

@@ -40,7 +40,7 @@ def test_config_is_a_valid_model_config_with_our_contract(path: Path, kind: str)
     [group] = config.instance_group
     assert model_config_pb2.ModelInstanceGroup.Kind.Name(group.kind) == kind and group.count == 1
     batching = config.dynamic_batching
-    assert batching.max_queue_delay_microseconds > 0
+    assert batching.max_queue_delay_microseconds == (1000 if kind == "KIND_GPU" else 0)
     assert list(batching.preferred_batch_size) and max(batching.preferred_batch_size) <= config.max_batch_size
     spec = parse_spec(json_format.MessageToDict(config, preserving_proto_field_name=True))
     assert (spec.input_name, spec.output_name, spec.truncated_name, spec.dim) == (

@@ -1,0 +1,266 @@
+"""Benchmark the embedding backends in one run, each beside the torch baseline.
+
+Backends: sentence-transformers on torch (the baseline), ONNX Runtime fp32 and int8 in process,
+and a real Triton server (``quarry triton serve``, PyTriton, started here on free ports and
+stopped with SIGTERM at the end) over gRPC and HTTP, wrapping one in-process backend.
+
+Workload "sentences": SciFact claims (short queries, what the query path embeds), one sentence
+per request, driven by 8 concurrent client threads and by 1 (Triton's dynamic batching should
+raise throughput at 8). Latency = one request. Workload "documents": SciFact documents (mostly
+cut at 256 tokens) in batches of 64 from one caller, the ingestion path.
+
+    python bench/embedding.py [--json FILE] [--markdown FILE] [--seconds 10] [--triton-backend onnx-fp32]
+
+The JSON has one entry per backend (``torch``, ``onnx_fp32``, ``onnx_int8``, ``triton_grpc``,
+``triton_http``) with ``sentences_per_s``, ``p50_ms``, ``p99_ms`` at 8 clients, the same at
+1 client under ``by_clients``, ``documents_per_s``, and for Triton the ``backend`` it wraps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from embedding.base import Embedder  # noqa: E402
+from embedding.batching import BatchingEmbedder  # noqa: E402
+from embedding.onnx import OnnxEmbedder  # noqa: E402
+from embedding.sentence_transformers import SentenceTransformerEmbedder  # noqa: E402
+from embedding.triton import TritonEmbedder  # noqa: E402
+from embedding.triton_server import BACKENDS  # noqa: E402
+
+console = Console()
+CLIENTS = (1, 8)
+
+
+def load_texts(scifact: Path, docs: int) -> tuple[list[str], list[str]]:
+    with (scifact / "queries.jsonl").open(encoding="utf-8") as fh:
+        sentences = [json.loads(line)["text"] for line in fh]
+    documents = []
+    with (scifact / "corpus.jsonl").open(encoding="utf-8") as fh:
+        for line, _ in zip(fh, range(docs), strict=False):
+            doc = json.loads(line)
+            documents.append(f"{doc['title']} {doc['text']}".strip())
+    return sentences, documents
+
+
+def drive(embed: Callable[[Sequence[str]], Any], sentences: list[str], clients: int, seconds: float) -> dict[str, Any]:
+    """``clients`` threads send one sentence per request for ``seconds``; latency per request."""
+    for s in sentences[:8]:
+        embed([s])
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    start = time.perf_counter()
+    until = start + seconds
+
+    def worker(i: int) -> None:
+        k = i
+        while time.perf_counter() < until:
+            t0 = time.perf_counter()
+            embed([sentences[k % len(sentences)]])
+            latencies[i].append(time.perf_counter() - t0)
+            k += clients
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    lat_ms = np.array([x for per in latencies for x in per]) * 1000
+    return {
+        "clients": clients, "requests": int(lat_ms.size), "sentences_per_s": round(lat_ms.size / wall, 1),
+        "p50_ms": round(float(np.percentile(lat_ms, 50)), 2), "p99_ms": round(float(np.percentile(lat_ms, 99)), 2),
+    }
+
+
+def documents_per_s(embedder: Embedder, documents: list[str]) -> float:
+    embedder.embed(documents[:4])
+    t0 = time.perf_counter()
+    for i in range(0, len(documents), 64):
+        embedder.embed(documents[i : i + 64])
+    return round(len(documents) / (time.perf_counter() - t0), 1)
+
+
+def measure(
+    name: str, embedder: Embedder, sentences: list[str], documents: list[str], seconds: float
+) -> dict[str, Any]:
+    embedder.warm_up()
+    by_clients = {str(c): drive(embedder.embed, sentences, c, seconds) for c in CLIENTS}
+    row = {**{k: v for k, v in by_clients["8"].items() if k != "clients"}, "clients": 8, "by_clients": by_clients}
+    if documents:
+        row["documents_per_s"] = documents_per_s(embedder, documents)
+    console.log(f"{name}: {row}")
+    return row
+
+
+class TritonProcess:
+    """``python -m quarry.triton_cli serve`` on free ports, stopped with SIGTERM."""
+
+    def __init__(self, backend: str, cache_dir: Path, max_batch: int, delay_us: int) -> None:
+        import socket
+
+        socks = [socket.socket() for _ in range(3)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        self.http, self.grpc, self.metrics = (s.getsockname()[1] for s in socks)
+        for s in socks:
+            s.close()
+        self.log = tempfile.NamedTemporaryFile(prefix="triton-bench-", suffix=".log", delete=False)  # noqa: SIM115
+        env = {**os.environ, "QUARRY_EMBEDDING__CACHE_DIR": str(cache_dir)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "quarry.triton_cli", "serve", "--model", backend, "--address", "127.0.0.1",
+             "--http-port", str(self.http), "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics),
+             "--max-batch-size", str(max_batch), "--max-queue-delay-us", str(delay_us)],
+            cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        url = f"http://127.0.0.1:{self.http}/v2/models/minilm/ready"
+        for _ in range(600):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"triton exited; log: {self.log.name}")
+            try:
+                with urllib.request.urlopen(url, timeout=2):  # noqa: S310 - loopback
+                    return
+            except OSError:
+                time.sleep(0.5)
+        raise TimeoutError(f"triton not ready; log: {self.log.name}")
+
+    def stop(self) -> int:
+        """SIGTERM the server, wait for it; its exit code."""
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=60)
+
+
+def ratios(results: dict[str, Any]) -> dict[str, Any]:
+    base = results["torch"]
+    out: dict[str, Any] = {}
+    for name, row in results.items():
+        if not isinstance(row, dict) or "sentences_per_s" not in row or name == "torch":
+            continue
+        out[f"{name}_vs_torch_sentences"] = round(row["sentences_per_s"] / base["sentences_per_s"], 2)
+        if "documents_per_s" in row and "documents_per_s" in base:
+            out[f"{name}_vs_torch_documents"] = round(row["documents_per_s"] / base["documents_per_s"], 2)
+    for wire in ("grpc", "http"):
+        row = results.get(f"triton_{wire}")
+        if row:
+            inproc = results[row["backend"]]["by_clients"]
+            one, eight = row["by_clients"]["1"], row["by_clients"]["8"]
+            out[f"triton_{wire}_added_p50_ms_1_client"] = round(one["p50_ms"] - inproc["1"]["p50_ms"], 2)
+            out[f"triton_{wire}_batching_gain_8_vs_1"] = round(eight["sentences_per_s"] / one["sentences_per_s"], 2)
+    return out
+
+
+def table(results: dict[str, Any]) -> Table:
+    t = Table(title="Embedding backends (SciFact; sentences: 1 per request; documents: batches of 64)")
+    for col in ("backend", "clients", "sentences/s", "p50 ms", "p99 ms", "vs torch", "documents/s", "vs torch"):
+        t.add_column(col, justify="left" if col == "backend" else "right")
+    base = results["torch"]
+    for name, row in results.items():
+        if not isinstance(row, dict) or "by_clients" not in row:
+            continue
+        label = f"{name} ({row['backend']})" if "backend" in row else name
+        for clients in ("1", "8"):
+            r = row["by_clients"][clients]
+            ratio = r["sentences_per_s"] / base["by_clients"][clients]["sentences_per_s"]
+            docs = row.get("documents_per_s") if clients == "8" else None
+            doc_ratio = f"{docs / base['documents_per_s']:.2f}x" if docs and base.get("documents_per_s") else ""
+            t.add_row(label if clients == "1" else "", clients, f"{r['sentences_per_s']:.1f}", f"{r['p50_ms']:.2f}",
+                      f"{r['p99_ms']:.2f}", f"{ratio:.2f}x", f"{docs:.1f}" if docs else "", doc_ratio)
+    return t
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = ["| backend | clients | sentences/s | p50 ms | p99 ms | vs torch | documents/s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    base = results["torch"]
+    for name, row in results.items():
+        if not isinstance(row, dict) or "by_clients" not in row:
+            continue
+        label = f"{name} ({row['backend']})" if "backend" in row else name
+        for clients in ("1", "8"):
+            r = row["by_clients"][clients]
+            ratio = r["sentences_per_s"] / base["by_clients"][clients]["sentences_per_s"]
+            docs = f"{row['documents_per_s']:.1f}" if clients == "8" and "documents_per_s" in row else ""
+            lines.append(f"| {label} | {clients} | {r['sentences_per_s']:.1f} | {r['p50_ms']:.2f} | "
+                         f"{r['p99_ms']:.2f} | {ratio:.2f}x | {docs} |")
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    sentences, documents = load_texts(args.scifact, args.documents)
+    cache = args.cache_dir
+    backend_key = {"onnx-fp32": "onnx_fp32", "onnx": "onnx_int8", "onnx-int8": "onnx_int8", "torch": "torch"}
+    results: dict[str, Any] = {"config": {
+        "cpus": len(os.sched_getaffinity(0)), "seconds_per_phase": args.seconds, "documents": len(documents),
+        "sentences": len(sentences), "triton_backend": args.triton_backend, "triton_max_batch_size": args.max_batch,
+        "triton_max_queue_delay_us": args.delay_us,
+    }}
+    in_process: dict[str, Embedder] = {
+        "torch": SentenceTransformerEmbedder("all-MiniLM-L6-v2", batch_size=64, device="cpu"),
+        "onnx_fp32": OnnxEmbedder.from_url(BACKENDS["onnx-fp32"], cache, batch_size=64),
+        "onnx_int8": OnnxEmbedder.from_url(BACKENDS["onnx"], cache, batch_size=64),
+    }
+    for name, embedder in in_process.items():
+        results[name] = measure(name, embedder, sentences, documents, args.seconds)
+    if args.batched:  # Quarry's in-process dynamic batching (what the REST query path uses)
+        batched = BatchingEmbedder(in_process["onnx_int8"])
+        results["onnx_int8_batched"] = measure("onnx_int8_batched", batched, sentences, [], args.seconds)
+    del in_process
+    server = TritonProcess(args.triton_backend, cache, args.max_batch, args.delay_us)
+    try:
+        for wire, port in (("grpc", server.grpc), ("http", server.http)):
+            client = TritonEmbedder.from_url(f"triton+{wire}://127.0.0.1:{port}/minilm", timeout_s=60, batch_size=64)
+            row = measure(f"triton_{wire}", client, sentences, documents, args.seconds)
+            results[f"triton_{wire}"] = {**row, "backend": backend_key[args.triton_backend]}
+            client.close()
+    finally:
+        results["config"]["triton_exit_code"] = server.stop()
+    results["ratios"] = ratios(results)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scifact", type=Path, default=REPO.parent / "shared" / "data" / "scifact")
+    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each load phase")
+    parser.add_argument("--documents", type=int, default=256, help="SciFact documents for documents/s (0: skip)")
+    parser.add_argument("--triton-backend", default="onnx-fp32", choices=["onnx-fp32", "onnx", "torch"])
+    parser.add_argument("--max-batch", type=int, default=64, help="Triton max batch size")
+    parser.add_argument("--delay-us", type=int, default=0, help="Triton max queue delay (microseconds)")
+    parser.add_argument("--batched", action="store_true", help="also measure onnx_int8 behind BatchingEmbedder")
+    parser.add_argument("--cache-dir", type=Path, default=REPO / "data" / "models", help="ONNX export cache")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--markdown", type=Path, default=None)
+    args = parser.parse_args()
+    results = run(args)
+    console.print(table(results))
+    console.print(results["ratios"])
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    if args.markdown:
+        args.markdown.write_text(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
