@@ -131,3 +131,27 @@ def names(store: VectorStore) -> Iterator[Callable[[], str]]:
 def coll(names: Callable[[], str]) -> str:
     """A unique collection name (not created), dropped after the test."""
     return names()
+
+
+def backend_by_id(backend_id: str) -> Backend:
+    """The :data:`BACKENDS` entry with this id."""
+    return next(b for b in BACKENDS if b.id == backend_id)
+
+
+@pytest.fixture()
+def milvus_server() -> Iterator[VectorStore]:
+    """A store on the Milvus server of the contract suite (fails when it is not running)."""
+    b = backend_by_id("milvus-server")
+    url = b.url(Path())
+    _require_service(b, url)
+    opened = open_store(url)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture()
+def milvus_lite(tmp_path: Path) -> Iterator[VectorStore]:
+    """A fresh Milvus Lite store in a temporary directory."""
+    opened = open_store(backend_by_id("milvus-lite").url(tmp_path))
+    yield opened
+    opened.close()

@@ -1,0 +1,230 @@
+"""Milvus-specific checks: the expression compiler, Lite limits, and the 2.3 server's index builds."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from quarry.errors import (
+    CollectionNotFound,
+    ConfigError,
+    IndexBuildFailed,
+    InvalidFilter,
+    UnsupportedIndex,
+)
+from stores.base import IndexSpec, VectorRecord, VectorStore
+from stores.factory import open_store
+from stores.filters import And, Eq, In, Or, Range
+from stores.milvus_expr import compile_filter, decode_id, encode_id, quote_str
+
+REPO = Path(__file__).resolve().parents[2]
+DIM = 16
+
+
+def unit(n: int, seed: int = 0, dim: int = DIM) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def fill(store: VectorStore, name: str, n: int, **kwargs: object) -> np.ndarray:
+    data = unit(n, dim=int(kwargs.get("dim", DIM)))  # type: ignore[call-overload]
+    store.create_collection(name, data.shape[1])
+    for start in range(0, n, 5000):
+        store.upsert(
+            name,
+            [VectorRecord(f"r{i}", data[i], {"i": i}) for i in range(start, min(start + 5000, n))],
+        )
+    return data
+
+
+@pytest.fixture()
+def name() -> str:
+    return f"m_{uuid.uuid4().hex[:12]}"
+
+
+# -- the expression compiler (no engine) ---------------------------------------------------
+
+
+def test_string_literals_are_escaped() -> None:
+    assert quote_str('a"b', lite=True) == '"a\\"b"'
+    assert quote_str("a\\b", lite=True) == '"a\\\\b"'
+    assert quote_str('" or 1==1 or "', lite=True) == '"\\" or 1==1 or \\""'
+    assert quote_str("a\nb", lite=False) == '"a\\nb"'
+    with pytest.raises(InvalidFilter, match="line breaks"):
+        quote_str("a\nb", lite=True)
+
+
+def test_compiled_filters() -> None:
+    assert compile_filter(Eq("tag", "x"), lite=True) == '(payload["tag"] == "x" or json_contains(payload["tag"], "x"))'
+    assert compile_filter(Range("n", gte=1, lt=2.5), lite=True) == ('(payload["n"] >= 1 and payload["n"] < 2.5)')
+    mixed = compile_filter(In("v", ("a", 1, True)), lite=True)
+    assert mixed.count(" in [") == 3, "one in-clause per value type (Milvus asserts on mixes)"
+    nested = compile_filter(Or((And((Eq("a", 1), Eq("b", False))), Eq("c", 2.0))), lite=True)
+    assert nested.startswith("((") and "false" in nested and "2.0" in nested
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [Eq('a"]==1 or payload["b', 1), Eq("1abc", 1), Range("n", lt=float("nan")), Eq("n", float("inf"))],
+)
+def test_bad_fields_and_numbers_are_rejected(bad: Eq | Range) -> None:
+    with pytest.raises(InvalidFilter):
+        compile_filter(bad, lite=False)
+
+
+def test_id_encoding_round_trips() -> None:
+    rnd = random.Random(0)
+    alphabet = "ab%'\"\\\n\t\x00\x7f中é %41%%"
+    for _ in range(2000):
+        raw = "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 12)))
+        key = encode_id(raw)
+        assert decode_id(key) == raw
+        assert not set(key) & set("'\"\\\n\t\x00\x7f")
+    assert encode_id("doc-1#0") == "doc-1#0"
+
+
+# -- Milvus Lite -------------------------------------------------------------------------------
+
+
+def test_url_forms() -> None:
+    with pytest.raises(ConfigError):
+        open_store("milvus:///tmp/not-a-db-file")
+    with pytest.raises(ConfigError):
+        open_store("milvus://")
+
+
+def test_lite_refuses_hnsw_pq_diskann_fast(milvus_lite: VectorStore, name: str) -> None:
+    fill(milvus_lite, name, 200)
+    assert milvus_lite.capabilities().index_kinds == {"FLAT", "IVF_FLAT"}
+    for kind in ("HNSW", "IVF_PQ", "DISKANN"):
+        start = time.monotonic()
+        with pytest.raises(UnsupportedIndex, match=kind):
+            milvus_lite.build_index(name, IndexSpec(kind))  # type: ignore[arg-type]
+        assert time.monotonic() - start < 2.0
+    with pytest.raises(UnsupportedIndex, match="metric"):
+        milvus_lite.build_index(name, IndexSpec("IVF_FLAT", metric="l2", params={"nlist": 4}))
+    assert milvus_lite.count(name) == 200 and milvus_lite.describe_index(name) is None
+
+
+def test_lite_line_break_filter_is_rejected_not_ignored(milvus_lite: VectorStore, name: str) -> None:
+    milvus_lite.create_collection(name, DIM)
+    milvus_lite.upsert(name, [VectorRecord("a", unit(1)[0], {"s": "x\ny"})])
+    with pytest.raises(InvalidFilter):
+        milvus_lite.count(name, Eq("s", "x\ny"))
+
+
+def test_lite_ivf_flat_keeps_search_params(milvus_lite: VectorStore, name: str) -> None:
+    data = fill(milvus_lite, name, 2000)
+    spec = IndexSpec("IVF_FLAT", params={"nlist": 16}, search_params={"nprobe": 16})
+    milvus_lite.build_index(name, spec, timeout_s=120)
+    assert milvus_lite.describe_index(name) == spec
+    hits = milvus_lite.search(name, data[:5], 3)
+    assert [h[0].id for h in hits] == [f"r{i}" for i in range(5)]
+
+
+def test_lite_file_is_held_by_one_process(tmp_path: Path) -> None:
+    url = f"milvus://{tmp_path}/held.db"
+    probe = (
+        "import sys\nfrom quarry.errors import StoreUnavailable\nfrom stores.factory import open_store\n"
+        "try:\n    open_store(sys.argv[1]).close()\nexcept StoreUnavailable as exc:\n"
+        "    print(exc)\n    sys.exit(7)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def other_process() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", probe, url],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    store = open_store(url)
+    try:
+        held = other_process()
+        assert held.returncode == 7, held.stderr[-2000:]
+        assert "another process" in held.stdout
+    finally:
+        store.close()
+    assert other_process().returncode == 0, "closing the last store frees the file"
+
+
+def test_lite_alias_table_is_hidden(milvus_lite: VectorStore, name: str) -> None:
+    milvus_lite.create_collection(name, DIM)
+    milvus_lite.set_alias(f"{name}_live", name)
+    assert milvus_lite.list_collections() == [name]
+    assert not milvus_lite.has_collection("_quarry_meta")
+    with pytest.raises(CollectionNotFound):
+        milvus_lite.count("_quarry_meta")
+    milvus_lite.drop_collection(name)
+    assert not milvus_lite.has_collection(f"{name}_live"), "dropping drops its aliases"
+
+
+# -- Milvus 2.3 server ---------------------------------------------------------------------
+
+
+@pytest.fixture()
+def server_coll(milvus_server: VectorStore, name: str) -> Iterator[str]:
+    yield name
+    milvus_server.drop_collection(name)
+
+
+@pytest.mark.integration
+def test_server_diskann_stall_is_rolled_back(milvus_server: VectorStore, server_coll: str) -> None:
+    data = fill(milvus_server, server_coll, 3000)
+    start = time.monotonic()
+    try:
+        milvus_server.build_index(server_coll, IndexSpec("DISKANN"), timeout_s=20)
+    except IndexBuildFailed as exc:
+        assert "DISKANN" in str(exc)
+    else:  # a future server that builds it is fine too; it must then be a real index
+        spec = milvus_server.describe_index(server_coll)
+        assert spec is not None and spec.kind == "DISKANN"
+        return
+    assert time.monotonic() - start < 60, "bounded by the timeout (plus the rollback)"
+    assert milvus_server.describe_index(server_coll) is None
+    assert milvus_server.count(server_coll) == 3000
+    assert milvus_server.search(server_coll, data[:1], 3)[0][0].id == "r0"
+    hnsw = IndexSpec("HNSW", params={"M": 16, "efConstruction": 64}, search_params={"ef": 8})
+    milvus_server.build_index(server_coll, hnsw, timeout_s=120)
+    assert milvus_server.describe_index(server_coll) == hnsw
+    hits = milvus_server.search(server_coll, data[:2], 50)
+    assert [len(h) for h in hits] == [50, 50], "ef is raised to top_k"
+    assert [h[0].id for h in hits] == ["r0", "r1"]
+
+
+@pytest.mark.integration
+def test_server_ivf_pq_and_bad_params(milvus_server: VectorStore, server_coll: str) -> None:
+    data = fill(milvus_server, server_coll, 3000)
+    start = time.monotonic()
+    with pytest.raises(UnsupportedIndex):
+        milvus_server.build_index(server_coll, IndexSpec("HNSW", params={"M": 100000}))
+    assert time.monotonic() - start < 10
+    assert milvus_server.describe_index(server_coll) is None
+    pq = IndexSpec("IVF_PQ", params={"nlist": 16, "m": 4, "nbits": 8}, search_params={"nprobe": 16})
+    milvus_server.build_index(server_coll, pq, timeout_s=120)
+    assert milvus_server.describe_index(server_coll) == pq
+    assert len(milvus_server.search(server_coll, data[:1], 10)[0]) == 10
+
+
+@pytest.mark.integration
+def test_server_matches_line_breaks_and_drops_aliases(milvus_server: VectorStore, server_coll: str) -> None:
+    milvus_server.create_collection(server_coll, DIM)
+    milvus_server.upsert(server_coll, [VectorRecord("a", unit(1)[0], {"s": "x\ny"})])
+    assert milvus_server.count(server_coll, Eq("s", "x\ny")) == 1
+    alias = f"{server_coll}_live"
+    milvus_server.set_alias(alias, server_coll)
+    milvus_server.drop_collection(server_coll)
+    assert not milvus_server.has_collection(alias), "Milvus 2.3 would leave a dangling alias"
