@@ -11,7 +11,8 @@ measure recall@10 against the exact ground truth. ``hnswlib`` runs on the same d
 process with ``M``/``efConstruction``/``ef`` equal to the planner's HNSW parameters, and once more
 over an ``ef`` sweep so each backend can be compared at equal recall: ``x hnswlib`` is the
 backend's QPS over hnswlib's QPS at the smallest swept ``ef`` whose recall is at least the
-backend's (hnswlib's best recall when no ``ef`` reaches it). ``batch QPS`` is one
+backend's (hnswlib's best recall when no ``ef`` reaches it), re-measured right after the
+backend's loop so both run under the same machine load. ``batch QPS`` is one
 ``search`` call with all 1k queries (the engine may use its threads; hnswlib uses one), which
 shows the engine's throughput without the per-call round trip.
 
@@ -68,6 +69,8 @@ class Result:
     batch_qps: float = 0.0
     vs_hnswlib: float | None = None
     hnswlib_ef: int | None = None
+    hnswlib_recall: float | None = None
+    hnswlib_qps: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form: ``recall@10``, ``qps``, ``build_s`` and the other fields."""
@@ -139,39 +142,47 @@ def _bench_open_store(store: VectorStore, name: str, data: AnnDataset) -> Result
     )
 
 
-def bench_hnswlib(data: AnnDataset) -> tuple[Result, list[tuple[int, float, float]]]:
-    """Run hnswlib at the planner's HNSW parameters, plus an ``ef`` sweep ``(ef, recall, qps)``."""
-    n, dim = data.base.shape
-    m, ef = hnsw_m(n, dim), hnsw_ef(n, TOP_K)
-    t0 = time.perf_counter()
-    index = hnswlib.Index(space="ip", dim=dim)
-    index.init_index(max_elements=n, M=m, ef_construction=200, random_seed=100)
-    index.add_items(data.base, np.arange(n))
-    build_s = time.perf_counter() - t0
-    index.set_num_threads(1)
+class HnswBaseline:
+    """hnswlib on the same data: built once, re-measured next to each backend (same load)."""
 
-    def run(ef_value: int) -> tuple[float, float]:
-        index.set_ef(ef_value)
-        found, qps = query_loop(lambda q: index.knn_query(q, k=TOP_K)[0][0], data.queries)
-        return recall_at_k(found, data.groundtruth, TOP_K), qps
+    def __init__(self, data: AnnDataset) -> None:
+        """Build the index with the planner's HNSW ``M``/``efConstruction`` for this data size."""
+        n, dim = data.base.shape
+        self.data, self.m, self.ef = data, hnsw_m(n, dim), hnsw_ef(n, TOP_K)
+        t0 = time.perf_counter()
+        self.index = hnswlib.Index(space="ip", dim=dim)
+        self.index.init_index(max_elements=n, M=self.m, ef_construction=200, random_seed=100)
+        self.index.add_items(data.base, np.arange(n))
+        self.build_s = time.perf_counter() - t0
+        self.index.set_num_threads(1)
+        self.sweep = [(e, *self.run(e)) for e in EF_SWEEP]
 
-    sweep = [(e, *run(e)) for e in EF_SWEEP]
-    recall, qps = run(ef)
-    t0 = time.perf_counter()
-    index.knn_query(data.queries, k=TOP_K)
-    batch_qps = len(data.queries) / (time.perf_counter() - t0)
-    params = f"M={m}, efConstruction=200, ef={ef}"
-    return Result("HNSW", params, 0.0, build_s, qps, recall, batch_qps), sweep
+    def run(self, ef: int) -> tuple[float, float]:
+        """``(recall@10, QPS)`` of a single-query loop at ``ef``."""
+        self.index.set_ef(ef)
+        found, qps = query_loop(lambda q: self.index.knn_query(q, k=TOP_K)[0][0], self.data.queries)
+        return recall_at_k(found, self.data.groundtruth, TOP_K), qps
+
+    def result(self) -> Result:
+        """The baseline row at the planner's parameters."""
+        recall, qps = self.run(self.ef)
+        self.index.set_num_threads(1)
+        t0 = time.perf_counter()
+        self.index.knn_query(self.data.queries, k=TOP_K)
+        batch_qps = len(self.data.queries) / (time.perf_counter() - t0)
+        params = f"M={self.m}, efConstruction=200, ef={self.ef}"
+        return Result("HNSW", params, 0.0, self.build_s, qps, recall, batch_qps)
+
+    def attach_ratio(self, result: Result) -> None:
+        """Compare with hnswlib, measured now, at the smallest swept ``ef`` reaching the recall."""
+        reaching = [point for point in self.sweep if point[1] >= result.recall]
+        ef = (reaching[0] if reaching else max(self.sweep, key=lambda p: (p[1], p[2])))[0]
+        recall, qps = self.run(ef)
+        result.hnswlib_ef, result.hnswlib_recall, result.hnswlib_qps = ef, recall, qps
+        result.vs_hnswlib = result.qps / qps
 
 
-def attach_ratio(result: Result, sweep: list[tuple[int, float, float]]) -> None:
-    """Compare with hnswlib at the smallest swept ``ef`` reaching the backend's recall."""
-    reaching = [point for point in sweep if point[1] >= result.recall]
-    ef, _, qps = reaching[0] if reaching else max(sweep, key=lambda p: (p[1], p[2]))
-    result.vs_hnswlib, result.hnswlib_ef = result.qps / qps, ef
-
-
-def render(results: dict[str, Result], sweep: list[tuple[int, float, float]], data: AnnDataset) -> Table:
+def render(results: dict[str, Result], data: AnnDataset) -> Table:
     n, dim = data.base.shape
     title = f"{n:,} x {dim} (cosine), top_k={TOP_K}, single-query loop, 1 client"
     table = Table(title=title)
@@ -180,13 +191,11 @@ def render(results: dict[str, Result], sweep: list[tuple[int, float, float]], da
         table.add_column(col, justify="left" if col in ("backend", "index", "params") else "right")
     table.add_column("x hnswlib", justify="right")
     table.add_column("hnswlib at equal recall", justify="right")
-    points = {ef: (recall, qps) for ef, recall, qps in sweep}
     for name, r in results.items():
         ratio, ref = "-", "-"
-        if r.vs_hnswlib is not None and r.hnswlib_ef is not None:
-            ref_recall, ref_qps = points[r.hnswlib_ef]
+        if r.vs_hnswlib is not None:
             ratio = f"{r.vs_hnswlib:.2f}x"
-            ref = f"ef={r.hnswlib_ef}: {ref_recall:.4f}, {ref_qps:,.0f} QPS"
+            ref = f"ef={r.hnswlib_ef}: {r.hnswlib_recall:.4f}, {r.hnswlib_qps:,.0f} QPS"
         table.add_row(
             name,
             r.kind,
@@ -239,22 +248,22 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=None if sys.stdout.isatty() else 170)
     data = load_ann_dataset(args.data, n_base=args.n_base)
     console.print(f"data: {len(data.base):,} x {data.dim}, {len(data.queries):,} queries")
-    baseline, sweep = bench_hnswlib(data)
+    baseline = HnswBaseline(data)
     results: dict[str, Result] = {}
     with tempfile.TemporaryDirectory(prefix="quarry-bench-") as tmp:
         urls = backend_urls(args, Path(tmp))
         for name in args.backends:
             console.print(f"[bold]{name}[/bold]: {urls[name]}")
             results[name] = bench_store(urls[name], data)
-            attach_ratio(results[name], sweep)
-    results["hnswlib"] = baseline
-    attach_ratio(baseline, sweep)
-    console.print(render(results, sweep, data))
+            baseline.attach_ratio(results[name])
+    results["hnswlib"] = baseline.result()
+    baseline.attach_ratio(results["hnswlib"])
+    console.print(render(results, data))
     if args.markdown:
         args.markdown.write_text(markdown(results))
     if args.json:
         payload: dict[str, Any] = {name: r.to_json() for name, r in results.items()}
-        payload["hnswlib"]["ef_sweep"] = [{"ef": ef, "recall@10": rec, "qps": qps} for ef, rec, qps in sweep]
+        payload["hnswlib"]["ef_sweep"] = [{"ef": ef, "recall@10": rec, "qps": qps} for ef, rec, qps in baseline.sweep]
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
         console.print(f"wrote {args.json}")
     return 0
