@@ -15,15 +15,15 @@ from embedding.factory import open_embedder
 from indexing.collections import NAME, CollectionConfig
 from indexing.docstore import DocStore
 from indexing.pipeline import Ingestor, IngestReport, Progress
-from indexing.planner import IndexPlan
+from indexing.planner import GIB, IndexPlan, plan_for_store
 from indexing.sources import SourceDocument
-from quarry.errors import CollectionExists, CollectionNotFound, InvalidRequest, UnsupportedIndex
+from quarry.errors import CollectionExists, CollectionNotFound, InvalidRequest
 from quarry.settings import Settings
 from rerank.base import Reranker
 from retrieval.bm25_registry import BM25Registry
 from retrieval.search import Mode, RerankOptions, Searcher, SearchResult
 from retrieval.text import LANGUAGES, Language
-from stores.base import IndexSpec, VectorStore
+from stores.base import VectorStore
 from stores.factory import open_store
 from stores.filters import parse_filter
 
@@ -112,26 +112,34 @@ class Quarry:
         )
         self.store.create_collection(name, cfg.dim, cfg.metric)
         try:
-            spec = self._default_index()
-            self.store.build_index(name, spec, timeout_s=self.settings.store.index_build_timeout_s)
-            cfg.index = {
-                "kind": spec.kind, "params": spec.params, "search_params": spec.search_params,
-                "reason": "default for a new collection; `quarry index plan|apply -c NAME` re-plans by size",
-            }
+            plan = self._plan(0, cfg.dim)
+            self.store.build_index(name, plan.spec, timeout_s=self.settings.store.index_build_timeout_s)
+            cfg.index = _index_record(plan)
             self.docstore.put_collection(name, cfg.to_json())
         except BaseException:
             self.store.drop_collection(name)
             raise
         return cfg
 
-    def _default_index(self) -> IndexSpec:
-        kinds = self.store.capabilities().index_kinds
-        ef = max(128, self.searcher.window)
-        if "HNSW" in kinds:
-            return IndexSpec("HNSW", "cosine", {"M": 16, "efConstruction": 200}, {"ef": ef})
-        if "FLAT" in kinds:
-            return IndexSpec("FLAT", "cosine")
-        raise UnsupportedIndex(f"the store builds neither HNSW nor FLAT (it builds {sorted(kinds)})")
+    def _plan(self, n_vectors: int, dim: int) -> IndexPlan:
+        budget = int(self.settings.store.memory_budget_gib * GIB)
+        return plan_for_store(self.store, n_vectors, dim, budget, top_k=self.searcher.depth)
+
+    def replan_index(self, name: str) -> IndexPlan | None:
+        """Re-plan the index for the collection's current size; rebuild it if the kind changed.
+
+        Called after every ingestion that wrote vectors, so a collection moves from exact search
+        to HNSW (or IVF) as it grows, as the planner decides for this engine.
+
+        Returns:
+            The new plan when the index was rebuilt, else ``None``.
+        """
+        cfg = self.get_collection(name)
+        plan = self._plan(self.store.count(name), cfg.dim)
+        if plan.spec.kind == cfg.index.get("kind"):
+            return None
+        self.apply_index(name, plan)
+        return plan
 
     def apply_index(self, name: str, plan: IndexPlan) -> None:
         """Build a planned index on a collection and record it (and the planner's reasons).
@@ -142,7 +150,7 @@ class Quarry:
         """
         cfg = self.get_collection(name)
         self.store.build_index(name, plan.spec, timeout_s=self.settings.store.index_build_timeout_s)
-        cfg.index = {**plan.to_dict(), "kind": plan.spec.kind}
+        cfg.index = _index_record(plan)
         self.docstore.put_collection(name, cfg.to_json())
 
     def get_collection(self, name: str) -> CollectionConfig:
@@ -179,8 +187,11 @@ class Quarry:
 
     # --- documents ---------------------------------------------------------------------
     def upsert(self, name: str, docs: Sequence[SourceDocument], progress: Progress | None = None) -> IngestReport:
-        """Insert or replace documents (see :class:`indexing.pipeline.Ingestor`)."""
-        return self.ingestor.upsert(self.get_collection(name), docs, progress)
+        """Insert or replace documents (see :class:`indexing.pipeline.Ingestor`), then re-plan the index."""
+        report = self.ingestor.upsert(self.get_collection(name), docs, progress)
+        if report.chunks_written:
+            self.replan_index(name)
+        return report
 
     def delete_documents(self, name: str, document_ids: Sequence[str]) -> IngestReport:
         """Delete documents by id from both channels."""
@@ -211,6 +222,15 @@ class Quarry:
         return self.searcher.search(
             cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank
         )
+
+
+def _index_record(plan: IndexPlan) -> dict[str, Any]:
+    """What a collection's description shows of its index: the spec, the plan and why."""
+    return {
+        "kind": plan.spec.kind, "params": plan.spec.params, "search_params": plan.spec.search_params,
+        "ideal": plan.ideal, "reason": plan.reason, "fallback_reason": plan.fallback_reason,
+        "planned_for_vectors": plan.n_vectors, "estimated_bytes": plan.estimated_bytes, "engine": plan.engine,
+    }
 
 
 def _open_reranker(settings: Settings) -> Reranker | None:

@@ -1,11 +1,12 @@
 """The query path: BM25 and dense recall, grouped by document, fused by RRF, optionally reranked.
 
-Each channel fetches the same fixed depth of chunks, ``rank_window_size`` (as Elasticsearch's
-RRF retriever does), so a page ``[offset, offset + top_k)`` is always a slice of one and the
-same fused list: joined pages equal the top-``(offset + top_k)`` list. Hits are grouped by
-document by default (a document's best chunk stands for it), since relevance is judged per
-document. In hybrid mode a failing embedder degrades the query to BM25 only, and the response
-says so; in dense mode the error propagates (503).
+Each channel fetches a fixed depth of chunks (``DEPTH_FACTOR × rank_window_size``), groups them
+by document and keeps ``rank_window_size`` hits (as Elasticsearch's RRF retriever does), so a page
+``[offset, offset + top_k)`` is always a slice of one and the same fused list: joined pages equal
+the top-``(offset + top_k)`` list. Hits are grouped by document by default (a document's best
+chunk stands for it), since relevance is judged per document. In hybrid mode a failing embedder
+degrades the query to BM25 only, and the response says so; in dense mode the error propagates
+(503).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from stores.filters import Filter, matches
 
 Mode = Literal["bm25", "dense", "hybrid"]
 MODES: tuple[Mode, ...] = ("bm25", "dense", "hybrid")
+DEPTH_FACTOR = 2  # chunks fetched per channel = DEPTH_FACTOR × rank_window_size
 
 
 @dataclass(frozen=True)
@@ -97,8 +99,17 @@ class Searcher:
 
     @property
     def window(self) -> int:
-        """``rank_window_size``: chunks fetched per channel; ``offset + top_k`` may not exceed it."""
+        """``rank_window_size``: hits per channel to fuse; ``offset + top_k`` may not exceed it."""
         return self._settings.candidates
+
+    @property
+    def depth(self) -> int:
+        """Chunks fetched per channel: ``DEPTH_FACTOR × window``.
+
+        After grouping chunks by document a channel then still fills its window with distinct
+        documents; the depth is fixed, so pages stay slices of one list.
+        """
+        return self._settings.candidates * DEPTH_FACTOR
 
     def search(  # noqa: PLR0913 - these are the request's fields
         self,
@@ -169,13 +180,13 @@ class Searcher:
     def _bm25_channel(self, cfg: CollectionConfig, query: str, flt: Filter | None, group: bool) -> list[ChannelHit]:
         index = self._bm25.get(cfg.name)
         keep = None if flt is None else (lambda payload: matches(flt, payload))
-        hits = index.search(tokenize(query, cfg.language), self.window, keep)
-        return _ranked([(h.chunk_id, h.document_id, h.score) for h in hits], group)
+        hits = index.search(tokenize(query, cfg.language), self.depth, keep)
+        return _ranked([(h.chunk_id, h.document_id, h.score) for h in hits], group)[: self.window]
 
     def _dense_channel(self, cfg: CollectionConfig, query: str, flt: Filter | None, group: bool) -> list[ChannelHit]:
         vectors = self._embedder.embed([query]).vectors
-        found = self._store.search(cfg.name, vectors, self.window, flt)[0]
-        return _ranked([(h.id, str(h.payload.get("document_id", "")), h.score) for h in found], group)
+        found = self._store.search(cfg.name, vectors, self.depth, flt)[0]
+        return _ranked([(h.id, str(h.payload.get("document_id", "")), h.score) for h in found], group)[: self.window]
 
     def _fuse(self, channels: dict[str, list[ChannelHit]]) -> list[dict[str, Any]]:
         by_channel = {name: {h.key: h for h in hits} for name, hits in channels.items()}
