@@ -15,12 +15,14 @@ from rich.table import Table
 
 from quarry.errors import QuarryError
 from quarry.settings import Settings, get_settings
+from quarry.triton_cli import app as triton_app
 
 app = typer.Typer(help="Quarry: hybrid BM25 + dense retrieval service.", no_args_is_help=True)
 collections_app = typer.Typer(help="Manage collections.", no_args_is_help=True)
 app.add_typer(collections_app, name="collections")
 index_app = typer.Typer(help="Plan and build vector indexes by data size.", no_args_is_help=True)
 app.add_typer(index_app, name="index")
+app.add_typer(triton_app, name="triton")
 err = Console(stderr=True)
 out = Console()
 

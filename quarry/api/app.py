@@ -8,6 +8,7 @@ and store calls never block the event loop, and the single :class:`~quarry.servi
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -28,10 +29,11 @@ from quarry.api.models import (
     SearchOut,
     UpsertDocuments,
 )
-from quarry.errors import InvalidDocument, InvalidRequest, QuarryError
+from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, QuarryError
 from quarry.service import Quarry
 from retrieval.search import RerankOptions
 
+log = logging.getLogger(__name__)
 REQUESTS = Counter("quarry_requests_total", "HTTP requests", ["route", "status"])
 LATENCY = Histogram("quarry_request_seconds", "HTTP request latency (seconds)", ["route"])
 
@@ -58,7 +60,10 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service = quarry if isinstance(quarry, Quarry) else await run_in_threadpool(quarry)
         app.state.quarry = service
-        await run_in_threadpool(service.warm_up)
+        try:
+            await run_in_threadpool(service.warm_up)
+        except EmbeddingUnavailable as exc:  # serve BM25 meanwhile; dense retries per request
+            log.warning("embedding server unavailable at startup: %s", exc.message)
         app.state.ready = True
         yield
         app.state.ready = False

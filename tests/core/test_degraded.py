@@ -1,0 +1,60 @@
+"""The embedding server is down: ingestion fails typed and writes nothing; search degrades."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from embedding.triton import TritonEmbedder
+from indexing.sources import SourceDocument
+from quarry.api import create_app
+from quarry.errors import EmbeddingUnavailable
+from quarry.service import Quarry
+from quarry.settings import Settings
+from tests.core.conftest import CountingEmbedder
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again when the socket goes: nothing listens there
+
+
+@pytest.fixture()
+def down(tmp_path: Path, counting: CountingEmbedder, scifact_docs: list[SourceDocument]) -> Iterator[Quarry]:
+    settings = Settings(data_dir=tmp_path)
+    up = Quarry(settings, embedder=counting)
+    up.create_collection("docs")
+    up.upsert("docs", scifact_docs[:30])
+    up.close()
+    # the same data, now with a real Triton client pointed at a server that is not running
+    dead = TritonEmbedder.from_url(f"triton+grpc://127.0.0.1:{_closed_port()}/minilm", timeout_s=1.0)
+    quarry = Quarry(settings, embedder=dead)
+    yield quarry
+    quarry.close()
+
+
+def test_ingestion_fails_typed_and_writes_nothing(down: Quarry) -> None:
+    before = down.describe("docs")
+    with pytest.raises(EmbeddingUnavailable, match="127.0.0.1"):
+        down.upsert("docs", [SourceDocument("new", "a brand new document")])
+    assert down.describe("docs") == before
+
+
+def test_search_degrades_to_bm25_or_returns_503(down: Quarry, scifact_docs: list[SourceDocument]) -> None:
+    with TestClient(create_app(down), raise_server_exceptions=False) as client:
+        url = "/v1/collections/docs/search"
+        r = client.post(url, json={"query": scifact_docs[4].title, "mode": "hybrid"})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["hits"][0]["document_id"] == scifact_docs[4].id
+        assert body["degraded"] and "BM25 only" in body["degraded"][0]
+        assert set(body["hits"][0]["explain"]) == {"bm25"}  # one channel left: its own scores, no fusion
+        dense = client.post(url, json={"query": "anything", "mode": "dense"})
+        assert dense.status_code == 503 and dense.json()["error"]["type"] == "EmbeddingUnavailable"
+        assert dense.json()["error"]["retryable"] is True
+        assert client.get("/readyz").status_code == 200  # the store is fine; readiness is about the store
