@@ -1,8 +1,12 @@
 """Milvus backend: Milvus Lite (``milvus:///abs/path.db``) and a Milvus server (``milvus://host:19530``).
 
 Collections: ``id`` VARCHAR(512) primary key, ``vector`` FLOAT_VECTOR(dim), ``payload`` JSON
-(:mod:`stores.milvus_mapping`). Every read uses ``Strong`` consistency, so it sees every earlier
-write. Filters compile to escaped Milvus expressions (:mod:`stores.milvus_expr`).
+(:mod:`stores.milvus_mapping`). Reads use ``Strong`` consistency by default, so they see every
+earlier write. On a server a Strong read waits for the next time tick (~200 ms per search with the
+default ``timeTickInterval``); ``?consistency=Session`` in the URL keeps read-your-writes for this
+process's own writes without that wait (writes of other processes show up within a tick or so;
+pymilvus records no timestamp for deletes, so after a delete the next read is Strong).
+Filters compile to escaped Milvus expressions (:mod:`stores.milvus_expr`).
 
 Scores are higher-is-better: ``cosine`` similarity, ``ip`` inner product, and for ``l2`` the
 negated Euclidean distance (Milvus ``L2`` answers *squared* distances; we take the root so that
@@ -27,6 +31,7 @@ process (the only process); on a server they are read per call, so other writers
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -34,7 +39,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from quarry.errors import (
     CollectionExists,
@@ -87,33 +92,40 @@ SERVER_KINDS: frozenset[IndexKind] = frozenset({"FLAT", "HNSW", "IVF_FLAT", "IVF
 _BATCH = 1000
 _MAX_TOP_K = 16384
 _POLL_S = 0.2
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 
 
 class MilvusStore:
     """:class:`~stores.base.VectorStore` on Milvus Lite or a Milvus server (via ``pymilvus``)."""
 
-    def __init__(self, client: Any, *, lite: bool, uri: str) -> None:
+    def __init__(self, client: Any, *, lite: bool, uri: str, consistency: str = "Strong") -> None:
         """Wrap a connected ``pymilvus.MilvusClient``; use :meth:`from_url` instead."""
         self._client = client
+        self._consistency = consistency
         self._lite = lite
         self._uri = uri
         self._lock = threading.Lock()
         self._infos: dict[str, CollectionInfo] = {}
         self._specs: dict[str, IndexSpec | None] = {}
         self._closed = False
+        self._strong_next: set[str] = set()
         self._aliases: Aliases = LiteAliases(client) if lite else ServerAliases(client)
 
     @classmethod
     def from_url(cls, url: str) -> MilvusStore:
         """Open ``milvus:///abs/path.db`` (Milvus Lite) or ``milvus://host:port`` (server).
 
+        The query may set the read consistency: ``?consistency=Strong`` (default), ``Session``,
+        ``Bounded`` or ``Eventually``.
+
         Raises:
-            ConfigError: The URL names neither a path nor a host.
+            ConfigError: The URL names neither a path nor a host, or an unknown consistency.
             StoreUnavailable: The server cannot be reached, or another process holds the Lite file.
         """
         parts = urlsplit(url)
         if parts.scheme.lower() != "milvus":
             raise ConfigError(f"not a Milvus URL: {url!r}")
+        consistency = _consistency(parts.query)
         if parts.netloc:
             uri, lite = f"http://{parts.hostname}:{parts.port or 19530}", False
         elif parts.path.endswith(".db"):
@@ -130,7 +142,7 @@ class MilvusStore:
         if lite:
             _lite_acquire(uri)
         try:
-            return cls(client, lite=lite, uri=uri)
+            return cls(client, lite=lite, uri=uri, consistency=consistency)
         except Exception:
             client.close()
             if lite:
@@ -167,6 +179,7 @@ class MilvusStore:
         """
         if dim < 1 or metric not in METRICS:
             raise InvalidRequest(f"invalid collection spec: dim={dim}, metric={metric!r}")
+        _check_name(name)
         if name == META_COLLECTION or self.has_collection(name):
             raise CollectionExists(name)
         schema = new_schema(dim, metric)
@@ -228,6 +241,7 @@ class MilvusStore:
         for start in range(0, len(keys), _BATCH):
             with wrapped("delete", name):
                 self._client.delete(info.name, filter=ids_expr(keys[start : start + _BATCH]))
+        self._deleted(info.name)
 
     def delete_by_filter(self, name: str, flt: Filter) -> None:
         """Delete every record whose payload matches ``flt``.
@@ -239,28 +253,34 @@ class MilvusStore:
         expr = compile_filter(flt, lite=self._lite)
         with wrapped("delete", name):
             self._client.delete(info.name, filter=expr)
+        self._deleted(info.name)
 
     def get(self, name: str, ids: Sequence[str]) -> list[VectorRecord]:
         """Fetch records by id in the order of ``ids`` (missing ids skipped, duplicates once)."""
         info = self._info(name)
         keys = list(dict.fromkeys(encode_id(i) for i in ids))
         found: dict[str, VectorRecord] = {}
+        level = self._level(info.name)
         for start in range(0, len(keys), _BATCH):
             with wrapped("get", name):
                 rows = self._client.query(
                     info.name,
+                    consistency_level=level,
                     filter=ids_expr(keys[start : start + _BATCH]),
                     output_fields=["id", "vector", "payload"],
                 )
             found.update((row["id"], to_record(row)) for row in rows)
+        self._settled(info.name, level)
         return [found[k] for k in keys if k in found]
 
     def count(self, name: str, flt: Filter | None = None) -> int:
         """Number of records, optionally only those matching ``flt``."""
         info = self._info(name)
         expr = compile_filter(flt, lite=self._lite) if flt is not None else ""
+        level = self._level(info.name)
         with wrapped("count", name):
-            rows = self._client.query(info.name, filter=expr, output_fields=["count(*)"])
+            rows = self._client.query(info.name, filter=expr, output_fields=["count(*)"], consistency_level=level)
+        self._settled(info.name, level)
         return int(rows[0]["count(*)"])
 
     def search(
@@ -299,10 +319,12 @@ class MilvusStore:
             "params": self._search_params(info, top_k, search_params or {}),
         }
         hits: list[list[ScoredId]] = []
+        level = self._level(info.name)
         for start in range(0, matrix.shape[0], _BATCH):
             with wrapped("search", name):
                 raw = self._client.search(
                     info.name,
+                    consistency_level=level,
                     data=matrix[start : start + _BATCH].tolist(),
                     limit=top_k,
                     filter=expr,
@@ -310,6 +332,7 @@ class MilvusStore:
                     search_params=params,
                 )
             hits.extend(to_hits(raw, info.metric))
+        self._settled(info.name, level)
         return hits
 
     # -- indexes ---------------------------------------------------------------------------
@@ -372,6 +395,7 @@ class MilvusStore:
             CollectionNotFound: ``collection`` is not a physical collection.
             CollectionExists: ``alias`` is the name of a physical collection.
         """
+        _check_name(alias)
         physical = self._physical()
         if collection not in physical:
             raise CollectionNotFound(collection)
@@ -424,6 +448,22 @@ class MilvusStore:
         with self._lock:
             self._infos[info.name] = info
         return info
+
+    def _deleted(self, name: str) -> None:
+        # pymilvus records no timestamp for deletes, so a Session read could miss our own delete:
+        # the next read of the collection is Strong (after it, the server's tsafe is past it).
+        if self._consistency != "Strong":
+            with self._lock:
+                self._strong_next.add(name)
+
+    def _level(self, name: str) -> str:
+        with self._lock:
+            return "Strong" if name in self._strong_next else self._consistency
+
+    def _settled(self, name: str, level: str) -> None:
+        if level == "Strong" and self._consistency != "Strong":
+            with self._lock:
+                self._strong_next.discard(name)
 
     def _check_spec(self, info: CollectionInfo, spec: IndexSpec) -> None:
         kinds = LITE_KINDS if self._lite else SERVER_KINDS
@@ -489,6 +529,22 @@ class MilvusStore:
                     "the partial index was dropped"
                 )
             time.sleep(_POLL_S)
+
+
+def _consistency(query: str) -> str:
+    levels = {"strong": "Strong", "session": "Session", "bounded": "Bounded", "eventually": "Eventually"}
+    raw = parse_qs(query).get("consistency", ["Strong"])[-1]
+    if raw.lower() not in levels:
+        raise ConfigError(f"unknown Milvus consistency {raw!r}; use one of {', '.join(levels.values())}")
+    return levels[raw.lower()]
+
+
+def _check_name(name: str) -> None:
+    if not _NAME.match(name):
+        raise InvalidRequest(
+            f"invalid Milvus collection or alias name {name!r}: use letters, digits and '_', "
+            "starting with a letter or '_' (at most 255 characters)"
+        )
 
 
 def _left(deadline: float) -> float:

@@ -19,6 +19,7 @@ from quarry.errors import (
     ConfigError,
     IndexBuildFailed,
     InvalidFilter,
+    InvalidRequest,
     UnsupportedIndex,
 )
 from stores.base import IndexSpec, VectorRecord, VectorStore
@@ -100,6 +101,15 @@ def test_url_forms() -> None:
         open_store("milvus:///tmp/not-a-db-file")
     with pytest.raises(ConfigError):
         open_store("milvus://")
+
+
+def test_milvus_names_are_checked(milvus_lite: VectorStore, name: str) -> None:
+    for bad in ("my-docs", "1abc", "a b", 'x"y'):
+        with pytest.raises(InvalidRequest, match="name"):
+            milvus_lite.create_collection(bad, DIM)
+    milvus_lite.create_collection(name, DIM)
+    with pytest.raises(InvalidRequest, match="name"):
+        milvus_lite.set_alias("live-docs", name)
 
 
 def test_lite_refuses_hnsw_pq_diskann_fast(milvus_lite: VectorStore, name: str) -> None:
@@ -228,3 +238,25 @@ def test_server_matches_line_breaks_and_drops_aliases(milvus_server: VectorStore
     milvus_server.set_alias(alias, server_coll)
     milvus_server.drop_collection(server_coll)
     assert not milvus_server.has_collection(alias), "Milvus 2.3 would leave a dangling alias"
+
+
+@pytest.mark.integration
+def test_server_session_consistency_reads_own_writes(name: str) -> None:
+    """``?consistency=Session`` skips Strong's wait for a time tick but still reads our writes."""
+    url = os.environ.get("QUARRY_TEST_MILVUS_URL", "milvus://127.0.0.1:19530")
+    store = open_store(f"{url}?consistency=Session")
+    try:
+        data = unit(200, seed=3)
+        store.create_collection(name, DIM)
+        for step in range(5):
+            ids = [f"s{step}-{i}" for i in range(40)]
+            store.upsert(name, [VectorRecord(i, data[n], {"step": step}) for n, i in enumerate(ids)])
+            assert store.count(name) == 40 * (step + 1)
+            assert store.search(name, data[:1], 1, flt=Eq("step", step))[0][0].id == f"s{step}-0"
+        store.delete_by_filter(name, Eq("step", 0))
+        assert store.count(name) == 160
+    finally:
+        store.drop_collection(name)
+        store.close()
+    with pytest.raises(ConfigError, match="consistency"):
+        open_store(f"{url}?consistency=Sometimes")
