@@ -131,16 +131,16 @@ async def load(url: str, queries: list[str], clients: int, seconds: float) -> di
     }
 
 
-def bench_api(scifact: Path, seconds: float, embedding_url: str | None) -> dict[str, Any]:
+def bench_api(scifact: Path, seconds: float, embedding_url: str | None, collection: str) -> dict[str, Any]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     if embedding_url:
         env["QUARRY_EMBEDDING__URL"] = embedding_url
-    subprocess.run([sys.executable, "-m", "quarry.cli", "ingest", str(scifact), "--collection", "scifact"],
+    subprocess.run([sys.executable, "-m", "quarry.cli", "ingest", str(scifact), "--collection", collection],
                    env=env, check=True)
     port = _free_port()
     proc = start_server(port, env)
     try:
-        url = f"http://127.0.0.1:{port}/v1/collections/scifact/search"
+        url = f"http://127.0.0.1:{port}/v1/collections/{collection}/search"
         queries = list(load_split(scifact, "test").queries.values())
         return {
             "embedding_url": embedding_url or "torch://all-MiniLM-L6-v2",
@@ -157,6 +157,7 @@ def main() -> None:
     parser.add_argument("--scifact", type=Path, default=REPO.parent / "shared" / "data" / "scifact")
     parser.add_argument("--seconds", type=float, default=20.0, help="duration of each load phase")
     parser.add_argument("--embedding-url", default=None, help="query encoder of the server (QUARRY_EMBEDDING__URL)")
+    parser.add_argument("--collection", default="scifact", help="collection to ingest SciFact into and query")
     parser.add_argument("--skip-api", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -167,7 +168,7 @@ def main() -> None:
     table.add_row("BM25 queries/s (SciFact)", f"{b['quarry_qps']:.0f}", f"rank-bm25 {b['rank_bm25_qps']:.1f}",
                   f"{b['speedup']:.0f}x")
     if not args.skip_api:
-        results["api"] = bench_api(args.scifact, args.seconds, args.embedding_url)
+        results["api"] = bench_api(args.scifact, args.seconds, args.embedding_url, args.collection)
         for key in ("1_client", "32_clients"):
             r = results["api"][key]
             table.add_row(f"REST hybrid, {r['clients']} client(s)",
