@@ -97,9 +97,7 @@ def recall_at_k(found: npt.NDArray[np.int64], truth: npt.NDArray[np.integer[Any]
     return hits / (k * len(truth))
 
 
-def exact_top_k(
-    base: npt.NDArray[np.float32], queries: npt.NDArray[np.float32], k: int
-) -> npt.NDArray[np.int64]:
+def exact_top_k(base: npt.NDArray[np.float32], queries: npt.NDArray[np.float32], k: int) -> npt.NDArray[np.int64]:
     """Exact inner-product top-``k`` by brute force (cosine when both sides are normalised).
 
     Args:
