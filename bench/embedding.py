@@ -9,7 +9,11 @@ per request, driven by 8 concurrent client threads and by 1 (Triton's dynamic ba
 raise throughput at 8). Latency = one request. Workload "documents": SciFact documents (mostly
 cut at 256 tokens) in batches of 64 from one caller, the ingestion path.
 
-    python bench/embedding.py [--json FILE] [--markdown FILE] [--seconds 10] [--triton-backend onnx-fp32]
+    python bench/embedding.py [--json FILE] [--markdown FILE] [--seconds 6] [--rounds 2]
+                              [--triton-backend onnx-fp32|onnx|torch] [--batched]
+
+The CPUs here are shared, so the backends are measured in interleaved rounds and the best round
+of each is kept (the JSON says how many).
 
 The JSON has one entry per backend (``torch``, ``onnx_fp32``, ``onnx_int8``, ``triton_grpc``,
 ``triton_http``) with ``sentences_per_s``, ``p50_ms``, ``p99_ms`` at 8 clients, the same at
@@ -105,11 +109,21 @@ def measure(
 ) -> dict[str, Any]:
     embedder.warm_up()
     by_clients = {str(c): drive(embedder.embed, sentences, c, seconds) for c in CLIENTS}
-    row = {**{k: v for k, v in by_clients["8"].items() if k != "clients"}, "clients": 8, "by_clients": by_clients}
+    row: dict[str, Any] = {"by_clients": by_clients}
     if documents:
         row["documents_per_s"] = documents_per_s(embedder, documents)
-    console.log(f"{name}: {row}")
+    console.log(f"{name}: {row} (load average {os.getloadavg()[0]:.1f})")
     return row
+
+
+def best_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per client count the round with the highest throughput (this machine's CPUs are shared)."""
+    by_clients = {c: max((r["by_clients"][c] for r in rows), key=lambda x: x["sentences_per_s"]) for c in ("1", "8")}
+    best: dict[str, Any] = {k: v for k, v in by_clients["8"].items() if k != "clients"}
+    best.update(clients=8, by_clients=by_clients, rounds=len(rows))
+    if "documents_per_s" in rows[0]:
+        best["documents_per_s"] = max(r["documents_per_s"] for r in rows)
+    return best
 
 
 class TritonProcess:
@@ -212,30 +226,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cache = args.cache_dir
     backend_key = {"onnx-fp32": "onnx_fp32", "onnx": "onnx_int8", "onnx-int8": "onnx_int8", "torch": "torch"}
     results: dict[str, Any] = {"config": {
-        "cpus": len(os.sched_getaffinity(0)), "seconds_per_phase": args.seconds, "documents": len(documents),
-        "sentences": len(sentences), "triton_backend": args.triton_backend, "triton_max_batch_size": args.max_batch,
-        "triton_max_queue_delay_us": args.delay_us,
+        "cpus": len(os.sched_getaffinity(0)), "seconds_per_phase": args.seconds, "rounds": args.rounds,
+        "documents": len(documents), "sentences": len(sentences), "triton_backend": args.triton_backend,
+        "triton_max_batch_size": args.max_batch, "triton_max_queue_delay_us": args.delay_us,
+        "load_average_start": round(os.getloadavg()[0], 2),
     }}
-    in_process: dict[str, Embedder] = {
+    backends: dict[str, Embedder] = {
         "torch": SentenceTransformerEmbedder("all-MiniLM-L6-v2", batch_size=64, device="cpu"),
         "onnx_fp32": OnnxEmbedder.from_url(BACKENDS["onnx-fp32"], cache, batch_size=64),
         "onnx_int8": OnnxEmbedder.from_url(BACKENDS["onnx"], cache, batch_size=64),
     }
-    for name, embedder in in_process.items():
-        results[name] = measure(name, embedder, sentences, documents, args.seconds)
     if args.batched:  # Quarry's in-process dynamic batching (what the REST query path uses)
-        batched = BatchingEmbedder(in_process["onnx_int8"])
-        results["onnx_int8_batched"] = measure("onnx_int8_batched", batched, sentences, [], args.seconds)
-    del in_process
+        backends["onnx_int8_batched"] = BatchingEmbedder(backends["onnx_int8"])
     server = TritonProcess(args.triton_backend, cache, args.max_batch, args.delay_us)
+    clients = {
+        f"triton_{wire}": TritonEmbedder.from_url(f"triton+{wire}://127.0.0.1:{port}/minilm", timeout_s=60)
+        for wire, port in (("grpc", server.grpc), ("http", server.http))
+    }
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in [*backends, *clients]}
     try:
-        for wire, port in (("grpc", server.grpc), ("http", server.http)):
-            client = TritonEmbedder.from_url(f"triton+{wire}://127.0.0.1:{port}/minilm", timeout_s=60, batch_size=64)
-            row = measure(f"triton_{wire}", client, sentences, documents, args.seconds)
-            results[f"triton_{wire}"] = {**row, "backend": backend_key[args.triton_backend]}
-            client.close()
+        for _ in range(args.rounds):  # interleaved rounds: a burst of load elsewhere hits one round only
+            for name, embedder in {**backends, **clients}.items():
+                docs = [] if name.endswith("_batched") else documents
+                rows[name].append(measure(name, embedder, sentences, docs, args.seconds))
     finally:
         results["config"]["triton_exit_code"] = server.stop()
+    for name, measured in rows.items():
+        results[name] = best_of(measured)
+        if name in clients:
+            results[name]["backend"] = backend_key[args.triton_backend]
+    results["config"]["load_average_end"] = round(os.getloadavg()[0], 2)
     results["ratios"] = ratios(results)
     return results
 
@@ -243,8 +263,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scifact", type=Path, default=REPO.parent / "shared" / "data" / "scifact")
-    parser.add_argument("--seconds", type=float, default=10.0, help="duration of each load phase")
-    parser.add_argument("--documents", type=int, default=256, help="SciFact documents for documents/s (0: skip)")
+    parser.add_argument("--seconds", type=float, default=6.0, help="duration of each load phase")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the best round is kept")
+    parser.add_argument("--documents", type=int, default=128, help="SciFact documents for documents/s (0: skip)")
     parser.add_argument("--triton-backend", default="onnx-fp32", choices=["onnx-fp32", "onnx", "torch"])
     parser.add_argument("--max-batch", type=int, default=64, help="Triton max batch size")
     parser.add_argument("--delay-us", type=int, default=0, help="Triton max queue delay (microseconds)")

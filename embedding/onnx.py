@@ -10,6 +10,10 @@ Tokenisation uses the model's own fast tokenizer (``tokenizer.json``, Hugging Fa
 ``tokenizers``), truncated to ``max_seq_length``; mean pooling over the attention mask and L2
 normalisation are done in numpy, as sentence-transformers does (Reimers & Gurevych, 2019).
 Inputs are sorted by length before batching so that little padding is computed.
+
+int8 (dynamic quantisation) scales activations per batch tensor, so an int8 vector depends
+slightly on the other texts of its batch (cosine >= 0.995 between batchings); fp32 does not.
+Measured on all 5,183 SciFact documents against the torch model: see tests/embedding/test_onnx.py.
 """
 
 from __future__ import annotations

@@ -151,3 +151,13 @@ def test_int8_and_fp32_match_torch_on_all_scifact_documents(
         print(f"{embedder.quantize}: cosine vs torch min {cos.min():.5f} mean {cos.mean():.5f}")
         assert cos.min() >= floor, f"{embedder.quantize}: min cosine {cos.min():.5f} over SciFact"
         np.testing.assert_array_equal(got.truncated, want.truncated)
+
+
+def test_the_factory_builds_it_with_the_settings_cache(tmp_path: Path) -> None:
+    from embedding.factory import open_embedder
+    from quarry.settings import EmbeddingSettings, Settings
+
+    settings = Settings(data_dir=tmp_path, embedding=EmbeddingSettings(batch_size=8))
+    embedder = open_embedder("onnx://all-MiniLM-L6-v2?quantize=none", settings)
+    assert isinstance(embedder, OnnxEmbedder) and embedder.quantize == "none"
+    assert embedder._cache_dir == tmp_path / "models" and embedder._batch_size == 8

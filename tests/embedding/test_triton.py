@@ -154,6 +154,17 @@ def test_url_forms() -> None:
             parse_triton_url(bad)
 
 
+def test_the_factory_builds_it_from_settings(tmp_path: Path) -> None:
+    from embedding.factory import open_embedder
+    from quarry.settings import EmbeddingSettings
+
+    settings = Settings(data_dir=tmp_path, embedding=EmbeddingSettings(timeout_s=7, batch_size=5))
+    for wire in ("grpc", "http"):
+        embedder = open_embedder(f"triton+{wire}://localhost:8001/minilm", settings)
+        assert isinstance(embedder, TritonEmbedder) and embedder.target.wire == wire
+        assert (embedder._protocol.timeout_s, embedder._batch_size) == (7, 5)
+
+
 # --- through the ingestion pipeline and the query path --------------------------------------
 QUERIES = ["0-dimensional biomaterials show inductive properties", "vitamin D deficiency and cancer risk",
            "microstructural development of white matter in newborns", "DNA methylation in tumours"]
@@ -233,3 +244,4 @@ def test_sigterm_stops_everything_and_then_ingestion_fails_typed(
             quarry.search("scifact", QUERIES[2], top_k=3, mode="dense")
     finally:
         quarry.close()
+
