@@ -117,9 +117,14 @@ def test_many_threads_share_one_embedder_and_get_batched(
     with ThreadPoolExecutor(8) as pool:  # one text per request, 8 at a time: Triton batches them
         rows = list(pool.map(lambda t: embedder.embed([t]).vectors[0], texts))
     np.testing.assert_allclose(np.vstack(rows), expected, atol=1e-5)
-    after = get(f"http://127.0.0.1:{triton.metrics}/metrics")
-    requests = metric(after, "nv_inference_count") - metric(before, "nv_inference_count")
-    executions = metric(after, "nv_inference_exec_count") - metric(before, "nv_inference_exec_count")
+    deadline = time.monotonic() + 10
+    while True:  # Triton reports a request's statistics just after its response: let them land
+        after = get(f"http://127.0.0.1:{triton.metrics}/metrics")
+        requests = metric(after, "nv_inference_count") - metric(before, "nv_inference_count")
+        executions = metric(after, "nv_inference_exec_count") - metric(before, "nv_inference_exec_count")
+        if requests >= len(texts) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert requests == len(texts) and executions < requests, (requests, executions)
     embedder.close()
 
