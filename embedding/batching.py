@@ -55,6 +55,8 @@ class BatchingEmbedder:
 
     def warm_up(self) -> None:
         """Load the wrapped model and start the batching thread."""
+        if self._worker is not None:  # fast path: never wait on the model's lock once running
+            return
         self.inner.warm_up()
         with self._cond:
             if self._worker is None:

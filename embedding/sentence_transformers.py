@@ -76,6 +76,8 @@ class SentenceTransformerEmbedder:
 
     def warm_up(self) -> None:
         """Load the weights (once)."""
+        if self._model is not None:  # fast path: embed() holds the lock while the model runs
+            return
         with self._lock:
             if self._model is not None:
                 return
