@@ -72,3 +72,19 @@ def chunk_text(text: str, size: int, overlap: int) -> list[Chunk]:
 def count_tokens(text: str) -> int:
     """Number of chunking tokens in ``text``."""
     return sum(1 for _ in _TOKEN.finditer(text))
+
+
+def make_chunk_id(document_id: str, position: int, digest: str) -> str:
+    """Deterministic chunk id ``<document id>:<position>:<content hash>``.
+
+    Args:
+        document_id: The source document's id (may itself contain ``:``).
+        position: 0-based index of the chunk in its document.
+        digest: Hex hash of the indexed text (title + chunk); no ``:`` in it.
+    """
+    return f"{document_id}:{position}:{digest}"
+
+
+def document_id_of(chunk_id: str) -> str:
+    """The document id a :func:`make_chunk_id` id was made from (the part before its last two ``:``)."""
+    return chunk_id.rsplit(":", 2)[0]

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embedding.base import Embedder
-from indexing.chunking import chunk_text
+from indexing.chunking import chunk_text, make_chunk_id
 from indexing.collections import CollectionConfig
 from indexing.docstore import DocStore, StoredChunk
 from indexing.sources import SourceDocument
@@ -227,7 +227,7 @@ class Ingestor:
             for piece in chunk_text(doc.text or doc.title, cfg.chunk_size, cfg.chunk_overlap):
                 text = indexed_text(doc.title if doc.text else "", piece.text)
                 digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-                chunk_id = f"{doc.id}:{piece.position}:{digest}"
+                chunk_id = make_chunk_id(doc.id, piece.position, digest)
                 payload = {"document_id": doc.id, **doc.metadata}
                 tokens = tokenize(text, cfg.language)
                 chunks.append(StoredChunk(chunk_id, doc.id, piece.position, piece.text, tokens, payload))

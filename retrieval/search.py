@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from embedding.base import Embedder
+from indexing.chunking import document_id_of
 from indexing.collections import CollectionConfig
 from indexing.docstore import DocStore
 from quarry.errors import EmbeddingError, InvalidQuery
@@ -185,8 +186,9 @@ class Searcher:
 
     def _dense_channel(self, cfg: CollectionConfig, query: str, flt: Filter | None, group: bool) -> list[ChannelHit]:
         vectors = self._embedder.embed([query]).vectors
-        found = self._store.search(cfg.name, vectors, self.depth, flt)[0]
-        return _ranked([(h.id, str(h.payload.get("document_id", "")), h.score) for h in found], group)[: self.window]
+        # Ids and scores only: the document id is part of the chunk id, texts come from the docstore.
+        found = self._store.search(cfg.name, vectors, self.depth, flt, with_payload=False)[0]
+        return _ranked([(h.id, document_id_of(h.id), h.score) for h in found], group)[: self.window]
 
     def _fuse(self, channels: dict[str, list[ChannelHit]]) -> list[dict[str, Any]]:
         by_channel = {name: {h.key: h for h in hits} for name, hits in channels.items()}

@@ -163,6 +163,8 @@ class VectorStore(Protocol):
         top_k: int,
         flt: Filter | None = None,
         search_params: dict[str, Any] | None = None,
+        *,
+        with_payload: bool = True,
     ) -> list[list[ScoredId]]:
         """Batched k-nearest-neighbour search.
 
@@ -172,6 +174,9 @@ class VectorStore(Protocol):
             top_k: Hits per query, ``>= 1``. Fewer come back only when fewer records match.
             flt: Optional payload filter, applied inside the engine (not post-filtered).
             search_params: Overrides for the index's query-time parameters (``ef``, ``nprobe``).
+            with_payload: ``False`` leaves every hit's payload empty, so that the engine neither
+                reads nor sends it (Qdrant's ``with_payload``, Milvus's ``output_fields``): ids and
+                scores are the same either way.
 
         Returns:
             ``n`` lists of at most ``top_k`` hits each, best first.

@@ -290,6 +290,8 @@ class MilvusStore:
         top_k: int,
         flt: Filter | None = None,
         search_params: dict[str, Any] | None = None,
+        *,
+        with_payload: bool = True,
     ) -> list[list[ScoredId]]:
         """Batched k-NN search inside Milvus (filters applied by the engine).
 
@@ -300,6 +302,7 @@ class MilvusStore:
             flt: Optional payload filter.
             search_params: Overrides of the index's query-time parameters (``ef``, ``nprobe``,
                 ``search_list``); HNSW ``ef`` is raised to at least ``top_k``.
+            with_payload: ``False``: no output fields, so Milvus reads and sends ids and scores only.
 
         Returns:
             ``n`` lists of at most ``top_k`` hits, best first (see the module doc for scores).
@@ -328,7 +331,7 @@ class MilvusStore:
                     data=matrix[start : start + _BATCH].tolist(),
                     limit=top_k,
                     filter=expr,
-                    output_fields=["payload"],
+                    output_fields=["payload"] if with_payload else [],
                     search_params=params,
                 )
             hits.extend(to_hits(raw, info.metric))

@@ -354,6 +354,8 @@ class PgVectorStore:
         top_k: int,
         flt: Filter | None = None,
         search_params: dict[str, Any] | None = None,
+        *,
+        with_payload: bool = True,
     ) -> list[list[ScoredId]]:
         """Batched k-NN in one statement (a LATERAL scan per query row).
 
@@ -388,10 +390,10 @@ class PgVectorStore:
             params = {**index.search_params, **(search_params or {})}
             route = self._route(conn, coll, index.kind, flt, (cond, cond_params), params, top_k)
             if route == "few":
-                stmt = q.candidates_search_sql(self._schema, coll.name, coll.metric, cond)
+                stmt = q.candidates_search_sql(self._schema, coll.name, coll.metric, cond, with_payload)
                 return _Search(conn, stmt, coll.metric, cond_params, [top_k]).run(list(matrix))
             halfvec = bool(index.params.get("halfvec"))
-            stmt = q.search_sql(self._schema, coll.name, coll.dim, coll.metric, halfvec, cond)
+            stmt = q.search_sql(self._schema, coll.name, coll.dim, coll.metric, halfvec, cond, with_payload)
             if route == "exact":
                 _set_local(conn, [("enable_indexscan", "off")])
             else:

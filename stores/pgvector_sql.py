@@ -337,7 +337,9 @@ def create_index_sql(schema: str, name: str, plan: IndexPlan, dim: int, metric: 
 # ---------------------------------------------------------------------------- search
 
 
-def search_sql(schema: str, name: str, dim: int, metric: Metric, halfvec: bool, cond: sql.Composable) -> sql.Composed:
+def search_sql(  # noqa: PLR0913 - the statement's parts
+    schema: str, name: str, dim: int, metric: Metric, halfvec: bool, cond: sql.Composable, with_payload: bool = True
+) -> sql.Composed:
     """Batched k-NN: one LATERAL index scan per row of ``unnest(%b::vector[])`` (binary).
 
     Placeholders, in order: the query vectors (``list`` of ``(dim,) float32``), the filter's
@@ -345,21 +347,23 @@ def search_sql(schema: str, name: str, dim: int, metric: Metric, halfvec: bool, 
     by query then distance. The inner ``ORDER BY`` is the indexed expression (``halfvec`` casts
     when the index is on halfvec) so that the planner uses the index; the returned distance is
     recomputed in full precision and the outer sort restores strict order after a
-    ``relaxed_order`` iterative scan.
+    ``relaxed_order`` iterative scan. With ``with_payload=False`` the payload column is ``'{}'``.
     """
     op = sql.SQL(_OPERATOR[metric])
     exact = sql.SQL("{} {} {}").format(sql.Identifier("embedding"), op, sql.SQL("q.v"))
     order = sql.SQL("{} {} {}").format(_indexed_expr(dim, halfvec, "embedding"), op, _indexed_expr(dim, halfvec, "q.v"))
     return sql.SQL(
-        "SELECT q.ord, h.id, h.dist, h.payload "
+        "SELECT q.ord, h.id, h.dist, {} "
         "FROM unnest(%b::vector[]) WITH ORDINALITY AS q(v, ord) "
         "CROSS JOIN LATERAL ("
         "SELECT id, payload, {} AS dist FROM {} WHERE {} ORDER BY {} LIMIT %s"
         ") AS h ORDER BY q.ord, h.dist"
-    ).format(exact, table(schema, name), cond, order)
+    ).format(_payload_column(with_payload), exact, table(schema, name), cond, order)
 
 
-def candidates_search_sql(schema: str, name: str, metric: Metric, cond: sql.Composable) -> sql.Composed:
+def candidates_search_sql(
+    schema: str, name: str, metric: Metric, cond: sql.Composable, with_payload: bool = True
+) -> sql.Composed:
     """Batched exact k-NN over the rows a selective filter matches, read once per batch.
 
     Placeholders, in order: the filter's parameters, the query vectors, ``top_k``. The
@@ -369,12 +373,16 @@ def candidates_search_sql(schema: str, name: str, metric: Metric, cond: sql.Comp
     op = sql.SQL(_OPERATOR[metric])
     return sql.SQL(
         "WITH cand AS MATERIALIZED (SELECT id, payload, embedding FROM {} WHERE {}) "
-        "SELECT q.ord, h.id, h.dist, h.payload "
+        "SELECT q.ord, h.id, h.dist, {} "
         "FROM unnest(%b::vector[]) WITH ORDINALITY AS q(v, ord) "
         "CROSS JOIN LATERAL ("
         "SELECT id, payload, embedding {} q.v AS dist FROM cand ORDER BY dist LIMIT %s"
         ") AS h ORDER BY q.ord, h.dist"
-    ).format(table(schema, name), cond, op)
+    ).format(table(schema, name), cond, _payload_column(with_payload), op)
+
+
+def _payload_column(with_payload: bool) -> sql.Composable:
+    return sql.SQL("h.payload") if with_payload else sql.SQL("'{}'::jsonb")
 
 
 def score(metric: Metric, distance: float) -> float:

@@ -393,6 +393,8 @@ class QdrantEdgeStore:
         top_k: int,
         flt: Filter | None = None,
         search_params: dict[str, Any] | None = None,
+        *,
+        with_payload: bool = True,
     ) -> list[list[ScoredId]]:
         """Batched k-NN search (one planned ``query_batch``); see the Protocol.
 
@@ -415,7 +417,7 @@ class QdrantEdgeStore:
                     query=qe.Query.Nearest(row.tolist()),
                     filter=compiled,
                     params=params,
-                    with_payload=True,
+                    with_payload=True if with_payload else [qf.ID_KEY],
                 )
                 for row in arr
             ]

@@ -302,6 +302,8 @@ class QdrantClientStore:
         top_k: int,
         flt: Filter | None = None,
         search_params: dict[str, Any] | None = None,
+        *,
+        with_payload: bool = True,
     ) -> list[list[ScoredId]]:
         """Batched k-NN search (one ``query_batch_points`` call); see the Protocol.
 
@@ -326,7 +328,7 @@ class QdrantClientStore:
                     filter=compiled,
                     params=params,
                     limit=top_k,
-                    with_payload=True,
+                    with_payload=True if with_payload else [qf.ID_KEY],
                 )
                 for row in arr
             ]

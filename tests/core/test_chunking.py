@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from indexing.chunking import chunk_text, count_tokens
+from indexing.chunking import chunk_text, count_tokens, document_id_of, make_chunk_id
 from quarry.errors import InvalidRequest
 
 WORDS = ["alpha", "beta,", "gamma.", "机器", "学习", "δ", "(x)", "  ", "\n", "3.14", "e-mail", "東京"]
@@ -34,3 +34,10 @@ def test_chunks_are_contiguous_capped_and_overlapping(seed: int) -> None:
 def test_bad_overlap_is_rejected(size: int, overlap: int) -> None:
     with pytest.raises(InvalidRequest):
         chunk_text("some text here", size, overlap)
+
+
+@pytest.mark.parametrize("document_id", ["4462079", "a:b:c", ":", "::", "doc:0:ff", "文档:1", " ", "x" * 300])
+@pytest.mark.parametrize("position", [0, 7, 10_000])
+def test_document_id_is_recovered_from_any_chunk_id(document_id: str, position: int) -> None:
+    # Document ids are arbitrary strings, colons included: the digest never holds one.
+    assert document_id_of(make_chunk_id(document_id, position, "58a7e98b9852")) == document_id

@@ -247,6 +247,21 @@ def test_batched_search_matches_exact(store: VectorStore, coll: str, metric: Met
         np.testing.assert_allclose(np.sort(scores)[::-1], own, atol=1e-3)
 
 
+def test_search_without_payload_gives_the_same_ids_and_scores(store: VectorStore, coll: str) -> None:
+    rng = np.random.default_rng(12)
+    data = unit(rng, 200)
+    store.create_collection(coll, DIM)
+    store.upsert(coll, records(data))
+    queries = unit(rng, 3)
+    full = store.search(coll, queries, 10)
+    bare = store.search(coll, queries, 10, with_payload=False)
+    assert [[h.id for h in hits] for hits in bare] == [[h.id for h in hits] for hits in full]
+    for a, b in zip(full, bare, strict=True):
+        np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-6)
+    assert all(h.payload for hits in full for h in hits)
+    assert all(h.payload == {} for hits in bare for h in hits)
+
+
 def test_search_returns_fewer_only_when_fewer_exist(store: VectorStore, coll: str) -> None:
     store.create_collection(coll, DIM)
     assert store.search(coll, unit(np.random.default_rng(9), 2), 5) == [[], []]
