@@ -67,12 +67,26 @@ class BatchingEmbedder:
         """Embed ``texts`` as part of a shared batch; see :meth:`Embedder.embed` for shapes/errors."""
         if len(texts) >= self._max_batch:
             return self.inner.embed(texts)
+        return self.submit(texts).result()
+
+    def submit(self, texts: Sequence[str]) -> Future[Embeddings]:
+        """Queue ``texts`` for the next model call and return at once.
+
+        The caller can do other work (the query path scores BM25) while the model runs.
+
+        Returns:
+            A future of the :class:`Embeddings` of ``texts``; ``result()`` raises what the
+            model raised (e.g. ``EmbeddingUnavailable``).
+
+        Raises:
+            EmbeddingUnavailable: The model could not be loaded or reached at warm-up.
+        """
         self.warm_up()
         request = _Request(texts)
         with self._cond:
             self._queue.append(request)
             self._cond.notify()
-        return request.future.result()
+        return request.future
 
     def _run(self) -> None:
         while True:

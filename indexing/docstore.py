@@ -47,32 +47,19 @@ class StoredChunk:
 
 
 class DocStore:
-    """Thread-safe SQLite docstore: one writer connection behind a lock, one reader per thread.
-
-    In WAL mode readers neither block each other nor the writer and each statement sees the last
-    committed state, so concurrent searches never queue on a lock for their texts (a shared
-    connection did: under 32 concurrent requests most threads waited there). Reads made inside
-    :meth:`transaction`, by the thread that holds it, go through the writer and see its writes.
-    """
+    """Thread-safe SQLite docstore (one connection, serialised by a lock)."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         self._lock = threading.RLock()
-        self._tx_owner: int | None = None
-        self._local = threading.local()
-        self._readers: list[sqlite3.Connection] = []
 
     def close(self) -> None:
-        """Close the database (the writer and every thread's reader)."""
+        """Close the database."""
         with self._lock:
-            for reader in self._readers:
-                reader.close()
-            self._readers.clear()
             self._db.close()
 
     @contextmanager
@@ -80,47 +67,24 @@ class DocStore:
         """One atomic write: commits on success, rolls back on any error."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
-            self._tx_owner = threading.get_ident()
             try:
                 yield self._db
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-            else:
-                self._db.execute("COMMIT")
-            finally:
-                self._tx_owner = None
-
-    @contextmanager
-    def _reading(self) -> Iterator[sqlite3.Connection]:
-        """A connection to read from, inside one read snapshot (several statements agree)."""
-        if self._tx_owner == threading.get_ident():
-            yield self._db
-            return
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
-            conn.execute("PRAGMA query_only=ON")
-            with self._lock:
-                self._readers.append(conn)
-            self._local.conn = conn
-        conn.execute("BEGIN")
-        try:
-            yield conn
-        finally:
-            conn.execute("COMMIT")
+            self._db.execute("COMMIT")
 
     # --- collections -------------------------------------------------------------------
     def collection_config(self, name: str) -> dict[str, Any] | None:
         """The stored configuration of a collection, or ``None``."""
-        with self._reading() as db:
-            row = db.execute("SELECT config FROM collections WHERE name=?", (name,)).fetchone()
+        with self._lock:
+            row = self._db.execute("SELECT config FROM collections WHERE name=?", (name,)).fetchone()
         return None if row is None else dict(json.loads(row[0]))
 
     def list_collections(self) -> list[str]:
         """Names of all collections, sorted."""
-        with self._reading() as db:
-            return [r[0] for r in db.execute("SELECT name FROM collections ORDER BY name")]
+        with self._lock:
+            return [r[0] for r in self._db.execute("SELECT name FROM collections ORDER BY name")]
 
     def put_collection(self, name: str, config: dict[str, Any]) -> None:
         """Create or replace a collection's configuration."""
@@ -140,19 +104,20 @@ class DocStore:
 
     def version(self, name: str) -> int:
         """The collection's write counter."""
-        with self._reading() as db:
-            return _version(db, name)
+        with self._lock:
+            row = self._db.execute("SELECT version FROM collections WHERE name=?", (name,)).fetchone()
+        return 0 if row is None else int(row[0])
 
     # --- documents and chunks ----------------------------------------------------------
     def document_hashes(self, name: str, document_ids: Iterable[str]) -> dict[str, str]:
         """``document_id -> content_hash`` for those of ``document_ids`` that are stored."""
         ids = list(document_ids)
         out: dict[str, str] = {}
-        with self._reading() as db:
+        with self._lock:
             for part in _batches(ids, 500):
                 marks = ",".join("?" * len(part))
                 out.update(
-                    db.execute(
+                    self._db.execute(
                         f"SELECT document_id, content_hash FROM documents "  # noqa: S608
                         f"WHERE collection=? AND document_id IN ({marks})",
                         (name, *part),
@@ -163,10 +128,10 @@ class DocStore:
     def chunk_ids_of(self, name: str, document_ids: Iterable[str]) -> dict[str, list[str]]:
         """``document_id -> [chunk_id, ...]`` for the stored documents among ``document_ids``."""
         out: dict[str, list[str]] = {}
-        with self._reading() as db:
+        with self._lock:
             for part in _batches(list(document_ids), 500):
                 marks = ",".join("?" * len(part))
-                rows = db.execute(
+                rows = self._db.execute(
                     f"SELECT document_id, chunk_id FROM chunks "  # noqa: S608
                     f"WHERE collection=? AND document_id IN ({marks}) ORDER BY position",
                     (name, *part),
@@ -184,25 +149,23 @@ class DocStore:
             with_tokens: Decode the BM25 token lists too; without it ``tokens`` is ``[]`` (the
                 query path shows texts and payloads only).
         """
-        out: dict[str, StoredChunk] = {}
         tokens = "tokens" if with_tokens else "'[]'"
-        with self._reading() as db:
+        rows: list[Any] = []
+        with self._lock:  # JSON is decoded after the lock is released
             for part in _batches(list(chunk_ids), 500):
                 marks = ",".join("?" * len(part))
-                rows = db.execute(
+                rows += self._db.execute(
                     f"SELECT chunk_id, document_id, position, text, {tokens}, payload FROM chunks "  # noqa: S608
                     f"WHERE collection=? AND chunk_id IN ({marks})",
                     (name, *part),
-                )
-                for r in rows:
-                    out[r[0]] = StoredChunk(r[0], r[1], r[2], r[3], json.loads(r[4]), json.loads(r[5]))
-        return out
+                ).fetchall()
+        return {r[0]: StoredChunk(r[0], r[1], r[2], r[3], json.loads(r[4]), json.loads(r[5])) for r in rows}
 
     def bm25_rows(self, name: str) -> tuple[int, list[tuple[str, str, list[str], dict[str, Any]]]]:
         """``(version, [(chunk_id, document_id, tokens, payload), ...])`` in insertion order."""
-        with self._reading() as db:
-            version = _version(db, name)
-            rows = db.execute(
+        with self._lock:
+            version = self.version(name)
+            rows = self._db.execute(
                 "SELECT chunk_id, document_id, tokens, payload FROM chunks WHERE collection=? ORDER BY rowid",
                 (name,),
             ).fetchall()
@@ -210,9 +173,9 @@ class DocStore:
 
     def counts(self, name: str) -> tuple[int, int]:
         """``(documents, chunks)`` stored for a collection."""
-        with self._reading() as db:
-            docs = db.execute("SELECT COUNT(*) FROM documents WHERE collection=?", (name,)).fetchone()[0]
-            chunks = db.execute("SELECT COUNT(*) FROM chunks WHERE collection=?", (name,)).fetchone()[0]
+        with self._lock:
+            docs = self._db.execute("SELECT COUNT(*) FROM documents WHERE collection=?", (name,)).fetchone()[0]
+            chunks = self._db.execute("SELECT COUNT(*) FROM chunks WHERE collection=?", (name,)).fetchone()[0]
         return int(docs), int(chunks)
 
     def write_batch(
@@ -256,11 +219,6 @@ class DocStore:
             if config is not None:
                 db.execute("UPDATE collections SET config=? WHERE name=?", (json.dumps(config), name))
             db.execute("UPDATE collections SET version=version+1 WHERE name=?", (name,))
-
-
-def _version(db: sqlite3.Connection, name: str) -> int:
-    row = db.execute("SELECT version FROM collections WHERE name=?", (name,)).fetchone()
-    return 0 if row is None else int(row[0])
 
 
 def _batches(items: list[str], size: int) -> Iterator[list[str]]:

@@ -6,17 +6,19 @@ by document and keeps ``rank_window_size`` hits (as Elasticsearch's RRF retrieve
 the top-``(offset + top_k)`` list. Hits are grouped by document by default (a document's best
 chunk stands for it), since relevance is judged per document. In hybrid mode a failing embedder
 degrades the query to BM25 only, and the response says so; in dense mode the error propagates
-(503).
+(503). The query is queued for the embedding model first and BM25 scores while the model runs.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from embedding.base import Embedder
+from embedding.base import Embeddings
+from embedding.batching import BatchingEmbedder
 from indexing.chunking import document_id_of
 from indexing.collections import CollectionConfig
 from indexing.docstore import DocStore
@@ -86,7 +88,7 @@ class Searcher:
         self,
         store: VectorStore,
         docstore: DocStore,
-        embedder: Embedder,
+        embedder: BatchingEmbedder,
         bm25: BM25Registry,
         settings: SearchSettings,
         reranker: Reranker | None = None,
@@ -146,11 +148,15 @@ class Searcher:
         self._validate(query, top_k, offset, mode)
         result = SearchResult([], 0, mode)
         channels: dict[str, list[ChannelHit]] = {}
+        started = time.perf_counter()
+        pending = self._submit(query) if mode != "bm25" else None  # the model runs while BM25 scores
         if mode in ("bm25", "hybrid"):
             channels["bm25"] = self._timed(result, "bm25", lambda: self._bm25_channel(cfg, query, flt, group))
-        if mode in ("dense", "hybrid"):
+        if pending is not None:
             try:
-                channels["dense"] = self._timed(result, "dense", lambda: self._dense_channel(cfg, query, flt, group))
+                channels["dense"] = self._timed(
+                    result, "dense", lambda: self._dense_channel(cfg, pending, started, flt, group, result)
+                )
             except EmbeddingError as exc:
                 if mode == "dense":
                     raise
@@ -184,10 +190,29 @@ class Searcher:
         hits = index.search(tokenize(query, cfg.language), self.depth, keep)
         return _ranked([(h.chunk_id, h.document_id, h.score) for h in hits], group)[: self.window]
 
-    def _dense_channel(self, cfg: CollectionConfig, query: str, flt: Filter | None, group: bool) -> list[ChannelHit]:
-        vectors = self._embedder.embed([query]).vectors
+    def _submit(self, query: str) -> Future[Embeddings]:
+        try:
+            return self._embedder.submit([query])
+        except EmbeddingError as exc:  # e.g. Triton down at warm-up: raised where the vector is awaited
+            failed: Future[Embeddings] = Future()
+            failed.set_exception(exc)
+            return failed
+
+    def _dense_channel(  # noqa: PLR0913 - the channel's inputs
+        self,
+        cfg: CollectionConfig,
+        pending: Future[Embeddings],
+        started: float,
+        flt: Filter | None,
+        group: bool,
+        result: SearchResult,
+    ) -> list[ChannelHit]:
+        vectors = pending.result().vectors
+        result.timings_ms["embed"] = (time.perf_counter() - started) * 1000  # queued -> vector, beside BM25
         # Ids and scores only: the document id is part of the chunk id, texts come from the docstore.
-        found = self._store.search(cfg.name, vectors, self.depth, flt, with_payload=False)[0]
+        found = self._timed(
+            result, "ann", lambda: self._store.search(cfg.name, vectors, self.depth, flt, with_payload=False)[0]
+        )
         return _ranked([(h.id, document_id_of(h.id), h.score) for h in found], group)[: self.window]
 
     def _fuse(self, channels: dict[str, list[ChannelHit]]) -> list[dict[str, Any]]:

@@ -29,3 +29,13 @@ def test_errors_reach_the_caller(minilm: SentenceTransformerEmbedder) -> None:
     else:
         raise AssertionError("expected an error")
     assert batcher.embed(["still works"]).vectors.shape == (1, minilm.dim)
+
+
+def test_submit_returns_at_once_and_its_future_gives_the_rows(minilm: SentenceTransformerEmbedder) -> None:
+    batcher = BatchingEmbedder(minilm)
+    texts = ["vitamin D and bone density", "malaria vaccine trial"]
+    futures = [batcher.submit([t]) for t in texts]  # both queued before either is awaited
+    got = np.vstack([f.result(timeout=30).vectors for f in futures])
+    np.testing.assert_allclose(got, minilm.embed(texts).vectors, atol=1e-5)
+    failed = batcher.submit([None])  # type: ignore[list-item]
+    assert "embedding model failed" in str(failed.exception(timeout=30))

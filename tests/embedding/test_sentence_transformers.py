@@ -1,0 +1,30 @@
+"""The in-process torch embedder: its one-pass query path agrees with sentence-transformers' encode."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from embedding.sentence_transformers import _DIRECT_MAX, SentenceTransformerEmbedder
+
+
+def test_short_inputs_match_encode(torch_embedder: SentenceTransformerEmbedder, scifact_subset: list[str]) -> None:
+    texts = ["vitamin D and bone density", "0-dimensional biomaterials show inductive properties.", *scifact_subset[:5]]
+    assert len(texts) <= _DIRECT_MAX
+    direct = torch_embedder.embed(texts)
+    encoded = torch_embedder._model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+    assert direct.vectors.shape == (len(texts), 384)
+    assert direct.vectors.dtype == np.float32
+    np.testing.assert_allclose(direct.vectors, encoded, atol=2e-6)
+    np.testing.assert_allclose(np.linalg.norm(direct.vectors, axis=1), 1.0, atol=1e-5)
+    # SciFact abstracts exceed 256 word-pieces: flagged as truncated on both paths.
+    assert direct.truncated[:2].tolist() == [False, False]
+    assert direct.truncated[2:].any()
+
+
+def test_one_query_equals_its_row_in_a_large_batch(
+    torch_embedder: SentenceTransformerEmbedder, scifact_subset: list[str]
+) -> None:
+    batch = torch_embedder.embed(scifact_subset[:32])  # encode(): sorted, batched
+    one = torch_embedder.embed(scifact_subset[3:4])  # one forward pass
+    np.testing.assert_allclose(one.vectors[0], batch.vectors[3], atol=2e-6)
+    assert one.truncated[0] == batch.truncated[3]
