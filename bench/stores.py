@@ -12,7 +12,8 @@ process with ``M``/``efConstruction``/``ef`` equal to the planner's HNSW paramet
 over an ``ef`` sweep so each backend can be compared at equal recall: ``x hnswlib`` is the
 backend's QPS over hnswlib's QPS at the smallest swept ``ef`` whose recall is at least the
 backend's (hnswlib's best recall when no ``ef`` reaches it), re-measured right after the
-backend's loop so both run under the same machine load. ``batch QPS`` is one
+backend's loop so both run under the same machine load. hnswlib searches with one thread, and so
+does qdrant-edge (``?search_threads=1``: one query needs no hand-off to the shard's search pool). ``batch QPS`` is one
 ``search`` call with all 1k queries (the engine may use its threads; hnswlib uses one), which
 shows the engine's throughput without the per-call round trip.
 
@@ -83,7 +84,7 @@ def backend_urls(args: argparse.Namespace, tmp: Path) -> dict[str, str]:
     return {
         "milvus-lite": f"milvus://{tmp}/bench.db",
         "milvus-server": args.milvus_url,
-        "qdrant-edge": f"qdrant://{tmp}/qdrant",
+        "qdrant-edge": f"qdrant://{tmp}/qdrant?search_threads=1",  # one thread, as hnswlib here
         "qdrant-local": f"qdrant+local://{tmp}/qdrant-local",
         "pgvector": args.pg_url,
     }

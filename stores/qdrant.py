@@ -6,6 +6,7 @@ URL                                     store
 ``qdrant:///abs/dir``                   :class:`QdrantEdgeStore`: Qdrant's engine in process
                                         (``qdrant-edge-py``): real HNSW, payload indexes, shards
                                         persisted on disk. The engine under test.
+                                        ``?search_threads=N`` sizes each shard's search pool.
 ``qdrant://host:6333``                  :class:`QdrantClientStore` on a Qdrant server (REST;
                                         ``qdrant://:API_KEY@host:6333`` passes an API key).
 ``qdrant+local:///abs/dir``             :class:`QdrantClientStore` on qdrant-client's local mode:
@@ -67,7 +68,7 @@ fine for the contract suite, not for bulk loads.
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from quarry.errors import ConfigError
 from stores.base import VectorStore
@@ -92,4 +93,18 @@ def open_qdrant(url: str) -> VectorStore:
         return QdrantClientStore.local(abs_path(parts.path, url))
     if parts.hostname:
         return QdrantClientStore.remote(parts.hostname, parts.port or 6333, parts.password)
-    return QdrantEdgeStore(abs_path(parts.path, url))
+    return QdrantEdgeStore(abs_path(parts.path, url), search_threads=_search_threads(url, parts.query))
+
+
+def _search_threads(url: str, query: str) -> int | None:
+    """``?search_threads=N`` of an embedded URL (Qdrant's ``max_search_threads``), else ``None``."""
+    options = parse_qs(query, keep_blank_values=True)
+    unknown = set(options) - {"search_threads"}
+    if unknown:
+        raise ConfigError(f"{url!r}: unknown option(s) {', '.join(sorted(unknown))}; qdrant:/// takes search_threads")
+    if "search_threads" not in options:
+        return None
+    raw = options["search_threads"][-1]
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{url!r}: search_threads must be a positive integer, got {raw!r}")
+    return int(raw)

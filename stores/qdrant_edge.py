@@ -75,18 +75,24 @@ def _edge_dialect(qe: Any) -> qf.Dialect:
     )
 
 
-def edge_config(qe: Any, dim: int, metric: Metric, hnsw: qf.HnswSettings | None) -> Any:
+def edge_config(
+    qe: Any, dim: int, metric: Metric, hnsw: qf.HnswSettings | None, search_threads: int | None = None
+) -> Any:
     """The ``EdgeConfig`` of a collection, with an index build's settings when given.
 
     Vectors, graph and quantized codes are pinned in RAM (2.5x the QPS of the default mmap
     placement on GloVe-100k), or kept on disk with ``on_disk`` (codes stay in RAM).
+    ``search_threads`` sets Qdrant's ``max_search_threads`` (the shard's search pool; ``None``:
+    one per CPU). With 1 a single query skips the hand-off to the pool: 5,200 vs 3,500 QPS on
+    GloVe-100k here, and a 1k-query batch 6,100 vs 5,100.
     """
     distance = {"cosine": qe.Distance.Cosine, "ip": qe.Distance.Dot, "l2": qe.Distance.Euclid}
     ram, disk = qe.Memory.Pinned, qe.Memory.Cold
     place = disk if hnsw is not None and hnsw.on_disk else ram
     vectors = qe.EdgeVectorParams(size=dim, distance=distance[metric], memory=place)
+    threads = {} if search_threads is None else {"max_search_threads": search_threads}
     if hnsw is None:
-        return qe.EdgeConfig(vectors=vectors, payload_memory=qe.Memory.Cached)
+        return qe.EdgeConfig(vectors=vectors, payload_memory=qe.Memory.Cached, **threads)
     quant = None
     if hnsw.quantization == "scalar":
         quant = qe.ScalarQuantizationConfig(type=qe.ScalarType.Int8, quantile=0.99, memory=ram)
@@ -101,6 +107,7 @@ def edge_config(qe: Any, dim: int, metric: Metric, hnsw: qf.HnswSettings | None)
         hnsw_config=graph,
         quantization_config=quant,
         optimizers=qe.EdgeOptimizersConfig(indexing_threshold=hnsw.full_scan_kb),
+        **threads,
     )
 
 
@@ -188,12 +195,18 @@ class QdrantEdgeStore:
     exclusive lock.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, search_threads: int | None = None) -> None:
         """Open (or create) the store directory ``root``.
+
+        Args:
+            root: The store directory.
+            search_threads: Qdrant's ``max_search_threads`` per shard (see :func:`edge_config`);
+                ``None`` keeps the engine's default (one per CPU).
 
         Raises:
             ConfigError: ``qdrant-edge-py`` is missing or ``root`` cannot be created.
         """
+        self._search_threads = search_threads
         self._qe = _import_edge()
         self._dialect = _edge_dialect(self._qe)
         qe = self._qe  # payload indexes without payload-aware graph links (module notes)
@@ -244,7 +257,7 @@ class QdrantEdgeStore:
             if coll.building:
                 raise StoreUnavailable(f"an index build is running on {target!r}; retry later")
             if coll.shard is None:
-                coll.shard = self._open_shard(target)
+                coll.shard = self._open_shard(coll)
                 coll.fields = set(coll.shard.info().payload_schema)
             return coll
 
@@ -257,12 +270,18 @@ class QdrantEdgeStore:
         self._colls[target] = coll
         return coll
 
-    def _open_shard(self, name: str) -> Any:
+    def _open_shard(self, coll: _EdgeColl) -> Any:
+        path = str(self._dir(coll.name) / "shard")
         try:
-            return self._qe.EdgeShard.load(str(self._dir(name) / "shard"))
+            if self._search_threads is None:
+                return self._qe.EdgeShard.load(path)
+            # Load with the config the shard was built with, plus the search pool size.
+            hnsw = qf.hnsw_settings(coll.index, coll.dim) if coll.index and coll.index.kind == "HNSW" else None
+            config = edge_config(self._qe, coll.dim, coll.metric, hnsw, self._search_threads)
+            return self._qe.EdgeShard.load(path, config)
         except Exception as exc:
             raise StoreUnavailable(
-                f"cannot open the Qdrant edge shard of {name!r} (is another process or store "
+                f"cannot open the Qdrant edge shard of {coll.name!r} (is another process or store "
                 f"using {self._root}?): {exc}"
             ) from exc
 
@@ -299,7 +318,7 @@ class QdrantEdgeStore:
             path = self._dir(name)
             shutil.rmtree(path, ignore_errors=True)  # leftovers of an interrupted drop
             path.mkdir(parents=True)
-            config = edge_config(self._qe, dim, metric, None)
+            config = edge_config(self._qe, dim, metric, None, self._search_threads)
             coll = _EdgeColl(
                 name, dim, metric, None, self._qe.EdgeShard.create(str(path / "shard"), config)
             )

@@ -88,6 +88,29 @@ def test_url_forms(tmp_path: Path) -> None:
         edge.close()
 
 
+def test_search_threads_option(tmp_path: Path) -> None:
+    for bad in ("?search_threads=0", "?search_threads=x", "?threads=2"):
+        with pytest.raises(ConfigError, match="search_threads"):
+            open_store(f"qdrant://{tmp_path}/bad{bad}")
+    rng = np.random.default_rng(3)
+    data = rng.standard_normal((300, 8)).astype(np.float32)
+    url = f"qdrant://{tmp_path}/one?search_threads=1"
+    store = open_store(url)
+    try:
+        store.create_collection("c", 8)
+        store.upsert("c", [VectorRecord(str(i), data[i], {"i": i}) for i in range(300)])
+        store.build_index("c", IndexSpec("HNSW", "cosine", {"M": 8, "efConstruction": 32}, {"ef": 64}))
+        before = [h.id for h in store.search("c", data[:2], 5)[0]]
+    finally:
+        store.close()
+    again = open_store(url)  # reopened with the built index's config plus the pool size
+    try:
+        assert [h.id for h in again.search("c", data[:2], 5)[0]] == before
+        assert again.describe_index("c") is not None
+    finally:
+        again.close()
+
+
 # -- filters, ids and payloads ---------------------------------------------------------------
 
 
