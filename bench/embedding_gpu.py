@@ -15,6 +15,7 @@ import json
 import statistics
 import sys
 import time
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +26,8 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from embedding.sentence_transformers import SentenceTransformerEmbedder  # noqa: E402
-
-
-def _read(path: Path, key: str, limit: int) -> list[str]:
-    out = []
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            row = json.loads(line)
-            out.append(f"{row.get('title', '')} {row[key]}".strip())
-            if len(out) >= limit:
-                break
-    return out
+from eval.beir import load_split  # noqa: E402
+from indexing.sources import iter_jsonl  # noqa: E402
 
 
 def measure(device: str, documents: list[str], queries: list[str]) -> dict[str, float]:
@@ -74,8 +66,9 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench/embedding_gpu.py needs a CUDA device visible to torch")
-    documents = _read(args.scifact / "corpus.jsonl", "text", args.documents)
-    queries = [q.removeprefix(" ").strip() for q in _read(args.scifact / "queries.jsonl", "text", args.queries)]
+    corpus = islice(iter_jsonl(args.scifact / "corpus.jsonl"), args.documents)
+    documents = [f"{d.title} {d.text}".strip() for d in corpus]
+    queries = list(load_split(args.scifact, "test").queries.values())[: args.queries]
     results: dict[str, Any] = {
         "config": {"gpu": torch.cuda.get_device_name(0), "cpu_threads": torch.get_num_threads(),
                    "torch": torch.__version__, "documents": len(documents), "queries": len(queries)},

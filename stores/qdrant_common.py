@@ -8,7 +8,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -23,9 +23,6 @@ from stores.base import (
     IndexKind,
     VectorRecord,
 )
-
-if TYPE_CHECKING:
-    pass
 
 KINDS: frozenset[IndexKind] = frozenset({"FLAT", "HNSW"})
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +29,6 @@ from quarry.errors import (
 from stores import qdrant_filters as qf
 from stores.base import (
     FloatMatrix,
-    IndexKind,
     IndexSpec,
     Metric,
     ScoredId,
@@ -39,6 +38,7 @@ from stores.base import (
 from stores.filters import Filter
 from stores.qdrant_common import (
     BATCH,
+    KINDS,
     MAX_DIM,
     NAME,
     NOTES,
@@ -49,11 +49,6 @@ from stores.qdrant_common import (
     check_vectors,
     package_version,
 )
-
-if TYPE_CHECKING:
-    pass
-
-KINDS: frozenset[IndexKind] = frozenset({"FLAT", "HNSW"})
 
 
 def _import_edge() -> Any:

@@ -26,7 +26,6 @@ from quarry.errors import (
 from stores import qdrant_filters as qf
 from stores.base import (
     FloatMatrix,
-    IndexKind,
     IndexSpec,
     Metric,
     ScoredId,
@@ -36,6 +35,7 @@ from stores.base import (
 from stores.filters import Filter
 from stores.qdrant_common import (
     BATCH,
+    KINDS,
     MAX_DIM,
     NOTES,
     check_name,
@@ -47,8 +47,6 @@ from stores.qdrant_common import (
 
 if TYPE_CHECKING:
     from qdrant_client import QdrantClient
-
-KINDS: frozenset[IndexKind] = frozenset({"FLAT", "HNSW"})
 
 _META_KEY = "quarry_index"
 
