@@ -12,7 +12,7 @@ degrades the query to BM25 only, and the response says so; in dense mode the err
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -188,7 +188,7 @@ class Searcher:
         index = self._bm25.get(cfg.name)
         keep = None if flt is None else (lambda payload: matches(flt, payload))
         hits = index.search(tokenize(query, cfg.language), self.depth, keep)
-        return _ranked([(h.chunk_id, h.document_id, h.score) for h in hits], group)[: self.window]
+        return _ranked(((h.chunk_id, h.document_id, h.score) for h in hits), group, self.window)
 
     def _submit(self, query: str) -> Future[Embeddings]:
         try:
@@ -213,7 +213,7 @@ class Searcher:
         found = self._timed(
             result, "ann", lambda: self._store.search(cfg.name, vectors, self.depth, flt, with_payload=False)[0]
         )
-        return _ranked([(h.id, document_id_of(h.id), h.score) for h in found], group)[: self.window]
+        return _ranked(((h.id, document_id_of(h.id), h.score) for h in found), group, self.window)
 
     def _fuse(self, channels: dict[str, list[ChannelHit]]) -> list[dict[str, Any]]:
         by_channel = {name: {h.key: h for h in hits} for name, hits in channels.items()}
@@ -277,8 +277,8 @@ class Searcher:
         return out
 
 
-def _ranked(found: list[tuple[str, str, float]], group: bool) -> list[ChannelHit]:
-    """Turn a channel's chunk list (best first) into ranked hits, one per document if grouping."""
+def _ranked(found: Iterable[tuple[str, str, float]], group: bool, window: int) -> list[ChannelHit]:
+    """A channel's chunk list (best first) as its first ``window`` ranked hits, one per document if grouping."""
     hits: list[ChannelHit] = []
     seen: set[str] = set()
     for chunk_id, document_id, score in found:
@@ -287,6 +287,8 @@ def _ranked(found: list[tuple[str, str, float]], group: bool) -> list[ChannelHit
             continue
         seen.add(key)
         hits.append(ChannelHit(key, chunk_id, document_id, len(hits) + 1, score))
+        if len(hits) == window:
+            break
     return hits
 
 

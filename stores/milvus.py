@@ -334,7 +334,7 @@ class MilvusStore:
                     output_fields=["payload"] if with_payload else [],
                     search_params=params,
                 )
-            hits.extend(to_hits(raw, info.metric))
+            hits.extend(to_hits(raw, info.metric, with_payload=with_payload))
         self._settled(info.name, level)
         return hits
 

@@ -38,6 +38,8 @@ def encode_id(raw: str) -> str:
 
 def decode_id(key: str) -> str:
     """Invert :func:`encode_id`."""
+    if "%" not in key:  # the common case, on the hot path of every search hit
+        return key
     return _ID_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), key)
 
 

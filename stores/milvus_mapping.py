@@ -160,10 +160,23 @@ def query_matrix(queries: FloatMatrix, info: CollectionInfo) -> FloatMatrix:
     return matrix
 
 
-def to_hits(raw: Sequence[Sequence[dict[str, Any]]], metric: Metric) -> list[list[ScoredId]]:
-    """Milvus search answers as hits; ``L2`` squared distances become ``-distance``."""
+def to_hits(
+    raw: Sequence[Sequence[dict[str, Any]]], metric: Metric, *, with_payload: bool = True
+) -> list[list[ScoredId]]:
+    """Milvus search answers as hits; ``L2`` squared distances become ``-distance``.
+
+    Without payloads, the ids and distances are read from pymilvus' per-query arrays
+    (``HybridHits.ids``/``.distances``) rather than through one dict-like ``Hit`` per row.
+    """
     score = _l2_score if metric == "l2" else float
-    return [[ScoredId(decode_id(hit["id"]), score(hit["distance"]), _payload(hit)) for hit in hits] for hits in raw]
+    out = []
+    for hits in raw:
+        ids, distances = getattr(hits, "ids", None), getattr(hits, "distances", None)
+        if with_payload or ids is None or distances is None:
+            out.append([ScoredId(decode_id(hit["id"]), score(hit["distance"]), _payload(hit)) for hit in hits])
+        else:
+            out.append([ScoredId(decode_id(i), score(d), {}) for i, d in zip(ids, distances, strict=True)])
+    return out
 
 
 def _l2_score(squared: float) -> float:

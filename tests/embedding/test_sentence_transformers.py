@@ -1,6 +1,8 @@
-"""The in-process torch embedder: its one-pass query path agrees with sentence-transformers' encode."""
+"""The in-process torch embedder: its length-grouped query path agrees with sentence-transformers' encode."""
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -24,7 +26,30 @@ def test_short_inputs_match_encode(torch_embedder: SentenceTransformerEmbedder, 
 def test_one_query_equals_its_row_in_a_large_batch(
     torch_embedder: SentenceTransformerEmbedder, scifact_subset: list[str]
 ) -> None:
-    batch = torch_embedder.embed(scifact_subset[:32])  # encode(): sorted, batched
+    assert len(scifact_subset) > _DIRECT_MAX
+    batch = torch_embedder.embed(scifact_subset)  # encode(): sorted, batched
     one = torch_embedder.embed(scifact_subset[3:4])  # one forward pass
     np.testing.assert_allclose(one.vectors[0], batch.vectors[3], atol=2e-6)
     assert one.truncated[0] == batch.truncated[3]
+
+
+def test_mixed_length_queries_are_grouped_and_come_back_in_order(
+    torch_embedder: SentenceTransformerEmbedder, scifact_subset: list[str]
+) -> None:
+    # What the query batcher hands over under load: short and long texts in arrival order.
+    texts = [t if i % 3 else t[:40] for i, t in enumerate(scifact_subset[:24])]
+    grouped = torch_embedder.embed(texts)
+    encoded = torch_embedder._model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+    np.testing.assert_allclose(grouped.vectors, encoded, atol=2e-6)
+
+
+def test_concurrent_callers_get_the_sequential_result(
+    torch_embedder: SentenceTransformerEmbedder, scifact_subset: list[str]
+) -> None:
+    # Forward passes run in parallel (only tokenisation is serialised), beside a long encode().
+    chunks = [scifact_subset[i : i + 3] for i in range(0, 24, 3)] + [scifact_subset]
+    sequential = [torch_embedder.embed(c).vectors for c in chunks]
+    with ThreadPoolExecutor(6) as pool:
+        concurrent = list(pool.map(lambda c: torch_embedder.embed(c).vectors, chunks))
+    for a, b in zip(sequential, concurrent, strict=True):
+        np.testing.assert_allclose(a, b, atol=2e-6)
