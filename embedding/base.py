@@ -3,6 +3,9 @@
 Backends, one module each, chosen by URL scheme in :func:`embedding.factory.open_embedder`:
 ``torch://`` (sentence-transformers in process), ``onnx://`` (ONNX Runtime, fp32/int8),
 ``triton+grpc://`` and ``triton+http://`` (a Triton Inference Server).
+
+A backend may also say how many of its calls are worth running at once (``parallel_calls``, an
+int valid after ``warm_up``); :class:`embedding.batching.BatchingEmbedder` runs that many.
 """
 
 from __future__ import annotations

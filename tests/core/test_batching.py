@@ -1,6 +1,7 @@
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 from embedding.batching import BatchingEmbedder
 from embedding.sentence_transformers import SentenceTransformerEmbedder
@@ -39,3 +40,17 @@ def test_submit_returns_at_once_and_its_future_gives_the_rows(minilm: SentenceTr
     np.testing.assert_allclose(got, minilm.embed(texts).vectors, atol=1e-5)
     failed = batcher.submit([None])  # type: ignore[list-item]
     assert "embedding model failed" in str(failed.exception(timeout=30))
+
+
+def test_torch_on_cpu_runs_one_call_per_core_and_rows_stay_right(minilm: SentenceTransformerEmbedder) -> None:
+    batcher = BatchingEmbedder(minilm, max_batch=4)
+    batcher.warm_up()
+    assert batcher.workers == minilm.parallel_calls >= 1
+    texts = [f"claim {i}: statins reduce {'cardiovascular ' * (i % 5)}risk" for i in range(30)]
+    direct = minilm.embed(texts).vectors
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        got = np.vstack([r.vectors for r in pool.map(lambda t: batcher.embed([t]), texts)])
+    np.testing.assert_allclose(got, direct, atol=1e-5)
+    assert BatchingEmbedder(minilm, workers=3).workers == 3
+    with pytest.raises(ValueError, match="workers"):
+        BatchingEmbedder(minilm, workers=0)
