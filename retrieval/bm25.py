@@ -18,9 +18,8 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import bm25s
 import numpy as np
@@ -31,9 +30,11 @@ from quarry.settings import BM25Settings
 _SIDECAR = "rows.json"
 
 
-@dataclass(frozen=True)
-class BM25Hit:
-    """One BM25 result: row in the snapshot, chunk id, document id and BM25 score."""
+class BM25Hit(NamedTuple):
+    """One BM25 result: row in the snapshot, chunk id, document id and BM25 score.
+
+    A named tuple: built 200 times per hybrid query, it costs a third of a frozen dataclass.
+    """
 
     row: int
     chunk_id: str
@@ -138,9 +139,10 @@ class BM25Index:
             part = np.argpartition(-scores[positive], top_n - 1)[:top_n]
             positive = positive[part]
         order = positive[np.lexsort((positive, -scores[positive]))]
+        chunk_ids, document_ids = self.chunk_ids, self.document_ids
         return [
-            BM25Hit(int(r), self.chunk_ids[r], self.document_ids[r], float(scores[r]))
-            for r in order
+            BM25Hit(r, chunk_ids[r], document_ids[r], score)
+            for r, score in zip(order.tolist(), scores[order].tolist(), strict=True)
         ]
 
     def save(self, folder: Path) -> None:

@@ -9,16 +9,15 @@ then by id, so the fused order is deterministic.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Fused:
+class Fused(NamedTuple):
     """One fused item: its id, fused score, and 1-based rank per channel it appeared in."""
 
     id: str
     score: float
-    ranks: dict[str, int] = field(default_factory=dict)
+    ranks: dict[str, int]
 
 
 def rrf(
@@ -53,7 +52,5 @@ def rrf(
         for rank, item in enumerate(dict.fromkeys(ids), start=1):
             scores[item] = scores.get(item, 0.0) + weight / (k + rank)
             ranks.setdefault(item, {})[channel] = rank
-    return sorted(
-        (Fused(item, score, ranks[item]) for item, score in scores.items()),
-        key=lambda f: (-f.score, min(f.ranks.values()), f.id),
-    )
+    order = sorted(scores, key=lambda item: (-scores[item], min(ranks[item].values()), item))
+    return [Fused(item, scores[item], ranks[item]) for item in order]

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from embedding.base import Embeddings
 from embedding.batching import BatchingEmbedder
@@ -36,9 +36,8 @@ MODES: tuple[Mode, ...] = ("bm25", "dense", "hybrid")
 DEPTH_FACTOR = 2  # chunks fetched per channel = DEPTH_FACTOR × rank_window_size
 
 
-@dataclass(frozen=True)
-class ChannelHit:
-    """A chunk found by one channel: 1-based rank (after grouping), score, chunk id."""
+class ChannelHit(NamedTuple):
+    """A chunk found by one channel: 1-based rank (after grouping), score, chunk id (a named tuple: cheap to build)."""
 
     key: str
     chunk_id: str
