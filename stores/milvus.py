@@ -68,6 +68,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise missing_extra("pymilvus", "milvus-server") from exc
 
+from stores import milvus_fastpath
 from stores.milvus_aliases import META_COLLECTION, Aliases, LiteAliases, ServerAliases
 from stores.milvus_expr import compile_filter, encode_id, ids_expr
 from stores.milvus_mapping import (
@@ -75,6 +76,7 @@ from stores.milvus_mapping import (
     EXACT_INDEX,
     METRICS,
     CollectionInfo,
+    hits_from_arrays,
     index_params,
     info_from,
     new_schema,
@@ -110,6 +112,7 @@ class MilvusStore:
         self._closed = False
         self._strong_next: set[str] = set()
         self._aliases: Aliases = LiteAliases(client) if lite else ServerAliases(client)
+        self._fast_ids = milvus_fastpath.available(client)  # ids/scores without pymilvus' Hit objects
 
     @classmethod
     def from_url(cls, url: str) -> MilvusStore:
@@ -324,11 +327,17 @@ class MilvusStore:
         hits: list[list[ScoredId]] = []
         level = self._level(info.name)
         for start in range(0, matrix.shape[0], _BATCH):
+            data = matrix[start : start + _BATCH].tolist()
+            if not with_payload and self._fast_ids:
+                with wrapped("search", name):
+                    rows = milvus_fastpath.search_ids(self._client, info.name, data, top_k, expr, params, level)
+                hits.extend(hits_from_arrays(ids, scores, info.metric) for ids, scores in rows)
+                continue
             with wrapped("search", name):
                 raw = self._client.search(
                     info.name,
                     consistency_level=level,
-                    data=matrix[start : start + _BATCH].tolist(),
+                    data=data,
                     limit=top_k,
                     filter=expr,
                     output_fields=["payload"] if with_payload else [],

@@ -175,8 +175,14 @@ def to_hits(
         if with_payload or ids is None or distances is None:
             out.append([ScoredId(decode_id(hit["id"]), score(hit["distance"]), _payload(hit)) for hit in hits])
         else:
-            out.append([ScoredId(decode_id(i), score(d), {}) for i, d in zip(ids, distances, strict=True)])
+            out.append(hits_from_arrays(ids, distances, metric))
     return out
+
+
+def hits_from_arrays(ids: Sequence[str], distances: Sequence[float], metric: Metric) -> list[ScoredId]:
+    """One query's ids and Milvus distances as hits without payloads (see :func:`to_hits`)."""
+    score = _l2_score if metric == "l2" else float
+    return [ScoredId(decode_id(i), score(d), {}) for i, d in zip(ids, distances, strict=True)]
 
 
 def _l2_score(squared: float) -> float:
