@@ -297,3 +297,18 @@ def test_fast_path_is_off_when_pymilvus_lacks_its_internals() -> None:
 
     assert not milvus_fastpath.available(Bare())
     assert not milvus_fastpath.available(object())
+
+
+def test_fast_path_transport_errors_fall_back_to_the_public_search(
+    milvus_lite: VectorStore, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stores import milvus_fastpath
+
+    fill(milvus_lite, name, 50)
+    expected = milvus_lite.search(name, unit(2, seed=3), 5, with_payload=False)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ConnectionError("transport hiccup")
+
+    monkeypatch.setattr(milvus_fastpath, "search_ids", broken)
+    assert milvus_lite.search(name, unit(2, seed=3), 5, with_payload=False) == expected
