@@ -47,8 +47,7 @@ class BatchingEmbedder:
         self._workers = workers
         self._queue: list[_Request] = []
         self._cond = threading.Condition()
-        self._worker: threading.Thread | None = None
-        self._busy: list[bool] = []
+        self._busy: list[bool] = []  # one flag per worker thread; empty until warm_up starts them
 
     @property
     def model_id(self) -> str:
@@ -72,17 +71,16 @@ class BatchingEmbedder:
 
     def warm_up(self) -> None:
         """Load the wrapped model and start the batching threads."""
-        if self._worker is not None:  # fast path: never wait on the model's lock once running
+        if self._busy:  # fast path: never wait on the model's lock once running
             return
         self.inner.warm_up()
         with self._cond:
-            if self._worker is None:
+            if not self._busy:
                 self._busy = [False] * self.workers
                 for i in range(self.workers):
-                    self._worker = threading.Thread(
+                    threading.Thread(
                         target=self._run, args=(i,), name=f"quarry-embed-batcher-{i}", daemon=True
-                    )
-                    self._worker.start()
+                    ).start()
 
     def embed(self, texts: Sequence[str]) -> Embeddings:
         """Embed ``texts`` as part of a shared batch; see :meth:`Embedder.embed` for shapes/errors."""

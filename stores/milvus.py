@@ -329,7 +329,8 @@ class MilvusStore:
         for start in range(0, matrix.shape[0], _BATCH):
             data = matrix[start : start + _BATCH].tolist()
             if not with_payload and self._fast_ids:
-                rows = self._search_ids(name, info.name, data, top_k, expr, params, level)
+                with wrapped("search", name):
+                    rows = milvus_fastpath.search_ids(self._client, info.name, data, top_k, expr, params, level)
                 if rows is not None:
                     hits.extend(hits_from_arrays(ids, scores, info.metric) for ids, scores in rows)
                     continue
@@ -346,29 +347,6 @@ class MilvusStore:
             hits.extend(to_hits(raw, info.metric, with_payload=with_payload))
         self._settled(info.name, level)
         return hits
-
-    def _search_ids(  # noqa: PLR0913 - the search request's fields
-        self,
-        name: str,
-        physical: str,
-        data: list[list[float]],
-        top_k: int,
-        expr: str,
-        params: dict[str, Any],
-        level: str,
-    ) -> list[tuple[list[str], list[float]]] | None:
-        """The fast path's answer, or ``None`` after a transport error.
-
-        The caller then goes through pymilvus' public search, which retries transient gRPC
-        failures itself. Error statuses from Milvus are raised (mapped by :func:`wrapped`).
-        """
-        with wrapped("search", name):
-            try:
-                return milvus_fastpath.search_ids(self._client, physical, data, top_k, expr, params, level)
-            except MilvusException:
-                raise
-            except Exception:  # noqa: BLE001 - e.g. grpc.RpcError UNAVAILABLE
-                return None
 
     # -- indexes ---------------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ def search_ids(  # noqa: PLR0913 - the search request's fields
     params: dict[str, Any],
     consistency_level: str,
     timeout_s: float | None = None,
-) -> list[tuple[list[str], list[float]]]:
+) -> list[tuple[list[str], list[float]]] | None:
     """k-NN search returning, per query, its ids and raw Milvus scores, best first.
 
     Args:
@@ -54,11 +54,11 @@ def search_ids(  # noqa: PLR0913 - the search request's fields
 
     Returns:
         ``n`` pairs ``(ids, scores)`` (Milvus distances: similarity for COSINE/IP, squared
-        distance for L2).
+        distance for L2), or ``None`` when the call failed in transport (then use pymilvus'
+        public search, which retries transient gRPC failures).
 
     Raises:
         MilvusException: Milvus answered with an error status.
-        grpc.RpcError: The call failed in transport.
     """
     from pymilvus.client.prepare import Prepare
     from pymilvus.client.utils import check_status
@@ -66,7 +66,10 @@ def search_ids(  # noqa: PLR0913 - the search request's fields
     request = Prepare.search_requests_with_expr(
         collection, data, "", params, limit, expr, None, [], -1, consistency_level=consistency_level
     )
-    response = client._get_connection()._stub.Search(request, timeout=timeout_s)
+    try:
+        response = client._get_connection()._stub.Search(request, timeout=timeout_s)
+    except Exception:  # noqa: BLE001 - e.g. grpc.RpcError UNAVAILABLE
+        return None  # the caller goes through pymilvus' public search, which retries
     check_status(response.status)
     results = response.results
     pks = results.ids.str_id.data if results.ids.HasField("str_id") else results.ids.int_id.data

@@ -291,12 +291,7 @@ def test_payload_free_search_reads_the_answer_arrays_like_the_public_api(
 def test_fast_path_is_off_when_pymilvus_lacks_its_internals() -> None:
     from stores import milvus_fastpath
 
-    class Bare:
-        def _get_connection(self) -> object:
-            return object()  # no gRPC stub
-
-    assert not milvus_fastpath.available(Bare())
-    assert not milvus_fastpath.available(object())
+    assert not milvus_fastpath.available(object())  # no _get_connection(): the public API is used
 
 
 def test_fast_path_transport_errors_fall_back_to_the_public_search(
@@ -306,9 +301,7 @@ def test_fast_path_transport_errors_fall_back_to_the_public_search(
 
     fill(milvus_lite, name, 50)
     expected = milvus_lite.search(name, unit(2, seed=3), 5, with_payload=False)
-
-    def broken(*args: object, **kwargs: object) -> None:
-        raise ConnectionError("transport hiccup")
-
-    monkeypatch.setattr(milvus_fastpath, "search_ids", broken)
+    # search_ids answers None when its raw gRPC call fails in transport (it cannot be made to
+    # fail here without breaking the public path's shared channel too).
+    monkeypatch.setattr(milvus_fastpath, "search_ids", lambda *args, **kwargs: None)
     assert milvus_lite.search(name, unit(2, seed=3), 5, with_payload=False) == expected
