@@ -15,18 +15,11 @@ worker (136 vs 125 req/s).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 from embedding.base import Embedder, Embeddings
-
-
-@dataclass
-class _Request:
-    texts: Sequence[str]
-    future: Future[Embeddings] = field(default_factory=Future)
+from quarry.microbatch import MicroBatcher
 
 
 class BatchingEmbedder:
@@ -45,9 +38,9 @@ class BatchingEmbedder:
         self.inner = inner
         self._max_batch = max_batch
         self._workers = workers
-        self._queue: list[_Request] = []
-        self._cond = threading.Condition()
-        self._busy: list[bool] = []  # one flag per worker thread; empty until warm_up starts them
+        self._batcher: MicroBatcher[Sequence[str], Embeddings] = MicroBatcher(
+            self._embed_batch, max_batch=max_batch, weight=len, name="quarry-embed-batcher"
+        )
 
     @property
     def model_id(self) -> str:
@@ -71,16 +64,10 @@ class BatchingEmbedder:
 
     def warm_up(self) -> None:
         """Load the wrapped model and start the batching threads."""
-        if self._busy:  # fast path: never wait on the model's lock once running
+        if self._batcher.started:  # fast path: never wait on the model's lock once running
             return
         self.inner.warm_up()
-        with self._cond:
-            if not self._busy:
-                self._busy = [False] * self.workers
-                for i in range(self.workers):
-                    threading.Thread(
-                        target=self._run, args=(i,), name=f"quarry-embed-batcher-{i}", daemon=True
-                    ).start()
+        self._batcher.start(self.workers)
 
     def embed(self, texts: Sequence[str]) -> Embeddings:
         """Embed ``texts`` as part of a shared batch; see :meth:`Embedder.embed` for shapes/errors."""
@@ -101,45 +88,14 @@ class BatchingEmbedder:
             EmbeddingUnavailable: The model could not be loaded or reached at warm-up.
         """
         self.warm_up()
-        request = _Request(texts)
-        with self._cond:
-            self._queue.append(request)
-            self._cond.notify_all()  # the lowest idle worker takes it (see _take)
-        return request.future
+        return self._batcher.submit(texts)
 
-    def _run(self, worker: int) -> None:
-        while True:
-            batch = self._take(worker)
-            texts = [t for r in batch for t in r.texts]
-            try:
-                result = self.inner.embed(texts)
-            except BaseException as exc:  # noqa: BLE001 - handed to every waiting caller
-                for r in batch:
-                    r.future.set_exception(exc)
-                continue
-            finally:
-                with self._cond:
-                    self._busy[worker] = False
-                    self._cond.notify_all()
-            start = 0
-            for r in batch:
-                end = start + len(r.texts)
-                r.future.set_result(Embeddings(result.vectors[start:end], result.truncated[start:end]))
-                start = end
-
-    def _take(self, worker: int) -> list[_Request]:
-        """Wait for texts; worker ``i`` takes some only while workers ``0..i-1`` are all busy.
-
-        A lone query thus always meets worker 0, whose model threads are warm (torch keeps one
-        OpenMP pool per calling thread).
-        """
-        with self._cond:
-            while not self._queue or not all(self._busy[:worker]):
-                self._cond.wait()
-            self._busy[worker] = True
-            batch, size = [], 0
-            while self._queue and size + len(self._queue[0].texts) <= self._max_batch:
-                request = self._queue.pop(0)
-                batch.append(request)
-                size += len(request.texts)
-            return batch or [self._queue.pop(0)]
+    def _embed_batch(self, requests: list[Sequence[str]]) -> list[Embeddings]:
+        """One model call over every request's texts, split back into per-request rows."""
+        result = self.inner.embed([t for texts in requests for t in texts])
+        rows, start = [], 0
+        for texts in requests:
+            end = start + len(texts)
+            rows.append(Embeddings(result.vectors[start:end], result.truncated[start:end]))
+            start = end
+        return rows

@@ -223,6 +223,24 @@ class Quarry:
             cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank
         )
 
+    async def search_async(  # noqa: PLR0913 - mirrors the request body
+        self,
+        name: str,
+        query: str,
+        *,
+        top_k: int = 10,
+        mode: Mode = "hybrid",
+        filters: Mapping[str, Any] | None = None,
+        offset: int = 0,
+        group: bool = True,
+    ) -> SearchResult:
+        """:meth:`search` without rerank, for an event loop (see ``Searcher.search_async``)."""
+        cfg = self.get_collection(name)
+        flt = parse_filter(filters, cfg.schema_)
+        return await self.searcher.search_async(
+            cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group
+        )
+
 
 def _index_record(plan: IndexPlan) -> dict[str, Any]:
     """What a collection's description shows of its index: the spec, the plan and why."""

@@ -80,6 +80,8 @@ class SearchSettings(BaseModel):
         rrf_k: RRF constant ``k`` (Cormack et al., SIGIR 2009: 60).
         bm25_weight: RRF weight of the BM25 channel.
         dense_weight: RRF weight of the dense channel.
+        ann_max_batch: Most concurrent queries' vectors sent to the store in one search call
+            (1: each query alone).
     """
 
     max_top_k: int = Field(1000, ge=1)
@@ -87,6 +89,7 @@ class SearchSettings(BaseModel):
     rrf_k: int = Field(60, ge=1)
     bm25_weight: float = Field(1.0, ge=0)
     dense_weight: float = Field(1.0, ge=0)
+    ann_max_batch: int = Field(16, ge=1)
 
 
 class IngestSettings(BaseModel):

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Annotated, Any
 
 import orjson
@@ -39,8 +40,8 @@ REQUESTS = Counter("quarry_requests_total", "HTTP requests", ["route", "status"]
 LATENCY = Histogram("quarry_request_seconds", "HTTP request latency (seconds)", ["route"])
 
 
-def get_quarry(request: Request) -> Quarry:
-    """FastAPI dependency: the app's shared service."""
+async def get_quarry(request: Request) -> Quarry:
+    """FastAPI dependency: the app's shared service (async: a sync one would cost a thread hop)."""
     service: Quarry = request.app.state.quarry
     return service
 
@@ -123,7 +124,7 @@ def readyz(request: Request, response: Response) -> dict[str, Any]:
     if not request.app.state.ready:
         response.status_code = 503
         return {"status": "starting"}
-    service = get_quarry(request)
+    service: Quarry = request.app.state.quarry
     try:
         service.store.list_collections()
     except QuarryError as exc:
@@ -185,17 +186,28 @@ def delete_document(name: str, document_id: str, q: Service) -> IngestOut:
 
 
 @router.post("/v1/collections/{name}/search", tags=["search"], response_model=SearchOut)
-def search(name: str, body: SearchIn, q: Service) -> Response:
+async def search(name: str, body: SearchIn, q: Service) -> Response:
     """Hybrid (BM25 + dense, RRF), BM25-only or dense-only search with filters and paging.
 
     The body is :class:`SearchOut`, serialised by orjson straight from the result's dataclasses
-    (the hot path: no second validation pass over hits the service built itself).
+    (the hot path: no second validation pass over hits the service built itself). The query runs
+    on the event loop and awaits the model and the store; a rerank (a cross-encoder, CPU-bound)
+    runs in a worker thread.
     """
     started = time.perf_counter()
-    result = q.search(
-        name, body.query, top_k=body.top_k, mode=body.mode, filters=body.filters,
-        offset=body.offset, group=body.group_by_document, rerank=_rerank_options(q, body),
-    )
+    rerank = _rerank_options(q, body)
+    if rerank is None:
+        result = await q.search_async(
+            name, body.query, top_k=body.top_k, mode=body.mode, filters=body.filters,
+            offset=body.offset, group=body.group_by_document,
+        )
+    else:
+        result = await run_in_threadpool(
+            partial(
+                q.search, name, body.query, top_k=body.top_k, mode=body.mode, filters=body.filters,
+                offset=body.offset, group=body.group_by_document, rerank=rerank,
+            )
+        )
     out = {
         "hits": result.hits, "total": result.total, "mode": result.mode, "offset": body.offset,
         "top_k": body.top_k, "degraded": result.degraded, "reranked": result.reranked,

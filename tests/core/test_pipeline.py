@@ -1,3 +1,4 @@
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -5,6 +6,7 @@ import pytest
 from indexing.sources import SourceDocument, read_documents
 from quarry.errors import CollectionNotFound, InvalidDocument, InvalidFilter, InvalidQuery
 from quarry.service import Quarry
+from retrieval.search import Mode
 from tests.core.conftest import CountingEmbedder, write_jsonl
 
 
@@ -151,3 +153,34 @@ def test_hybrid_explain_has_both_channels(service: Quarry, collection: str, scif
     assert set(top.explain) >= {"bm25", "dense", "fusion"}
     assert top.explain["fusion"]["k"] == 60
     assert top.explain["bm25"]["rank"] >= 1 and top.explain["dense"]["score"] > 0
+
+
+def test_async_search_equals_search_and_raises_the_same_errors(
+    service: Quarry, collection: str, scifact_docs: list[SourceDocument]
+) -> None:
+    service.upsert(collection, scifact_docs[:120])
+    query = "cell differentiation in cancer"
+
+    async def both(mode: Mode, **kw: object) -> None:
+        sync = service.search(collection, query, mode=mode, top_k=12, **kw)  # type: ignore[arg-type]
+        concurrent = await asyncio.gather(
+            *(service.search_async(collection, query, mode=mode, top_k=12, **kw) for _ in range(6))  # type: ignore[arg-type]
+        )
+        for result in concurrent:  # batched with each other: the model's vectors may differ by float noise
+            assert [h.chunk_id for h in result.hits] == [h.chunk_id for h in sync.hits]
+            assert [{c: e.get("rank") for c, e in h.explain.items()} for h in result.hits] == [
+                {c: e.get("rank") for c, e in h.explain.items()} for h in sync.hits
+            ]
+            assert [h.score for h in result.hits] == pytest.approx([h.score for h in sync.hits], abs=1e-5)
+            assert result.total == sync.total and result.degraded == sync.degraded == []
+
+    async def run() -> None:
+        for mode in ("bm25", "dense", "hybrid"):
+            await both(mode)
+            await both(mode, offset=5)
+        with pytest.raises(InvalidQuery):
+            await service.search_async(collection, " ")
+        with pytest.raises(CollectionNotFound):
+            await service.search_async("nope", "alpha")
+
+    asyncio.run(run())

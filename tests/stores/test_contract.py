@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from quarry.errors import (
     DimensionMismatch,
     UnsupportedIndex,
 )
+from retrieval.ann_batching import BatchingSearch
 from stores.base import IndexKind, IndexSpec, Metric, VectorRecord, VectorStore
 from stores.factory import open_store
 from stores.filters import And, Eq, Filter, In, Or, Range, matches
@@ -471,3 +473,33 @@ def test_concurrent_use_of_one_store(store: VectorStore, coll: str) -> None:
         t.join()
     assert not errors, errors[0]
     assert store.count(coll) == 200 + 8 * 15
+
+
+def test_coalesced_one_query_searches_equal_searching_alone(store: VectorStore, names: Callable[[], str]) -> None:
+    """The query path's BatchingSearch: concurrent calls with mixed collections, k and filters
+    share store calls, and each gets exactly what it would get alone; a failed call (unknown
+    collection) fails only its own callers."""
+    rng = np.random.default_rng(19)
+    first, second = names(), names()
+    rnd = random.Random(19)
+    for name in (first, second):
+        store.create_collection(name, DIM)
+        store.upsert(name, records(unit(rng, 120), [random_payload(rnd, i) for i in range(120)]))
+    queries = unit(rng, 24)
+    cases = [
+        (first if i % 3 else second, queries[i : i + 1], 5 + i % 4, None if i % 2 else Eq("tags", "p"))
+        for i in range(24)
+    ]
+    batching = BatchingSearch(store, max_batch=6)
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        got = list(pool.map(lambda c: batching.search(c[0], c[1], c[2], c[3], with_payload=False), cases))
+        missing = pool.submit(batching.search, "t_no_such_collection", queries[:1], 5)
+        with pytest.raises(CollectionNotFound):
+            missing.result()
+    for (name, query, k, flt), hits in zip(cases, got, strict=True):
+        alone = store.search(name, query, k, flt, with_payload=False)[0]
+        assert [h.id for h in hits] == [h.id for h in alone]
+        assert len(hits) == k
+        np.testing.assert_allclose([h.score for h in hits], [h.score for h in alone], atol=1e-5)
+    with pytest.raises(ValueError, match=r"one \(1, dim\) query"):
+        batching.submit(first, queries[:2], 5)
