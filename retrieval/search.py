@@ -48,6 +48,21 @@ class ChannelHit(NamedTuple):
     score: float
 
 
+class _Candidate(NamedTuple):
+    """A fused candidate: its key, fused (or single-channel) score and the hit of each channel."""
+
+    key: str
+    score: float
+    channels: dict[str, ChannelHit]
+    fused: bool = False  # scored by RRF over two channels
+    rerank: dict[str, float] | None = None  # cross-encoder score and rank before it
+
+    @property
+    def best(self) -> ChannelHit:
+        """The channel hit whose chunk represents this candidate (the best-ranked one)."""
+        return min(self.channels.values(), key=lambda h: h.rank)
+
+
 @dataclass
 class Hit:
     """One result returned to the caller."""
@@ -221,10 +236,10 @@ class Searcher:
                 result.timings_ms["ann"] = (ended - ann_started) * 1000
                 channels["dense"] = _ranked(((h.id, document_id_of(h.id), h.score) for h in found), group, self.window)
                 result.timings_ms["dense"] = (time.perf_counter() - dense_started) * 1000
-        fused = self._fuse(channels)
+        needed = offset + top_k if rerank is None else max(offset + top_k, rerank.top_n)
+        fused, result.total = self._fuse(channels, needed)
         if rerank is not None:
             fused = self._rerank(cfg, query, fused, rerank, result)
-        result.total = len(fused)
         page = fused[offset : offset + top_k]
         result.hits = self._timed(result, "hydrate", lambda: self._hydrate(cfg, page))
         return result
@@ -258,56 +273,56 @@ class Searcher:
             failed.set_exception(exc)
             return failed
 
-    def _fuse(self, channels: dict[str, list[ChannelHit]]) -> list[dict[str, Any]]:
-        by_channel = {name: {h.key: h for h in hits} for name, hits in channels.items()}
+    def _fuse(self, channels: dict[str, list[ChannelHit]], needed: int) -> tuple[list[_Candidate], int]:
+        """The best ``needed`` fused candidates (hits of each channel attached) and how many there are."""
         if len(channels) == 1:
             (name, hits), = channels.items()
-            return [{"key": h.key, "score": h.score, "channels": {name: h}} for h in hits]
+            return [_Candidate(h.key, h.score, {name: h}) for h in hits[:needed]], len(hits)
         weights = {"bm25": self._settings.bm25_weight, "dense": self._settings.dense_weight}
-        fused = rrf({n: [h.key for h in hits] for n, hits in channels.items()}, self._settings.rrf_k, weights)
-        return [
-            {"key": f.id, "score": f.score, "fused": True, "channels": {n: by_channel[n][f.id] for n in f.ranks}}
-            for f in fused
-        ]
+        kept = {n: hits for n, hits in channels.items() if weights[n] > 0}
+        fused = rrf({n: [h.key for h in hits] for n, hits in kept.items()}, self._settings.rrf_k, weights, needed)
+        total = len({h.key for hits in kept.values() for h in hits})
+        # A channel hit's rank is its 1-based position in that channel's list (keys are unique there).
+        return [_Candidate(f.id, f.score, {n: kept[n][r - 1] for n, r in f.ranks.items()}, True) for f in fused], total
 
     def _rerank(
-        self, cfg: CollectionConfig, query: str, fused: list[dict[str, Any]], opts: RerankOptions, result: SearchResult
-    ) -> list[dict[str, Any]]:
+        self, cfg: CollectionConfig, query: str, fused: list[_Candidate], opts: RerankOptions, result: SearchResult
+    ) -> list[_Candidate]:
         from rerank.budget import rerank_within_budget
 
         if self._reranker is None:
             result.reranked, result.rerank_reason = False, "no reranker configured (QUARRY_RERANK__MODEL)"
             return fused
         head, tail = fused[: opts.top_n], fused[opts.top_n :]
-        chunks = self._docstore.get_chunks(cfg.name, [_best(item).chunk_id for item in head])
-        passages = [chunks[_best(i).chunk_id].text if _best(i).chunk_id in chunks else "" for i in head]
+        chunks = self._docstore.get_chunks(cfg.name, [item.best.chunk_id for item in head])
+        passages = [chunks[i.best.chunk_id].text if i.best.chunk_id in chunks else "" for i in head]
         started = time.perf_counter()
         outcome = rerank_within_budget(self._reranker, query, passages, opts.budget_ms, opts.batch_size)
         result.timings_ms["rerank"] = (time.perf_counter() - started) * 1000
         result.reranked, result.rerank_reason = outcome.reranked, outcome.reason
         if not outcome.reranked or outcome.scores is None:
             return fused
-        for before, (item, score) in enumerate(zip(head, outcome.scores, strict=True), start=1):
-            item["rerank"] = {"score": float(score), "rank_before": before}
-        ordered = sorted(head, key=lambda it: (-it["rerank"]["score"], it["rerank"]["rank_before"]))
-        return ordered + tail
+        scores = [float(x) for x in outcome.scores]
+        order = sorted(range(len(head)), key=lambda i: (-scores[i], i))  # ties keep the fused order
+        rescored = [head[i]._replace(rerank={"score": scores[i], "rank_before": i + 1}) for i in order]
+        return rescored + tail
 
-    def _hydrate(self, cfg: CollectionConfig, page: Sequence[dict[str, Any]]) -> list[Hit]:
-        chunks = self._docstore.get_chunks(cfg.name, [_best(item).chunk_id for item in page])
+    def _hydrate(self, cfg: CollectionConfig, page: Sequence[_Candidate]) -> list[Hit]:
+        chunks = self._docstore.get_chunks(cfg.name, [item.best.chunk_id for item in page])
         hits = []
         for item in page:
-            best = _best(item)
+            best = item.best
             stored = chunks.get(best.chunk_id)
             if stored is None:  # a vector whose chunk is gone (orphan): never shown
                 continue
             explain: dict[str, Any] = {
-                name: {"rank": h.rank, "score": h.score, "chunk_id": h.chunk_id} for name, h in item["channels"].items()
+                name: {"rank": h.rank, "score": h.score, "chunk_id": h.chunk_id} for name, h in item.channels.items()
             }
-            if item.get("fused"):
-                explain["fusion"] = {"method": "rrf", "k": self._settings.rrf_k, "score": item["score"]}
-            if "rerank" in item:
-                explain["rerank"] = item["rerank"]
-            score = item["rerank"]["score"] if "rerank" in item else item["score"]
+            if item.fused:
+                explain["fusion"] = {"method": "rrf", "k": self._settings.rrf_k, "score": item.score}
+            if item.rerank is not None:
+                explain["rerank"] = item.rerank
+            score = item.rerank["score"] if item.rerank is not None else item.score
             metadata = {k: v for k, v in stored.payload.items() if k != "document_id"}
             hits.append(Hit(stored.document_id, stored.chunk_id, float(score), stored.text, metadata, explain))
         return hits
@@ -348,9 +363,3 @@ def _ranked(found: Iterable[tuple[str, str, float]], group: bool, window: int) -
         if len(hits) == window:
             break
     return hits
-
-
-def _best(item: dict[str, Any]) -> ChannelHit:
-    """The channel hit whose chunk represents a fused item (the best-ranked one)."""
-    best: ChannelHit = min(item["channels"].values(), key=lambda h: h.rank)
-    return best

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -46,13 +46,15 @@ class VectorRecord:
     payload: Payload = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class ScoredId:
-    """One search result: the record id, its score (higher is better) and its payload."""
+class ScoredId(NamedTuple):
+    """One search result: the record id, its score (higher is better) and its payload.
+
+    A named tuple: a top-200 search builds 200 of them per query, at half a dataclass's cost.
+    """
 
     id: str
     score: float
-    payload: Payload = field(default_factory=dict)
+    payload: Payload
 
 
 @dataclass(frozen=True)

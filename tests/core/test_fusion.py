@@ -28,3 +28,14 @@ def test_rrf_ties_are_deterministic_and_duplicates_ignored() -> None:
         rrf({"x": ["a"]}, k=0)
     with pytest.raises(ValueError):
         rrf({"x": ["a"]}, weights={"x": -1})
+
+
+def test_rrf_limit_returns_the_head_of_the_full_list() -> None:
+    rankings = {"bm25": [f"d{i}" for i in range(50)], "dense": [f"d{i}" for i in range(70, 20, -1)]}
+    full = rrf(rankings, k=60)
+    assert len(full) == 71  # d0..d70
+    assert rrf(rankings, k=60, limit=7) == full[:7]
+    assert rrf(rankings, k=60, limit=0) == []
+    assert rrf(rankings, k=60, limit=500) == full
+    with pytest.raises(ValueError, match="limit"):
+        rrf(rankings, limit=-1)
