@@ -7,6 +7,11 @@ the top-``(offset + top_k)`` list. Hits are grouped by document by default (a do
 chunk stands for it), since relevance is judged per document. In hybrid mode a failing embedder
 degrades the query to BM25 only, and the response says so; in dense mode the error propagates
 (503). The query is queued for the embedding model first and BM25 scores while the model runs.
+
+The query is written once, as steps that yield two futures (the query's vector from the batching
+embedder, its ANN hits from :class:`~retrieval.ann_batching.BatchingSearch`): :meth:`Searcher.search`
+blocks on them in the calling thread (CLI, evaluation), :meth:`Searcher.search_async` awaits them
+on the REST API's event loop.
 """
 
 from __future__ import annotations
