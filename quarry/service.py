@@ -25,7 +25,7 @@ from retrieval.search import Mode, RerankOptions, Searcher, SearchResult
 from retrieval.text import LANGUAGES, Language
 from stores.base import VectorStore
 from stores.factory import open_store
-from stores.filters import parse_filter
+from stores.filters import Filter, parse_filter
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +217,7 @@ class Quarry:
             InvalidFilter: Unknown field or wrong type in ``filters``.
             InvalidQuery: Blank query or bad paging.
         """
-        cfg = self.get_collection(name)
-        flt = parse_filter(filters, cfg.schema_)
+        cfg, flt = self._target(name, filters)
         return self.searcher.search(
             cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank
         )
@@ -235,11 +234,15 @@ class Quarry:
         group: bool = True,
     ) -> SearchResult:
         """:meth:`search` without rerank, for an event loop (see ``Searcher.search_async``)."""
-        cfg = self.get_collection(name)
-        flt = parse_filter(filters, cfg.schema_)
+        cfg, flt = self._target(name, filters)
         return await self.searcher.search_async(
             cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group
         )
+
+    def _target(self, name: str, filters: Mapping[str, Any] | None) -> tuple[CollectionConfig, Filter | None]:
+        """A search's collection and its filter, checked against the collection's schema."""
+        cfg = self.get_collection(name)
+        return cfg, parse_filter(filters, cfg.schema_)
 
 
 def _index_record(plan: IndexPlan) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Generator, Iterable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, cast
 
@@ -186,17 +186,11 @@ class Searcher:
         flight: fewer threads contend for the GIL with the model's and the store's.
         """
         steps = self._steps(cfg, query, top_k, mode, flt, offset, group, None)
-        try:
-            future = next(steps)
-            while True:
-                try:
-                    value = await asyncio.wrap_future(future)
-                except Exception as exc:  # noqa: BLE001 - handed back to the step that waited
-                    future = steps.throw(exc)
-                else:
-                    future = steps.send(value)
-        except StopIteration as done:
-            return cast(SearchResult, done.value)
+        step = _advance(steps, None)
+        while isinstance(step, Future):
+            await asyncio.wait([asyncio.wrap_future(step)])
+            step = _advance(steps, step)
+        return step
 
     def _steps(  # noqa: PLR0913 - the request's fields
         self,
@@ -342,17 +336,28 @@ class Searcher:
 
 def _resolve(steps: Generator[Future[Any], Any, SearchResult]) -> SearchResult:
     """Run :meth:`Searcher._steps` in this thread, blocking on each future."""
+    step = _advance(steps, None)
+    while isinstance(step, Future):
+        wait([step])
+        step = _advance(steps, step)
+    return step
+
+
+def _advance(
+    steps: Generator[Future[Any], Any, SearchResult], done: Future[Any] | None
+) -> Future[Any] | SearchResult:
+    """Start the steps (``done`` is ``None``) or hand them a finished future's result or exception.
+
+    Returns:
+        The next future to wait on, or the search result once the steps end.
+    """
     try:
-        future = next(steps)
-        while True:
-            try:
-                value = future.result()
-            except Exception as exc:  # noqa: BLE001 - handed back to the step that waited
-                future = steps.throw(exc)
-            else:
-                future = steps.send(value)
-    except StopIteration as done:
-        return cast(SearchResult, done.value)
+        if done is None:
+            return next(steps)
+        exc = done.exception()
+        return steps.throw(exc) if exc is not None else steps.send(done.result())
+    except StopIteration as end:
+        return cast(SearchResult, end.value)
 
 
 def _ranked(found: Iterable[tuple[str, str, float]], group: bool, window: int) -> list[ChannelHit]:
