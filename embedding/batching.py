@@ -15,8 +15,9 @@ worker (136 vs 125 req/s).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from embedding.base import Embedder, Embeddings
 from quarry.microbatch import MicroBatcher
@@ -38,6 +39,8 @@ class BatchingEmbedder:
         self.inner = inner
         self._max_batch = max_batch
         self._workers = workers
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
         self._batcher: MicroBatcher[Sequence[str], Embeddings] = MicroBatcher(
             self._embed_batch, max_batch=max_batch, weight=len, name="quarry-embed-batcher"
         )
@@ -76,19 +79,30 @@ class BatchingEmbedder:
         return self.submit(texts).result()
 
     def submit(self, texts: Sequence[str]) -> Future[Embeddings]:
-        """Queue ``texts`` for the next model call and return at once.
+        """Queue ``texts`` for the next model call and return at once, never blocking.
 
-        The caller can do other work (the query path scores BM25) while the model runs.
+        The caller can do other work (the query path scores BM25, or serves other requests on
+        an event loop) while the model runs. Before the model is warm, the warm-up (loading, or
+        reaching a Triton server with retries) runs on a warm-up thread, not the caller's.
 
         Returns:
             A future of the :class:`Embeddings` of ``texts``; ``result()`` raises what the
-            model raised (e.g. ``EmbeddingUnavailable``).
-
-        Raises:
-            EmbeddingUnavailable: The model could not be loaded or reached at warm-up.
+            model raised, e.g. ``EmbeddingUnavailable`` when it could not be loaded or reached.
         """
+        if self._batcher.started:
+            return self._batcher.submit(texts)
+        return self._warm_up_pool().submit(lambda: self._batcher_after_warm_up().submit(texts).result())
+
+    def _batcher_after_warm_up(self) -> MicroBatcher[Sequence[str], Embeddings]:
         self.warm_up()
-        return self._batcher.submit(texts)
+        return self._batcher
+
+    def _warm_up_pool(self) -> ThreadPoolExecutor:
+        """One thread that warms up for callers that must not block (created once, on demand)."""
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quarry-embed-warm-up")
+            return self._pool
 
     def _embed_batch(self, requests: list[Sequence[str]]) -> list[Embeddings]:
         """One model call over every request's texts, split back into per-request rows."""

@@ -17,6 +17,7 @@ on the REST API's event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Generator, Iterable, Sequence
 from concurrent.futures import Future, wait
@@ -188,7 +189,8 @@ class Searcher:
         steps = self._steps(cfg, query, top_k, mode, flt, offset, group, None)
         step = _advance(steps, None)
         while isinstance(step, Future):
-            await asyncio.wait([asyncio.wrap_future(step)])
+            with contextlib.suppress(Exception):  # read by _advance; cancellation still propagates
+                await asyncio.wrap_future(step)
             step = _advance(steps, step)
         return step
 
@@ -213,7 +215,8 @@ class Searcher:
         result = SearchResult([], 0, mode)
         channels: dict[str, list[ChannelHit]] = {}
         started = time.perf_counter()
-        pending = self._submit(query) if mode != "bm25" else None  # the model runs while BM25 scores
+        # The model runs while BM25 scores; submit never blocks (errors come through the future).
+        pending = self._embedder.submit([query]) if mode != "bm25" else None
         if mode in ("bm25", "hybrid"):
             channels["bm25"] = self._timed(result, "bm25", lambda: self._bm25_channel(cfg, query, flt, group))
         if pending is not None:
@@ -263,14 +266,6 @@ class Searcher:
         keep = None if flt is None else (lambda payload: matches(flt, payload))
         hits = index.search(tokenize(query, cfg.language), self.depth, keep)
         return _ranked(((h.chunk_id, h.document_id, h.score) for h in hits), group, self.window)
-
-    def _submit(self, query: str) -> Future[Embeddings]:
-        try:
-            return self._embedder.submit([query])
-        except EmbeddingError as exc:  # e.g. Triton down at warm-up: raised where the vector is awaited
-            failed: Future[Embeddings] = Future()
-            failed.set_exception(exc)
-            return failed
 
     def _fuse(self, channels: dict[str, list[ChannelHit]], needed: int) -> tuple[list[_Candidate], int]:
         """The best ``needed`` fused candidates (hits of each channel attached) and how many there are."""

@@ -58,3 +58,10 @@ def test_search_degrades_to_bm25_or_returns_503(down: Quarry, scifact_docs: list
         assert dense.status_code == 503 and dense.json()["error"]["type"] == "EmbeddingUnavailable"
         assert dense.json()["error"]["retryable"] is True
         assert client.get("/readyz").status_code == 200  # the store is fine; readiness is about the store
+
+
+def test_submit_to_a_down_server_never_blocks_the_caller_and_the_future_raises(down: Quarry) -> None:
+    """The REST API submits on its event loop: warm-up retries must run elsewhere."""
+    future = down.query_embedder.submit(["anything"])  # returns a future; raises nothing here
+    with pytest.raises(EmbeddingUnavailable, match="127.0.0.1"):
+        future.result(timeout=60)
