@@ -4,7 +4,9 @@
 the packaged sentence-transformers model once (:mod:`embedding.onnx_export`, cached under
 ``cache_dir``), then runs it with an ``onnxruntime.InferenceSession``. ``onnx:///path/to/model``
 takes a local sentence-transformers folder. ``threads=N`` sets ONNX Runtime's intra-op threads
-(default: the CPUs this process may use).
+(default: the CPUs this process may use). A REST server on a small machine does better with
+``threads=1``, which leaves the other cores to the event loop and the vector store: on 2 cores,
+32 clients, 270 vs 245 req/s (two servers measured alternately, 10 s each, 5 rounds).
 
 Tokenisation uses the model's own fast tokenizer (``tokenizer.json``, Hugging Face
 ``tokenizers``), truncated to ``max_seq_length``; mean pooling over the attention mask and L2
@@ -12,7 +14,8 @@ normalisation are done in numpy, as sentence-transformers does (Reimers & Gurevy
 Inputs are sorted by length and grouped into calls that pad little (:mod:`embedding.length_batches`).
 
 int8 (dynamic quantisation) scales activations per batch tensor, so an int8 vector depends
-slightly on the other texts of its batch (cosine >= 0.995 between batchings); fp32 does not.
+slightly on the other texts of its batch (800 SciFact documents and queries, batches of 32 vs one
+at a time: min cosine 0.989, mean 0.995, with the ``dot`` recipe); fp32 does not.
 Measured on all 5,183 SciFact documents against the torch model: see tests/embedding/test_onnx.py.
 """
 

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from embedding.base import Embedder
 from embedding.onnx import OnnxEmbedder, parse_onnx_url
-from embedding.onnx_export import cache_folder
+from embedding.onnx_export import cache_folder, int8_recipe
 from embedding.sentence_transformers import SentenceTransformerEmbedder, resolve_model_path
 from quarry.errors import ConfigError
 
@@ -102,12 +102,27 @@ def test_export_is_cached_by_weight_hash(int8: OnnxEmbedder, fp32: OnnxEmbedder,
     assert int8.layout is not None and int8.onnx_path is not None and fp32.onnx_path is not None
     folder = cache_folder(int8.layout, onnx_cache, "all-MiniLM-L6-v2")
     assert int8.onnx_path.parent == fp32.onnx_path.parent == folder
+    assert int8.onnx_path.name == f"model.int8-{int8_recipe()}.onnx"
     assert int8.layout.weights_digest()[:16] in folder.name
     stamp = int8.onnx_path.stat().st_mtime_ns
     again = OnnxEmbedder.from_url("onnx://all-MiniLM-L6-v2?quantize=int8", onnx_cache)
     again.warm_up()
     assert again.onnx_path == int8.onnx_path and again.onnx_path.stat().st_mtime_ns == stamp
     assert int8.onnx_path.stat().st_size < 0.8 * fp32.onnx_path.stat().st_size
+
+
+@pytest.mark.parametrize(
+    ("flags", "recipe"),
+    [
+        ({"avx2", "avx512bw", "avx512_vnni"}, "dot"),
+        ({"avx2", "avx_vnni"}, "dot"),
+        ({"fp", "asimd", "asimddp"}, "dot"),
+        ({"avx2", "avx512bw"}, "sat"),
+        (set(), "sat"),
+    ],
+)
+def test_int8_recipe_follows_the_cpus_int8_dot_product(flags: set[str], recipe: str) -> None:
+    assert int8_recipe(frozenset(flags)) == recipe
 
 
 def test_url_forms() -> None:
