@@ -20,9 +20,10 @@ an error in an early layer is amplified by the rest, so the first ones stay fp32
   AVX-VNNI, Arm ``asimddp``): layer 0's down-projection stays fp32. Min cosine 0.9911 on all
   documents and on the 1,109 queries; model CPU time per query 2.31 ms vs 2.66 ms with three
   fp32 layers (AMD EPYC with AVX512-VNNI, queries in batches of 32).
-* ``sat`` recipe (other CPUs): ONNX Runtime's u8s8 kernels there use ``VPMADDUBSW``, whose int16
-  pair sums saturate (ONNX Runtime's quantization docs), so the first half of the layers keep
-  their down-projection in fp32 (min cosine 0.9948 on a VNNI CPU).
+* ``sat`` recipe (other CPUs): ONNX Runtime's u8s8 kernels on SSE4.1/AVX2/AVX512 without VNNI
+  sum pairs of products in saturating int16 (``VPMADDUBSW``; onnxruntime PR #12088, oneDNN's
+  "Nuances of int8 computations"), so the first half of the layers keep their down-projection
+  in fp32 (min cosine 0.9948 on a VNNI CPU; not measured here on a CPU without VNNI).
 """
 
 from __future__ import annotations
