@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -13,7 +14,11 @@ from embedding.base import Embedder
 from embedding.onnx import OnnxEmbedder, parse_onnx_url
 from embedding.onnx_export import cache_folder, int8_recipe
 from embedding.sentence_transformers import SentenceTransformerEmbedder, resolve_model_path
+from eval.runner import evaluate
+from indexing.sources import read_documents
 from quarry.errors import ConfigError
+from quarry.service import Quarry
+from quarry.settings import Settings
 
 from .conftest import scifact_texts
 
@@ -166,6 +171,30 @@ def test_int8_and_fp32_match_torch_on_all_scifact_documents(
         print(f"{embedder.quantize}: cosine vs torch min {cos.min():.5f} mean {cos.mean():.5f}")
         assert cos.min() >= floor, f"{embedder.quantize}: min cosine {cos.min():.5f} over SciFact"
         np.testing.assert_array_equal(got.truncated, want.truncated)
+
+
+@pytest.mark.slow
+def test_int8_keeps_scifact_hybrid_ndcg_within_001_of_torch(
+    int8: OnnxEmbedder, shared_data: Path, tmp_path: Path
+) -> None:
+    """Documents and queries both embedded by int8; the torch figure is the committed baseline's."""
+    quarry = Quarry(Settings(data_dir=tmp_path), embedder=int8)
+    try:
+        quarry.create_collection("scifact", language="auto")
+        quarry.upsert("scifact", read_documents(shared_data / "scifact"))
+
+        def search(text: str, mode: str, top_k: int) -> list[tuple[str, float]]:
+            return [(h.document_id, h.score) for h in quarry.search("scifact", text, top_k=top_k, mode=mode).hits]
+
+        scifact = shared_data / "scifact"
+        summary = evaluate(search, scifact, "test", ["hybrid"], tmp_path / "out", {}, show_progress=False)
+    finally:
+        quarry.close()
+    got = summary.to_dict()["modes"]["hybrid"]["ndcg@10"]
+    baseline = Path(__file__).resolve().parents[2] / "eval" / "baselines" / "scifact-test.json"
+    torch = json.loads(baseline.read_text())["modes"]["hybrid"]["ndcg@10"]
+    print(f"hybrid nDCG@10: int8 {got:.4f}, torch {torch:.4f}")
+    assert abs(got - torch) < 0.01, f"int8 hybrid nDCG@10 {got:.4f} vs torch {torch:.4f}"
 
 
 def test_the_factory_builds_it_with_the_settings_cache(tmp_path: Path) -> None:
