@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -41,8 +41,23 @@ from eval.report import write_report
 from eval.summary import ModeResult, Summary
 from quarry.errors import InvalidRequest
 
+if TYPE_CHECKING:
+    from quarry.service import Quarry
+    from retrieval.search import Mode
+
 SearchFn = Callable[[str, str, int], Sequence[tuple[str, float]]]
 """``search(query_text, mode, top_k) -> [(document_id, score), ...]``, best first."""
+
+
+def collection_search(quarry: Quarry, collection: str) -> SearchFn:
+    """The :data:`SearchFn` over one collection of a service: each hit's document id and score."""
+
+    def search(text: str, mode: str, top_k: int) -> list[tuple[str, float]]:
+        result = quarry.search(collection, text, top_k=top_k, mode=cast("Mode", mode))  # Quarry checks it
+        return [(h.document_id, h.score) for h in result.hits]
+
+    return search
+
 
 REFERENCE_FILE = "REFERENCE_SCORES.md"
 

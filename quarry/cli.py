@@ -150,6 +150,7 @@ def evaluate(
     language: Language = "auto",
 ) -> None:
     """Ingest a BEIR corpus (idempotent), run each mode over a split, write the report."""
+    from eval.runner import collection_search
     from eval.runner import evaluate as run_eval
     from indexing.sources import read_documents
 
@@ -162,17 +163,15 @@ def evaluate(
         _ingest_with_progress(quarry, name, read_documents(beir))
         cfg = quarry.get_collection(name)
 
-        def search_fn(text: str, mode: str, top_k: int) -> list[tuple[str, float]]:
-            result = quarry.search(name, text, top_k=top_k, mode=mode)
-            return [(h.document_id, h.score) for h in result.hits]
-
         config = {
             "collection": name, "store": settings.store_url, "embedding": settings.embedding.url,
             "embedding_model": cfg.embedding_model, "language": cfg.language, "chunk_size": cfg.chunk_size,
             "chunk_overlap": cfg.chunk_overlap, "bm25": settings.bm25.model_dump(),
             "rrf_k": settings.search.rrf_k, "rank_window_size": settings.search.candidates, "index": cfg.index,
         }
-        summary = run_eval(search_fn, beir_dir=beir, split=split, modes=wanted, out_dir=out_dir, config=config)
+        summary = run_eval(
+            collection_search(quarry, name), beir_dir=beir, split=split, modes=wanted, out_dir=out_dir, config=config
+        )
     except QuarryError as exc:
         _fail(exc)
         return

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from eval.baseline import compare_to_baseline
-from eval.runner import evaluate
+from eval.runner import collection_search, evaluate
 from eval.summary import Summary
 from indexing.sources import read_documents
 from quarry.service import Quarry
@@ -33,10 +33,8 @@ def scifact_quarry(
 
 @pytest.fixture(scope="module")
 def scifact_summary(scifact_quarry: Quarry, shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Summary:
-    def search(text: str, mode: str, top_k: int) -> list[tuple[str, float]]:
-        return [(h.document_id, h.score) for h in scifact_quarry.search("scifact", text, top_k=top_k, mode=mode).hits]
-
     out = tmp_path_factory.mktemp("scifact-eval")
+    search = collection_search(scifact_quarry, "scifact")
     summary = evaluate(
         search, shared_data / "scifact", "test", ["bm25", "dense", "hybrid"], out, {"test": True}, show_progress=False
     )
@@ -72,12 +70,9 @@ def test_cmrc_chinese_bm25(tmp_path: Path, shared_data: Path, counting: Counting
     try:
         quarry.create_collection("cmrc", language="zh")
         quarry.upsert("cmrc", read_documents(shared_data / "cmrc2018-retrieval"))
-
-        def search(text: str, mode: str, top_k: int) -> list[tuple[str, float]]:
-            return [(h.document_id, h.score) for h in quarry.search("cmrc", text, top_k=top_k, mode=mode).hits]
-
         summary = evaluate(
-            search, shared_data / "cmrc2018-retrieval", "test", ["bm25"], tmp_path / "out", {}, show_progress=False
+            collection_search(quarry, "cmrc"), shared_data / "cmrc2018-retrieval", "test", ["bm25"],
+            tmp_path / "out", {}, show_progress=False,
         )
         bm25 = summary.to_dict()["modes"]["bm25"]
         print(json.dumps(bm25))

@@ -14,7 +14,7 @@ from embedding.base import Embedder
 from embedding.onnx import OnnxEmbedder, parse_onnx_url
 from embedding.onnx_export import cache_folder, int8_recipe
 from embedding.sentence_transformers import SentenceTransformerEmbedder, resolve_model_path
-from eval.runner import evaluate
+from eval.runner import collection_search, evaluate
 from indexing.sources import read_documents
 from quarry.errors import ConfigError
 from quarry.service import Quarry
@@ -182,10 +182,7 @@ def test_int8_keeps_scifact_hybrid_ndcg_within_001_of_torch(
     try:
         quarry.create_collection("scifact", language="auto")
         quarry.upsert("scifact", read_documents(shared_data / "scifact"))
-
-        def search(text: str, mode: str, top_k: int) -> list[tuple[str, float]]:
-            return [(h.document_id, h.score) for h in quarry.search("scifact", text, top_k=top_k, mode=mode).hits]
-
+        search = collection_search(quarry, "scifact")
         scifact = shared_data / "scifact"
         summary = evaluate(search, scifact, "test", ["hybrid"], tmp_path / "out", {}, show_progress=False)
     finally:
