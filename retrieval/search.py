@@ -19,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Generator, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, cast
+
+import numpy as np
 
 from embedding.base import Embeddings
 from embedding.batching import BatchingEmbedder
@@ -52,6 +54,27 @@ class ChannelHit(NamedTuple):
     document_id: str
     rank: int
     score: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Channel:
+    """One channel's ranked hits as parallel lists (position ``i`` has rank ``i + 1``).
+
+    Columns, not a :class:`ChannelHit` per hit: a channel keeps up to ``rank_window_size``
+    hits per query, and fusion reads only their keys; hits are built for the fused page alone.
+    """
+
+    keys: list[str]
+    chunk_ids: list[str]
+    document_ids: list[str]
+    scores: list[float]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def hit(self, i: int) -> ChannelHit:
+        """The hit at position ``i`` (rank ``i + 1``)."""
+        return ChannelHit(self.keys[i], self.chunk_ids[i], self.document_ids[i], i + 1, self.scores[i])
 
 
 class _Candidate(NamedTuple):
@@ -213,7 +236,7 @@ class Searcher:
         """
         self._validate(query, top_k, offset, mode)
         result = SearchResult([], 0, mode)
-        channels: dict[str, list[ChannelHit]] = {}
+        channels: dict[str, _Channel] = {}
         started = time.perf_counter()
         # The model runs while BM25 scores; submit never blocks (errors come through the future).
         pending = self._embedder.submit([query]) if mode != "bm25" else None
@@ -236,7 +259,7 @@ class Searcher:
                 )
                 ended = time.perf_counter()
                 result.timings_ms["ann"] = (ended - ann_started) * 1000
-                channels["dense"] = _ranked(((h.id, document_id_of(h.id), h.score) for h in found), group, self.window)
+                channels["dense"] = _ranked([h.id for h in found], [h.score for h in found], group, self.window)
                 result.timings_ms["dense"] = (time.perf_counter() - dense_started) * 1000
         needed = offset + top_k if rerank is None else max(offset + top_k, rerank.top_n)
         fused, result.total = self._fuse(channels, needed)
@@ -261,23 +284,34 @@ class Searcher:
                 f"QUARRY_SEARCH__CANDIDATES), got {offset} + {top_k}"
             )
 
-    def _bm25_channel(self, cfg: CollectionConfig, query: str, flt: Filter | None, group: bool) -> list[ChannelHit]:
+    def _bm25_channel(self, cfg: CollectionConfig, query: str, flt: Filter | None, group: bool) -> _Channel:
         index = self._bm25.get(cfg.name)
         keep = None if flt is None else (lambda payload: matches(flt, payload))
-        hits = index.search(tokenize(query, cfg.language), self.depth, keep)
-        return _ranked(((h.chunk_id, h.document_id, h.score) for h in hits), group, self.window)
+        rows, scores = index.top(tokenize(query, cfg.language), self.depth, keep)
+        if group:  # each document's best row, in rank order
+            _, first = np.unique(index.document_codes[rows], return_index=True)
+            first.sort()
+            rows, scores = rows[first], scores[first]
+        row_list = rows[: self.window].tolist()
+        chunk_ids = [index.chunk_ids[r] for r in row_list]
+        document_ids = [index.document_ids[r] for r in row_list]
+        return _Channel(document_ids if group else chunk_ids, chunk_ids, document_ids, scores[: self.window].tolist())
 
-    def _fuse(self, channels: dict[str, list[ChannelHit]], needed: int) -> tuple[list[_Candidate], int]:
+    def _fuse(self, channels: dict[str, _Channel], needed: int) -> tuple[list[_Candidate], int]:
         """The best ``needed`` fused candidates (hits of each channel attached) and how many there are."""
         if len(channels) == 1:
-            (name, hits), = channels.items()
-            return [_Candidate(h.key, h.score, {name: h}) for h in hits[:needed]], len(hits)
+            (name, only), = channels.items()
+            head = range(min(needed, len(only)))
+            return [_Candidate(only.keys[i], only.scores[i], {name: only.hit(i)}) for i in head], len(only)
         weights = {"bm25": self._settings.bm25_weight, "dense": self._settings.dense_weight}
-        kept = {n: hits for n, hits in channels.items() if weights[n] > 0}
-        fused = rrf({n: [h.key for h in hits] for n, hits in kept.items()}, self._settings.rrf_k, weights, needed)
-        total = len({h.key for hits in kept.values() for h in hits})
+        kept = {n: channel for n, channel in channels.items() if weights[n] > 0}
+        fused = rrf({n: channel.keys for n, channel in kept.items()}, self._settings.rrf_k, weights, needed)
+        total = len(set().union(*(channel.keys for channel in kept.values())))
         # A channel hit's rank is its 1-based position in that channel's list (keys are unique there).
-        return [_Candidate(f.id, f.score, {n: kept[n][r - 1] for n, r in f.ranks.items()}, True) for f in fused], total
+        candidates = [
+            _Candidate(f.id, f.score, {n: kept[n].hit(r - 1) for n, r in f.ranks.items()}, True) for f in fused
+        ]
+        return candidates, total
 
     def _rerank(
         self, cfg: CollectionConfig, query: str, fused: list[_Candidate], opts: RerankOptions, result: SearchResult
@@ -355,16 +389,23 @@ def _advance(
         return cast(SearchResult, end.value)
 
 
-def _ranked(found: Iterable[tuple[str, str, float]], group: bool, window: int) -> list[ChannelHit]:
-    """A channel's chunk list (best first) as its first ``window`` ranked hits, one per document if grouping."""
-    hits: list[ChannelHit] = []
+def _ranked(chunk_ids: Sequence[str], scores: Sequence[float], group: bool, window: int) -> _Channel:
+    """A channel's chunks (best first) as its first ``window`` ranked hits, one per document if grouping."""
+    if not group:
+        kept = list(chunk_ids[:window])
+        return _Channel(kept, kept, [document_id_of(c) for c in kept], list(scores[:window]))
+    keys: list[str] = []
+    kept_chunks: list[str] = []
+    kept_scores: list[float] = []
     seen: set[str] = set()
-    for chunk_id, document_id, score in found:
-        key = document_id if group else chunk_id
-        if key in seen:
+    for chunk_id, score in zip(chunk_ids, scores, strict=True):
+        document_id = document_id_of(chunk_id)
+        if document_id in seen:
             continue
-        seen.add(key)
-        hits.append(ChannelHit(key, chunk_id, document_id, len(hits) + 1, score))
-        if len(hits) == window:
+        seen.add(document_id)
+        keys.append(document_id)
+        kept_chunks.append(chunk_id)
+        kept_scores.append(score)
+        if len(keys) == window:
             break
-    return hits
+    return _Channel(keys, kept_chunks, keys, kept_scores)

@@ -62,6 +62,23 @@ def test_search_filters_orders_and_persists(tmp_path: Path, scifact_tokens: list
     assert json.loads((tmp_path / "bm25" / "rows.json").read_text())["chunk_ids"][0] == "c0"
 
 
+def test_top_gives_the_rows_search_gives_and_documents_share_a_code(scifact_tokens: list[list[str]]) -> None:
+    # three chunks per document: rows 3d, 3d+1, 3d+2 belong to document d
+    rows = [(f"c{i}", f"d{i // 3}", t, {"n": i}) for i, t in enumerate(scifact_tokens[:300])]
+    index = BM25Index.build(rows, BM25Settings(), 1)
+    terms = tokenize("cancer cells", "en")
+    top_rows, top_scores = index.top(terms, 25)
+    assert top_rows.dtype == np.int64 and top_scores.dtype == np.float32 and len(top_rows) == 25
+    assert [(h.row, h.score) for h in index.search(terms, 25)] == list(
+        zip(top_rows.tolist(), top_scores.tolist(), strict=True)
+    )
+    codes = index.document_codes
+    assert codes.shape == (300,) and len(set(codes.tolist())) == 100
+    assert all(codes[i] == codes[i - i % 3] for i in range(300))
+    empty = BM25Index.build([], BM25Settings(), 1)
+    assert len(empty.top(terms, 5)[0]) == 0 and empty.document_codes.shape == (0,)
+
+
 def test_chinese_two_character_term_in_one_document_ranks_first() -> None:
     docs = [
         "北京是中华人民共和国的首都，也是全国的政治中心。",

@@ -55,6 +55,39 @@ def test_changed_document_replaces_its_chunks_and_delete_removes_both_channels(
     assert service.describe(collection)["documents"] == 1
 
 
+@pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid"])
+def test_grouping_keeps_each_documents_best_chunk_and_pages_slice_one_list(
+    service: Quarry, collection: str, mode: Mode
+) -> None:
+    chunky = " ".join(f"giraffes graze acacia{i}" for i in range(400))  # several distinct chunks
+    service.upsert(
+        collection,
+        [
+            SourceDocument("chunky", chunky),
+            SourceDocument("one", "giraffes are tall"),
+            SourceDocument("two", "a note on giraffes and zebras"),
+            SourceDocument("cats", "cats sleep all day"),
+        ],
+    )
+    chunks = service.docstore.chunk_ids_of(collection, ["chunky"])["chunky"]
+    assert len(chunks) >= 3
+    grouped = service.search(collection, "giraffes graze", mode=mode, top_k=4)
+    per_chunk = service.search(collection, "giraffes graze", mode=mode, top_k=10, group=False)
+    ids = _ids(grouped)
+    assert len(ids) == len(set(ids)) and "chunky" in ids
+    assert sorted(h.chunk_id for h in per_chunk.hits if h.document_id == "chunky") == sorted(chunks)
+    best = next(h for h in grouped.hits if h.document_id == "chunky")
+    if mode != "hybrid":  # one channel: the document's hit is its best-ranked chunk, ranks count documents
+        assert best.chunk_id == next(h.chunk_id for h in per_chunk.hits if h.document_id == "chunky")
+        assert [h.explain[mode]["rank"] for h in grouped.hits] == list(range(1, len(grouped.hits) + 1))
+    else:  # fused: the chunk of the channel that ranks the document best (BM25 on a tie)
+        found = [best.explain[c] for c in ("bm25", "dense") if c in best.explain]
+        assert best.chunk_id == min(found, key=lambda e: e["rank"])["chunk_id"]
+    page = service.search(collection, "giraffes graze", mode=mode, top_k=2, offset=1)
+    assert [h.chunk_id for h in page.hits] == [h.chunk_id for h in grouped.hits[1:3]]
+    assert page.total == grouped.total
+
+
 def test_metadata_only_change_reuses_vectors(service: Quarry, collection: str, counting: CountingEmbedder) -> None:
     service.upsert(collection, [SourceDocument("m", "metadata only change", "", {"tag": "a"})])
     before = counting.texts
