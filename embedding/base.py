@@ -11,6 +11,7 @@ int valid after ``warm_up``); :class:`embedding.batching.BatchingEmbedder` runs 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -72,5 +73,32 @@ class Embedder(Protocol):
         Raises:
             EmbeddingUnavailable: A remote model server is down or not ready (retryable).
             EmbeddingError: The model failed on the batch.
+        """
+        ...
+
+
+@runtime_checkable
+class QueryEncoder(Protocol):
+    """What the query path needs: an embedder whose calls are queued and batched.
+
+    :class:`embedding.batching.BatchingEmbedder` (threads in this process) and
+    :class:`embedding.process.ProcessEmbedder` (a child process) implement it.
+    """
+
+    @property
+    def model_id(self) -> str:
+        """Stable model name."""
+        ...
+
+    def warm_up(self) -> None:
+        """Load the model and start the batching; idempotent."""
+        ...
+
+    def submit(self, texts: Sequence[str]) -> Future[Embeddings]:
+        """Queue ``texts`` for a shared model call and return at once, never blocking.
+
+        Returns:
+            A future of ``(len(texts), dim) float32`` L2-normalised rows; ``result()`` raises
+            ``EmbeddingUnavailable`` or ``EmbeddingError`` as :meth:`Embedder.embed` does.
         """
         ...

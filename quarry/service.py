@@ -9,9 +9,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from embedding.base import Embedder
+from embedding.base import Embedder, QueryEncoder
 from embedding.batching import BatchingEmbedder
 from embedding.factory import open_embedder
+from embedding.process import ProcessEmbedder
 from indexing.collections import NAME, CollectionConfig
 from indexing.docstore import DocStore
 from indexing.pipeline import Ingestor, IngestReport, Progress
@@ -55,8 +56,13 @@ class Quarry:
             self.store, self.docstore, self.embedder, self.bm25,
             batch_size=settings.ingest.batch_size, embed_batch_size=settings.embedding.batch_size,
         )
-        # queries from concurrent requests share model calls (dynamic batching in process)
-        self.query_embedder = BatchingEmbedder(self.embedder)
+        # queries from concurrent requests share model calls (dynamic batching), in a child
+        # process if asked (and the model is ours to run: not one injected by the caller)
+        self.query_embedder: QueryEncoder = (
+            ProcessEmbedder(settings.embedding.url, settings)
+            if settings.embedding.query_process and embedder is None
+            else BatchingEmbedder(self.embedder)
+        )
         self.searcher = Searcher(
             self.store, self.docstore, self.query_embedder, self.bm25, settings.search, self.reranker
         )
@@ -68,7 +74,9 @@ class Quarry:
             self.reranker.warm_up()
 
     def close(self) -> None:
-        """Release the store and the docstore."""
+        """Release the store, the docstore and the query encoder process (if any)."""
+        if isinstance(self.query_embedder, ProcessEmbedder):
+            self.query_embedder.close()
         self.store.close()
         self.docstore.close()
 

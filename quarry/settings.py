@@ -43,6 +43,10 @@ class EmbeddingSettings(BaseModel):
         timeout_s: Per-request timeout for remote servers, in seconds.
         device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
         cache_dir: Where exported ONNX models are cached (default ``<data_dir>/models``).
+        query_process: Run the query encoder (``onnx://``, ``torch://``) in a child process that
+            batches concurrent queries itself, so that the model's CPU work does not wait for the
+            server's GIL (:mod:`embedding.process`; +3-4% req/s at 32 clients on 2 cores).
+            Ingestion keeps the in-process model.
     """
 
     url: str = "torch://all-MiniLM-L6-v2"
@@ -50,6 +54,7 @@ class EmbeddingSettings(BaseModel):
     timeout_s: float = Field(30.0, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cache_dir: Path | None = None
+    query_process: bool = False
 
 
 class RerankSettings(BaseModel):

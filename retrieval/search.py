@@ -26,8 +26,7 @@ from typing import Any, Literal, NamedTuple, cast
 
 import numpy as np
 
-from embedding.base import Embeddings
-from embedding.batching import BatchingEmbedder
+from embedding.base import Embeddings, QueryEncoder
 from indexing.chunking import document_id_of
 from indexing.collections import CollectionConfig
 from indexing.docstore import DocStore
@@ -133,7 +132,7 @@ class Searcher:
         self,
         store: VectorStore,
         docstore: DocStore,
-        embedder: BatchingEmbedder,
+        embedder: QueryEncoder,
         bm25: BM25Registry,
         settings: SearchSettings,
         reranker: Reranker | None = None,
