@@ -13,7 +13,8 @@
                            [--load auto|wrk|httpx]
 
 The server uses ``QUARRY_DATA_DIR`` (default ``./data``) and ingests SciFact there first if
-needed (idempotent: a re-run embeds nothing).
+needed (idempotent: a re-run embeds nothing). It inherits the environment, so other settings
+apply too, e.g. ``QUARRY_EMBEDDING__QUERY_PROCESS=true`` (the query encoder in a child process).
 """
 
 from __future__ import annotations
