@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from embedding.base import Embeddings
-from quarry.errors import EmbeddingError, EmbeddingUnavailable
+from quarry.errors import ConfigError, EmbeddingError, EmbeddingUnavailable
 from quarry.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,6 @@ class ProcessEmbedder:
     """
 
     def __init__(self, url: str, settings: Settings, *, max_batch: int = 64, start_timeout_s: float = 600.0) -> None:
-        from quarry.errors import ConfigError
-
         scheme = url.split("://", 1)[0].lower()
         if scheme not in SCHEMES:
             raise ConfigError(f"a query encoder process runs {' or '.join(SCHEMES)}:// models, got {url!r}")

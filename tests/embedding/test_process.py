@@ -16,7 +16,7 @@ from embedding.base import QueryEncoder
 from embedding.onnx import OnnxEmbedder
 from embedding.process import ProcessEmbedder
 from indexing.sources import SourceDocument
-from quarry.errors import ConfigError, EmbeddingUnavailable
+from quarry.errors import ConfigError, EmbeddingError, EmbeddingUnavailable
 from quarry.service import Quarry
 from quarry.settings import Settings
 
@@ -59,6 +59,13 @@ def test_vectors_equal_the_in_process_model_under_concurrent_queries(
     long = encoder.embed(["word " * 400, "short"])
     assert long.truncated.tolist() == [True, False]
     assert encoder.embed([]).vectors.shape == (0, 384)
+
+
+def test_a_batch_the_model_rejects_fails_typed_and_the_child_serves_on(encoder: ProcessEmbedder) -> None:
+    pid = encoder.embed(["fine"]) and encoder.pid
+    with pytest.raises(EmbeddingError, match="failed on a batch"):
+        encoder.embed([None])  # type: ignore[list-item]  # the tokenizer raises TypeError in the child
+    assert encoder.embed(["still fine"]).vectors.shape == (1, 384) and encoder.pid == pid
 
 
 def test_a_killed_child_fails_its_requests_typed_and_the_next_query_restarts_it(encoder: ProcessEmbedder) -> None:
