@@ -34,6 +34,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.connection import Connection
@@ -50,13 +51,30 @@ log = logging.getLogger(__name__)
 SCHEMES = ("onnx", "torch")  # in-process models; a Triton client gains nothing from a process
 
 
+class _Child:
+    """One running child: its process, its socket, and the requests sent to it and not answered."""
+
+    def __init__(self, process: subprocess.Popen[bytes], conn: Connection) -> None:
+        self.process, self.conn = process, conn
+        self.pending: dict[int, Future[Embeddings]] = {}
+        self.lock = threading.Lock()  # pending
+        self.send_lock = threading.Lock()
+
+    def fail_pending(self, why: str) -> None:
+        """Fail every request still waiting on this child (the one that pops a future completes it)."""
+        with self.lock:
+            futures, self.pending = list(self.pending.values()), {}
+        for future in futures:
+            future.set_exception(EmbeddingUnavailable(why))
+
+
 class ProcessEmbedder:
     """An embedder URL served by a child process; same contract as ``BatchingEmbedder``.
 
     Args:
         url: ``onnx://...`` or ``torch://...`` (see :func:`embedding.factory.open_embedder`).
         settings: Passed to the child, which opens ``url`` with them.
-        max_batch: Most texts the child puts in one model call.
+        max_batch: Most texts the child puts in one model call (one larger request runs alone).
         start_timeout_s: Seconds to wait for the child to load the model (export on first use
             included) before :meth:`warm_up` gives up.
 
@@ -71,14 +89,12 @@ class ProcessEmbedder:
         self._url, self._settings = url, settings
         self._max_batch = max_batch
         self._start_timeout_s = start_timeout_s
-        self._lock = threading.Lock()  # start/stop
-        self._send_lock = threading.Lock()
-        self._pending: dict[int, Future[Embeddings]] = {}
-        self._pending_lock = threading.Lock()
+        self._lock = threading.Lock()  # starting and stopping children
+        self._child: _Child | None = None
+        self._closed = False
         self._ids = itertools.count()
-        self._conn: Connection | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        # created now, so that submit() never waits on _lock (held while a child loads)
+        self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quarry-query-encoder-start")
         self.model_id = url
         self.dim = 0
         self.max_seq_length = 0
@@ -86,140 +102,154 @@ class ProcessEmbedder:
     @property
     def pid(self) -> int | None:
         """The child's process id while it runs."""
-        return None if self._process is None else int(self._process.pid)
+        child = self._child
+        return None if child is None else int(child.process.pid)
 
     def warm_up(self) -> None:
         """Start the child and wait until its model is loaded (idempotent).
 
         Raises:
             EmbeddingUnavailable: The child failed to load the model, exited, or did not answer
-                within ``start_timeout_s`` (the child's error message is included).
+                within ``start_timeout_s`` (the child's error message is included); or
+                :meth:`close` was called.
         """
         with self._lock:
-            if self._conn is not None:
+            if self._closed:
+                raise EmbeddingUnavailable("query encoder process was closed")
+            if self._child is not None:
                 return
-            process, parent = _spawn()
+            process, conn = _spawn()
             try:
-                parent.send((self._url, self._settings, self._max_batch))
-                if not parent.poll(self._start_timeout_s):
+                conn.send((self._url, self._settings, self._max_batch))
+                if not conn.poll(self._start_timeout_s):
                     raise EmbeddingUnavailable(
                         f"query encoder process did not load {self._url} in {self._start_timeout_s:g} s"
                     )
-                kind, *info = parent.recv()
+                kind, *info = conn.recv()
             except (EOFError, OSError) as exc:
-                kind, info = "failed", [f"exited with code {process.poll()} ({exc!r})"]
+                kind, info = "failed", [f"exited with code {_reap(process)} ({exc!r})"]
             except EmbeddingUnavailable:
-                _stop(process, parent)
+                _stop(process, conn)
                 raise
             if kind != "ready":
-                _stop(process, parent)
+                _stop(process, conn)
                 raise EmbeddingUnavailable(f"query encoder process could not load {self._url}: {info[0]}")
             self.dim, self.max_seq_length, self.model_id = info
-            self._conn, self._process = parent, process
-            receiver = threading.Thread(target=self._receive, args=(parent,), name="quarry-query-encoder-recv")
+            child = self._child = _Child(process, conn)
+            receiver = threading.Thread(target=self._receive, args=(child,), name="quarry-query-encoder-recv")
             receiver.daemon = True
             receiver.start()
             log.info("query encoder %s runs in process %s", self.model_id, process.pid)
 
     def submit(self, texts: Sequence[str]) -> Future[Embeddings]:
-        """Queue ``texts`` for the child's next model call and return at once, never blocking.
+        """Queue ``texts`` for the child's next model call and return at once.
 
         Before the child is up (first use, or after it died) the start runs on a helper thread.
 
         Returns:
             A future of ``(len(texts), dim) float32`` L2-normalised rows; ``result()`` raises
-            ``EmbeddingUnavailable`` (child down or unable to start) or ``EmbeddingError``
-            (the model failed on the batch).
+            ``EmbeddingUnavailable`` (child down, unable to start, or closed) or
+            ``EmbeddingError`` (the model failed on the batch, or the texts cannot be sent).
         """
-        if self._conn is None:
-            return self._starter().submit(self._start_and_embed, texts)
-        return self._send(texts)
+        child = self._child
+        if child is None:
+            try:
+                return self._starter.submit(self._start_and_embed, texts)
+            except RuntimeError:  # the starter was shut down by close()
+                return _failed(EmbeddingUnavailable("query encoder process was closed"))
+        return self._send(child, texts)
 
     def embed(self, texts: Sequence[str]) -> Embeddings:
         """:meth:`submit` and wait; see :meth:`embedding.base.Embedder.embed`."""
         return self.submit(texts).result()
 
     def close(self) -> None:
-        """Stop the child (its requests in flight fail with ``EmbeddingUnavailable``)."""
+        """Stop the child for good: requests in flight and later ones fail with ``EmbeddingUnavailable``."""
+        self._starter.shutdown(wait=False, cancel_futures=True)
         with self._lock:
-            conn, process, self._conn, self._process = self._conn, self._process, None, None
-            pool, self._pool = self._pool, None
-        if process is not None and conn is not None:
-            with self._send_lock:
-                _stop(process, conn)
-        if pool is not None:
-            pool.shutdown(wait=False)
-        self._fail_pending("query encoder process was closed")
+            self._closed = True
+            child, self._child = self._child, None
+        if child is not None:
+            with child.send_lock:
+                _stop(child.process, child.conn)
+            child.fail_pending("query encoder process was closed")
 
     def _start_and_embed(self, texts: Sequence[str]) -> Embeddings:
         self.warm_up()
-        return self._send(texts).result()
+        child = self._child
+        if child is None:
+            raise EmbeddingUnavailable("query encoder process stopped while starting")
+        return self._send(child, texts).result()
 
-    def _send(self, texts: Sequence[str]) -> Future[Embeddings]:
+    def _send(self, child: _Child, texts: Sequence[str]) -> Future[Embeddings]:
         future: Future[Embeddings] = Future()
-        if not texts:
+        future.set_running_or_notify_cancel()  # see MicroBatcher.submit: callers may not cancel
+        if len(texts) == 0:
             future.set_result(Embeddings(np.zeros((0, self.dim), np.float32), np.zeros(0, bool)))
             return future
         request = next(self._ids)
-        with self._pending_lock:
-            self._pending[request] = future
+        with child.lock:
+            child.pending[request] = future
         try:
-            with self._send_lock:
-                conn = self._conn
-                if conn is None:
-                    raise OSError("query encoder process is not running")
-                conn.send((request, list(texts)))
-        except (OSError, ValueError) as exc:  # broken pipe: the child is gone
-            with self._pending_lock:
-                self._pending.pop(request, None)
-            future.set_exception(EmbeddingUnavailable(f"query encoder process is down: {exc}"))
+            with child.send_lock:
+                child.conn.send((request, list(texts)))
+        except Exception as exc:  # noqa: BLE001 - unpicklable texts, or the child is gone
+            with child.lock:
+                mine = child.pending.pop(request, None) is not None
+            if mine:  # else the receiver already failed it
+                gone = isinstance(exc, OSError)
+                error = EmbeddingUnavailable if gone else EmbeddingError
+                what = "query encoder process is down" if gone else "cannot send these texts to the query encoder"
+                future.set_exception(error(f"{what}: {exc}"))
         return future
 
-    def _receive(self, conn: Connection) -> None:
-        """Complete futures from the child's answers until its pipe closes."""
-        while True:
-            try:
-                answers = conn.recv()
-            except (EOFError, OSError):
-                break
-            with self._pending_lock:
-                futures = [(self._pending.pop(request, None), result) for request, result in answers]
-            for future, result in futures:
-                if future is None:
-                    continue
-                if isinstance(result, str):
-                    future.set_exception(EmbeddingError(f"query encoder failed on a batch: {result}"))
-                else:
-                    future.set_result(Embeddings(*result))
+    def _receive(self, child: _Child) -> None:
+        """Complete the futures of ``child``'s answers until its socket closes."""
+        try:
+            while True:
+                try:
+                    answers = child.conn.recv()
+                except (EOFError, OSError):
+                    break
+                with child.lock:
+                    done = [(child.pending.pop(request, None), result) for request, result in answers]
+                for future, result in done:
+                    if future is None:
+                        continue
+                    if isinstance(result, str):
+                        future.set_exception(EmbeddingError(f"query encoder failed on a batch: {result}"))
+                    else:
+                        future.set_result(Embeddings(*result))
+        except Exception:  # a malformed answer: treat the child as dead rather than hang its callers
+            log.exception("query encoder answer could not be read")
         with self._lock:
-            if self._conn is conn:  # died on its own (not closed): the next request restarts it
-                code = None if self._process is None else _reap(self._process)
-                log.error("query encoder process exited (code %s); restarting on the next query", code)
-                self._conn, self._process = None, None
-        self._fail_pending("query encoder process exited")
+            died = self._child is child  # not closed: the next request starts a new child
+            if died:
+                self._child = None
+        if died:
+            log.error("query encoder process exited (code %s); restarting on the next query", _reap(child.process))
+            _stop(child.process, child.conn)
+        child.fail_pending("query encoder process exited")
 
-    def _fail_pending(self, why: str) -> None:
-        with self._pending_lock:
-            futures, self._pending = list(self._pending.values()), {}
-        for future in futures:
-            if not future.done():
-                future.set_exception(EmbeddingUnavailable(why))
 
-    def _starter(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quarry-query-encoder-start")
-            return self._pool
+def _failed(exc: BaseException) -> Future[Embeddings]:
+    future: Future[Embeddings] = Future()
+    future.set_exception(exc)
+    return future
 
 
 def _spawn() -> tuple[subprocess.Popen[bytes], Connection]:
-    """Start ``python -m embedding.process FD`` with one end of a socket pair as FD."""
+    """Start ``python -P -m embedding.process FD`` with one end of a socket pair as FD.
+
+    ``-P``: the working directory is not put on ``sys.path``, so a file named like one of our
+    packages there cannot shadow it; the checkout comes first on ``PYTHONPATH``.
+    """
     ours, theirs = socket.socketpair()
     root = str(Path(__file__).resolve().parents[1])  # the checkout, for a child run from elsewhere
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     with theirs:
         process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-            [sys.executable, "-m", "embedding.process", str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env
+            [sys.executable, "-P", "-m", "embedding.process", str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env
         )
     return process, Connection(ours.detach())
 
@@ -241,9 +271,27 @@ def _stop(process: subprocess.Popen[bytes], conn: Connection) -> None:
     try:
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:
-        process.terminate()
+        process.kill()
         process.wait(timeout=10)
-    conn.close()
+    finally:
+        conn.close()
+
+
+def _die_with_parent() -> None:
+    """Exit when the server dies, even in the middle of a long model call.
+
+    An idle child sees its socket close and exits; a busy one would finish its batch first. A
+    watchdog thread polls the parent's pid (``PR_SET_PDEATHSIG`` would fire when the *thread*
+    that started the child ends, e.g. an idle worker thread of the server's pool).
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="quarry-query-encoder-watchdog", daemon=True).start()
 
 
 def _serve(conn: Connection) -> None:
@@ -255,6 +303,7 @@ def _serve(conn: Connection) -> None:
     """
     from embedding.factory import open_embedder
 
+    _die_with_parent()
     try:
         url, settings, max_batch = conn.recv()
         embedder = open_embedder(url, settings)

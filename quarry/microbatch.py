@@ -82,6 +82,10 @@ class MicroBatcher(Generic[T, R]):
         if not self._busy:
             raise RuntimeError("MicroBatcher.submit before start()")
         future: Future[R] = Future()
+        # Running from the start: a caller's cancel() (e.g. asyncio cancelling a request that
+        # awaits wrap_future) then fails instead of leaving a cancelled future for the worker to
+        # complete, which would raise InvalidStateError and kill the worker thread.
+        future.set_running_or_notify_cancel()
         with self._cond:
             self._queue.append((item, future))
             self._cond.notify_all()  # the lowest idle worker takes it (see _take)

@@ -75,10 +75,12 @@ class Quarry:
 
     def close(self) -> None:
         """Release the store, the docstore and the query encoder process (if any)."""
-        if isinstance(self.query_embedder, ProcessEmbedder):
-            self.query_embedder.close()
-        self.store.close()
-        self.docstore.close()
+        try:
+            if isinstance(self.query_embedder, ProcessEmbedder):
+                self.query_embedder.close()
+        finally:
+            self.store.close()
+            self.docstore.close()
 
     # --- collections -------------------------------------------------------------------
     def create_collection(

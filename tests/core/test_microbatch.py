@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +44,25 @@ def test_items_queued_during_a_call_share_the_next_one_in_order() -> None:
     assert first.result(10) == 0
     assert [f.result(10) for f in rest] == [2, 4, 6, 8, 10, 12]
     assert log == [[0], [1, 2, 3, 4], [5, 6]]  # max_batch caps a call; order is kept
+
+
+def test_a_caller_that_gives_up_does_not_kill_the_worker() -> None:
+    log: list[list[int]] = []
+    gate = threading.Event()
+    batcher: MicroBatcher[int, int] = MicroBatcher(_gated(log, gate), max_batch=4)
+    batcher.start(1)
+    first = batcher.submit(1)
+    _wait_until(lambda: bool(log))
+    queued = batcher.submit(2)
+
+    async def give_up() -> None:  # what a cancelled request awaiting its vector does
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.wrap_future(queued), 0.01)
+
+    asyncio.run(give_up())
+    gate.set()
+    assert first.result(10) == 2 and queued.result(10) == 4  # computed anyway, nothing raised
+    assert batcher.submit(3).result(10) == 6  # the worker lives on
 
 
 def test_an_item_error_reaches_only_its_caller() -> None:

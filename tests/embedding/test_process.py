@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +89,48 @@ def test_close_leaves_no_child_and_fails_nothing_silently(encoder: ProcessEmbedd
     assert child is not None and _alive(child)
     encoder.close()
     assert encoder.pid is None and not _alive(child)  # exited and reaped
+    with pytest.raises(EmbeddingUnavailable, match="closed"):
+        encoder.submit(["after close"]).result(timeout=60)  # closed for good: no new child
+    assert encoder.pid is None
+    encoder.close()  # twice is harmless
+
+
+def test_close_during_a_cold_start_leaves_no_child(encoder: ProcessEmbedder) -> None:
+    futures = [encoder.submit([f"query {i}"]) for i in range(3)]  # the start runs on a helper thread
+    encoder.close()
+    for future in futures:
+        try:
+            future.result(timeout=60)
+        except Exception as exc:  # noqa: BLE001 - closed before or after its answer: both are fine
+            assert isinstance(exc, (EmbeddingUnavailable, CancelledError))
+    time.sleep(0.5)
+    assert encoder.pid is None
+
+
+def test_a_caller_that_gives_up_does_not_stop_the_answers(encoder: ProcessEmbedder) -> None:
+    encoder.warm_up()
+
+    async def give_up() -> None:  # what a cancelled request awaiting its vector does
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.wrap_future(encoder.submit(["word " * 200] * 32)), 0.001)
+
+    asyncio.run(give_up())
+    assert encoder.embed(["next"]).vectors.shape == (1, 384)
+
+
+def test_texts_that_cannot_be_sent_fail_typed(encoder: ProcessEmbedder) -> None:
+    encoder.warm_up()
+    with pytest.raises(EmbeddingError, match="cannot send"):
+        encoder.submit([threading.Lock()]).result(timeout=10)  # type: ignore[list-item]
+    assert encoder.embed(["fine"]).vectors.shape == (1, 384)
+
+
+def test_a_module_named_like_ours_in_the_working_directory_does_not_shadow_the_child(
+    encoder: ProcessEmbedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "embedding.py").write_text("raise SystemExit('shadowed')\n")
+    monkeypatch.chdir(tmp_path)
+    assert encoder.embed(["from elsewhere"]).vectors.shape == (1, 384)
 
 
 def test_a_model_that_cannot_load_is_a_typed_unavailable_error(tmp_path: Path, onnx_cache: Path) -> None:
