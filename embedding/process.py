@@ -227,8 +227,8 @@ class ProcessEmbedder:
             if died:
                 self._child = None
         if died:
-            log.error("query encoder process exited (code %s); restarting on the next query", _reap(child.process))
             _stop(child.process, child.conn)
+            log.error("query encoder process exited (code %s); restarting on the next query", child.process.returncode)
         child.fail_pending("query encoder process exited")
 
 

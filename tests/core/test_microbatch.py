@@ -6,6 +6,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 
 import pytest
 
@@ -32,13 +33,19 @@ def _wait_until(condition: Callable[[], bool]) -> None:
     raise AssertionError("condition not reached in 10 s")
 
 
-def test_items_queued_during_a_call_share_the_next_one_in_order() -> None:
+def _busy(first_item: int) -> tuple[MicroBatcher[int, int], list[list[int]], threading.Event, Future[int]]:
+    """A started batcher (``max_batch`` 4) whose worker holds ``first_item`` until the gate opens."""
     log: list[list[int]] = []
     gate = threading.Event()
     batcher: MicroBatcher[int, int] = MicroBatcher(_gated(log, gate), max_batch=4)
     batcher.start(1)
-    first = batcher.submit(0)
-    _wait_until(lambda: bool(log))  # the worker has taken item 0 and waits on the gate
+    first = batcher.submit(first_item)
+    _wait_until(lambda: bool(log))  # the worker has taken the item and waits on the gate
+    return batcher, log, gate, first
+
+
+def test_items_queued_during_a_call_share_the_next_one_in_order() -> None:
+    batcher, log, gate, first = _busy(0)
     rest = [batcher.submit(i) for i in (1, 2, 3, 4, 5, 6)]
     gate.set()
     assert first.result(10) == 0
@@ -47,12 +54,7 @@ def test_items_queued_during_a_call_share_the_next_one_in_order() -> None:
 
 
 def test_a_caller_that_gives_up_does_not_kill_the_worker() -> None:
-    log: list[list[int]] = []
-    gate = threading.Event()
-    batcher: MicroBatcher[int, int] = MicroBatcher(_gated(log, gate), max_batch=4)
-    batcher.start(1)
-    first = batcher.submit(1)
-    _wait_until(lambda: bool(log))
+    batcher, _, gate, first = _busy(1)
     queued = batcher.submit(2)
 
     async def give_up() -> None:  # what a cancelled request awaiting its vector does
