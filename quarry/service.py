@@ -225,7 +225,7 @@ class Quarry:
         Raises:
             CollectionNotFound: No such collection.
             InvalidFilter: Unknown field or wrong type in ``filters``.
-            InvalidQuery: Blank query or bad paging.
+            InvalidQuery: Blank or over-long query, or bad paging.
         """
         cfg, flt = self._target(name, filters)
         return self.searcher.search(

@@ -80,21 +80,25 @@ class SearchSettings(BaseModel):
     """Query path defaults.
 
     Attributes:
-        max_top_k: Largest ``top_k`` (and ``offset + top_k``) a request may ask for.
-        candidates: Hits fetched per channel before fusion (at least ``offset + top_k``).
+        candidates: ``rank_window_size``: hits per channel before fusion; a request's
+            ``offset + top_k`` may not exceed it.
         rrf_k: RRF constant ``k`` (Cormack et al., SIGIR 2009: 60).
         bm25_weight: RRF weight of the BM25 channel.
         dense_weight: RRF weight of the dense channel.
         ann_max_batch: Most concurrent queries' vectors sent to the store in one search call
             (1: each query alone).
+        max_query_chars: Longest query text, in characters (longer: ``InvalidQuery``, 400). BM25
+            tokenises and scores the whole query on the server's event loop (a 64k-character
+            query took 65 ms there, a 5 MB one stalled every request for 6 s), while the model
+            reads only its first ``max_seq_length`` tokens (256, ~1,000 characters of English).
     """
 
-    max_top_k: int = Field(1000, ge=1)
     candidates: int = Field(100, ge=1)
     rrf_k: int = Field(60, ge=1)
     bm25_weight: float = Field(1.0, ge=0)
     dense_weight: float = Field(1.0, ge=0)
     ann_max_batch: int = Field(16, ge=1)
+    max_query_chars: int = Field(8192, ge=1)
 
 
 class IngestSettings(BaseModel):

@@ -186,7 +186,7 @@ class Searcher:
             The page of hits, ``total`` fused candidates, degradations and timings.
 
         Raises:
-            InvalidQuery: Blank query, bad ``top_k``/``offset``/``mode``.
+            InvalidQuery: Blank query, one over ``max_query_chars``, bad ``top_k``/``offset``/``mode``.
             EmbeddingUnavailable: Dense mode and the embedder is down.
         """
         return _resolve(self._steps(cfg, query, top_k, mode, flt, offset, group, rerank))
@@ -269,6 +269,11 @@ class Searcher:
         return result
 
     def _validate(self, query: str, top_k: int, offset: int, mode: str) -> None:
+        limit = self._settings.max_query_chars
+        if len(query) > limit:
+            raise InvalidQuery(
+                f"query is {len(query):,} characters; the limit is {limit:,} (QUARRY_SEARCH__MAX_QUERY_CHARS)"
+            )
         if not query or not query.strip():
             raise InvalidQuery("query must not be empty")
         if mode not in MODES:

@@ -56,7 +56,9 @@ class RerankIn(_Body):
 class SearchIn(_Body):
     """``POST /v1/collections/{name}/search``."""
 
-    query: str = Field(description="Query text; must not be blank.")
+    query: str = Field(
+        description="Query text; must not be blank; at most QUARRY_SEARCH__MAX_QUERY_CHARS (8,192) characters."
+    )
     top_k: int = Field(10, ge=1, description="Hits per page; offset + top_k <= rank_window_size.")
     mode: Literal["bm25", "dense", "hybrid"] = "hybrid"
     filters: dict[str, Any] | None = Field(

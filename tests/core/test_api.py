@@ -95,6 +95,7 @@ def test_filters_and_paging_over_rest(client: TestClient, api_collection: str) -
         ({"query": "x", "top_k": 0}, 422, "top_k"),
         ({"query": "x", "top_k": -3}, 422, "top_k"),
         ({"query": "x", "top_k": 5000}, 400, "rank_window_size"),
+        ({"query": "cancer " * 1200}, 400, "query is 8,400 characters; the limit is 8,192"),
         ({"query": "x", "offset": -1}, 422, "offset"),
         ({"query": "x", "mode": "sparse"}, 422, "mode"),
         ({"query": "x", "filters": {"yeer": 1}}, 400, "unknown filter field 'yeer'"),
@@ -108,6 +109,13 @@ def test_bad_search_requests_get_typed_4xx(
     client: TestClient, api_collection: str, body: dict[str, object], status: int, needle: str
 ) -> None:
     assert needle in _error(client.post(f"/v1/collections/{api_collection}/search", json=body), status)
+
+
+def test_a_query_at_the_length_limit_is_served(client: TestClient, api_collection: str) -> None:
+    query = ("vitamin d deficiency " * 400)[:8192]
+    r = client.post(f"/v1/collections/{api_collection}/search", json={"query": query, "top_k": 3})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["hits"]) == 3
 
 
 def test_unknown_collection_is_404(client: TestClient) -> None:
