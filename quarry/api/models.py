@@ -6,7 +6,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from quarry.settings import SearchSettings
 from retrieval.text import Language
+
+_MAX_QUERY_CHARS = SearchSettings.model_fields["max_query_chars"].default
 
 
 class _Body(BaseModel):
@@ -57,7 +60,8 @@ class SearchIn(_Body):
     """``POST /v1/collections/{name}/search``."""
 
     query: str = Field(
-        description="Query text; must not be blank; at most QUARRY_SEARCH__MAX_QUERY_CHARS (8,192) characters."
+        description=f"Query text; must not be blank; at most QUARRY_SEARCH__MAX_QUERY_CHARS "
+        f"({_MAX_QUERY_CHARS:,} by default) characters."
     )
     top_k: int = Field(10, ge=1, description="Hits per page; offset + top_k <= rank_window_size.")
     mode: Literal["bm25", "dense", "hybrid"] = "hybrid"
