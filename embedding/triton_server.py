@@ -65,6 +65,14 @@ class ServeConfig:
             delay only adds latency at low load (1000 us cost ~1 ms p50 at 1 client here).
         preferred_batch_sizes: Batch sizes the batcher aims for (empty: as large as possible).
         instances: Model instances (threads calling the embedder concurrently).
+        shared_memory: Pass tensors between Triton's Python-backend stub and this process through
+            PyTriton's shared-memory TensorStore (PyTriton's default) instead of inline in the
+            ZMQ message. Default False: TensorStore allocates each block through a
+            ``multiprocessing`` manager round trip, which for Quarry's small tensors (a few texts
+            in, ``(n, 384)`` float32 out) costs more than copying them: inline, a no-op model's
+            round trip fell ~1 ms and MiniLM's 1-client p50 1.5-2 ms on a 2-core CPU (README,
+            Benchmarks), and no ``/dev/shm`` space is needed (Docker's default is 64 MB).
+            Worth it for tensors of MBs.
     """
 
     model: str = "onnx-fp32"
@@ -77,6 +85,7 @@ class ServeConfig:
     max_queue_delay_us: int = 0
     preferred_batch_sizes: tuple[int, ...] = ()
     instances: int = 1
+    shared_memory: bool = False
 
 
 def backend_url(model: str) -> str:
@@ -162,10 +171,21 @@ def serve(config: ServeConfig, settings: Settings) -> None:
     LOG.info("Triton stopped")
 
 
+def select_tensor_transport(shared_memory: bool) -> None:
+    """Choose how PyTriton passes tensors between the backend stub and this process.
+
+    PyTriton 0.7 reads ``PYTRITON_NO_TENSORSTORE`` (any non-empty value: tensors travel inline,
+    base64 in the ZMQ message) when a model is bound, and the stubs inherit it through
+    tritonserver's environment; so this runs before ``Triton()`` starts.
+    """
+    os.environ["PYTRITON_NO_TENSORSTORE"] = "" if shared_memory else "1"
+
+
 def _run(config: ServeConfig, embedder: Embedder) -> None:
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig
 
+    select_tensor_transport(config.shared_memory)
     triton_config = TritonConfig(
         http_address=config.address, http_port=config.http_port,
         grpc_address=config.address, grpc_port=config.grpc_port,

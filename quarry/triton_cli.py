@@ -41,6 +41,11 @@ def serve(
         list[int] | None, typer.Option(help="Preferred dynamic batch size (repeatable).")
     ] = None,
     instances: Annotated[int, typer.Option(min=1, help="Model instances (concurrent model calls).")] = 1,
+    shared_memory: Annotated[
+        bool,
+        typer.Option(help="Pass tensors to the model through PyTriton's shared-memory TensorStore "
+                     "(pays off for MB-sized tensors; small ones travel faster inline)."),
+    ] = False,
 ) -> None:
     """Serve the embedding model until SIGTERM/SIGINT."""
     from embedding.triton_server import ServeConfig
@@ -51,6 +56,7 @@ def serve(
         model=model, model_name=model_name, address=address, http_port=http_port, grpc_port=grpc_port,
         metrics_port=metrics_port, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
         preferred_batch_sizes=tuple(preferred_batch_size or ()), instances=instances,
+        shared_memory=shared_memory,
     )
     try:
         run_server(config, get_settings())

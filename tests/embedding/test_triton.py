@@ -28,7 +28,7 @@ from quarry.errors import ConfigError, EmbeddingUnavailable
 from quarry.service import Quarry
 from quarry.settings import Settings
 
-from .server_process import ServerProcess, free_ports
+from .server_process import ServerProcess, free_ports, tagged_pids
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_BATCH = 16
@@ -45,26 +45,52 @@ class TritonServer:
         return f"triton+{wire}://127.0.0.1:{self.grpc if wire == 'grpc' else self.http}/minilm"
 
 
-@pytest.fixture(scope="module")
-def triton(tmp_path_factory: pytest.TempPathFactory, onnx_cache: Path) -> Iterator[TritonServer]:
+def start_triton(workdir: Path, onnx_cache: Path, *options: str) -> TritonServer:
+    """``quarry triton serve`` (ONNX fp32) on free ports with ``options``, once its model is ready."""
     http, grpc, metrics = free_ports(3)
-    workdir = tmp_path_factory.mktemp("triton")
     env = {
         **os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
         "QUARRY_DATA_DIR": str(workdir), "QUARRY_EMBEDDING__CACHE_DIR": str(onnx_cache),
     }
     cmd = [
         sys.executable, "-m", "quarry.triton_cli", "serve", "--model", "onnx-fp32", "--address", "127.0.0.1",
-        "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-        "--max-batch-size", str(MAX_BATCH), "--max-queue-delay-us", "2000",
+        "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics), *options,
     ]
     process = ServerProcess(cmd, env, workdir / "triton.log")
     try:
         process.wait_ready(f"http://127.0.0.1:{http}/v2/models/minilm/ready", timeout_s=300)
-        yield TritonServer(process, http, grpc, metrics)
-    finally:
+    except BaseException:
         process.stop()
         process.kill_all()
+        raise
+    return TritonServer(process, http, grpc, metrics)
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory: pytest.TempPathFactory, onnx_cache: Path) -> Iterator[TritonServer]:
+    server = start_triton(
+        tmp_path_factory.mktemp("triton"), onnx_cache,
+        "--max-batch-size", str(MAX_BATCH), "--max-queue-delay-us", "2000",
+    )
+    try:
+        yield server
+    finally:
+        server.process.stop()
+        server.process.kill_all()
+
+
+def stub_environments(server: TritonServer) -> list[dict[str, str]]:
+    """Environments of the server's Python-backend stubs (the processes that talk to PyTriton)."""
+    stubs = []
+    for pid in tagged_pids(server.process.tag):
+        try:
+            if b"triton_python_backend_stub" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        stubs.append(dict(v.decode(errors="replace").partition("=")[::2] for v in raw.split(b"\0") if v))
+    return stubs
 
 
 def get(url: str) -> str:
@@ -127,6 +153,31 @@ def test_many_threads_share_one_embedder_and_get_batched(
         time.sleep(0.2)
     assert requests == len(texts) and executions < requests, (requests, executions)
     embedder.close()
+
+
+@pytest.mark.integration
+def test_tensors_travel_inline_unless_shared_memory_is_asked_for(
+    triton: TritonServer, tmp_path: Path, onnx_cache: Path, scifact_subset: list[str],
+    torch_embedder: SentenceTransformerEmbedder,
+) -> None:
+    """By default PyTriton's stubs get ``PYTRITON_NO_TENSORSTORE=1``; ``--shared-memory`` serves
+    the same vectors through PyTriton's TensorStore."""
+    default = stub_environments(triton)
+    assert default and all(env.get("PYTRITON_NO_TENSORSTORE") == "1" for env in default), default
+    server = start_triton(tmp_path, onnx_cache, "--shared-memory")
+    try:
+        stubs = stub_environments(server)
+        assert stubs and not any(env.get("PYTRITON_NO_TENSORSTORE") for env in stubs)
+        embedder = TritonEmbedder.from_url(server.url("grpc"), timeout_s=30)
+        texts = scifact_subset[:16]
+        cos = np.einsum("ij,ij->i", embedder.embed(texts).vectors, torch_embedder.embed(texts).vectors)
+        assert cos.min() >= 0.999, f"min cosine {cos.min():.5f}"
+        embedder.close()
+        assert server.process.stop() == 0, server.process.log_tail()
+        assert server.process.leftovers() == [], server.process.log_tail()
+    finally:
+        server.process.stop()
+        server.process.kill_all()
 
 
 @pytest.mark.integration
