@@ -10,14 +10,18 @@ raise throughput at 8). Latency = one request. Workload "documents": SciFact doc
 cut at 256 tokens) in batches of 64 from one caller, the ingestion path.
 
     python bench/embedding.py [--json FILE] [--markdown FILE] [--seconds 6] [--rounds 2]
-                              [--triton-backend onnx-fp32|onnx|torch] [--batched]
+                              [--triton-backend onnx-fp32|onnx|torch] [--shared-memory] [--batched]
 
 The CPUs here are shared, so the backends are measured in interleaved rounds and the best round
 of each is kept (the JSON says how many).
 
 The JSON has one entry per backend (``torch``, ``onnx_fp32``, ``onnx_int8``, ``triton_grpc``,
 ``triton_http``) with ``sentences_per_s``, ``p50_ms``, ``p99_ms`` at 8 clients, the same at
-1 client under ``by_clients``, ``documents_per_s``, and for Triton the ``backend`` it wraps.
+1 client under ``by_clients``, ``documents_per_s``, and for Triton the ``backend`` it wraps and
+``overhead_1_client``: what Triton adds to one request, from a phase per round in which one
+client sends blocks of 20 sentences in process and the same ones through Triton, alternately
+(``added_p50_ms``: the median over blocks of the difference of the two p50s; the best rounds'
+p50s come from different moments of a shared CPU, so their difference drifts by milliseconds).
 """
 
 from __future__ import annotations
@@ -96,6 +100,46 @@ def drive(embed: Callable[[Sequence[str]], Any], sentences: list[str], clients: 
     }
 
 
+def paired_overhead(
+    inproc: Embedder, remote: Embedder, sentences: list[str], seconds: float, block: int = 20
+) -> list[tuple[float, float]]:
+    """One ``(inproc_p50_ms, remote_p50_ms)`` pair per block of ``block`` sentences, 1 client.
+
+    Each block of sentences goes through ``inproc``, then the same ones through ``remote``.
+
+    Neighbouring blocks see the same machine speed, so the per-pair difference isolates what the
+    server adds even while shared CPUs drift between rounds; blocks rather than single calls
+    keep each model's weights in cache, as when it runs alone.
+    """
+    for s in sentences[:8]:
+        inproc.embed([s])
+        remote.embed([s])
+    pairs = []
+    until = time.perf_counter() + seconds
+    k = 0
+    while time.perf_counter() < until:
+        texts = [sentences[(k + i) % len(sentences)] for i in range(block)]
+        k += block
+        ms: list[list[float]] = [[], []]
+        for side, embedder in enumerate((inproc, remote)):
+            for text in texts:
+                t0 = time.perf_counter()
+                embedder.embed([text])
+                ms[side].append((time.perf_counter() - t0) * 1000)
+        pairs.append((float(np.median(ms[0])), float(np.median(ms[1]))))
+    return pairs
+
+
+def overhead_summary(pairs: list[tuple[float, float]]) -> dict[str, Any]:
+    arr = np.array(pairs)
+    return {
+        "blocks": len(pairs),
+        "in_process_p50_ms": round(float(np.median(arr[:, 0])), 2),
+        "triton_p50_ms": round(float(np.median(arr[:, 1])), 2),
+        "added_p50_ms": round(float(np.median(arr[:, 1] - arr[:, 0])), 2),
+    }
+
+
 def documents_per_s(embedder: Embedder, documents: list[str]) -> float:
     embedder.embed(documents[:4])
     t0 = time.perf_counter()
@@ -129,7 +173,9 @@ def best_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
 class TritonProcess:
     """``python -m quarry.triton_cli serve`` on free ports, stopped with SIGTERM."""
 
-    def __init__(self, backend: str, cache_dir: Path, max_batch: int, delay_us: int) -> None:
+    def __init__(
+        self, backend: str, cache_dir: Path, max_batch: int, delay_us: int, shared_memory: bool = False
+    ) -> None:
         import socket
 
         socks = [socket.socket() for _ in range(3)]
@@ -143,7 +189,8 @@ class TritonProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "quarry.triton_cli", "serve", "--model", backend, "--address", "127.0.0.1",
              "--http-port", str(self.http), "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics),
-             "--max-batch-size", str(max_batch), "--max-queue-delay-us", str(delay_us)],
+             "--max-batch-size", str(max_batch), "--max-queue-delay-us", str(delay_us),
+             "--shared-memory" if shared_memory else "--no-shared-memory"],
             cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT,
         )
         self._wait_ready()
@@ -180,7 +227,8 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
         if row:
             inproc = results[row["backend"]]["by_clients"]
             one, eight = row["by_clients"]["1"], row["by_clients"]["8"]
-            out[f"triton_{wire}_added_p50_ms_1_client"] = round(one["p50_ms"] - inproc["1"]["p50_ms"], 2)
+            out[f"triton_{wire}_added_p50_ms_1_client"] = row["overhead_1_client"]["added_p50_ms"]
+            out[f"triton_{wire}_p50_minus_best_in_process_p50_ms"] = round(one["p50_ms"] - inproc["1"]["p50_ms"], 2)
             out[f"triton_{wire}_batching_gain_8_vs_1"] = round(eight["sentences_per_s"] / one["sentences_per_s"], 2)
     return out
 
@@ -218,7 +266,15 @@ def markdown(results: dict[str, Any]) -> str:
             docs = f"{row['documents_per_s']:.1f}" if clients == "8" and "documents_per_s" in row else ""
             lines.append(f"| {label} | {clients} | {r['sentences_per_s']:.1f} | {r['p50_ms']:.2f} | "
                          f"{r['p99_ms']:.2f} | {ratio:.2f}x | {docs} |")
+    lines.append("")
+    lines += [overhead_line(n, r) for n, r in results.items() if isinstance(r, dict) and "overhead_1_client" in r]
     return "\n".join(lines) + "\n"
+
+
+def overhead_line(name: str, row: dict[str, Any]) -> str:
+    o = row["overhead_1_client"]
+    return (f"{name} adds {o['added_p50_ms']:.2f} ms p50 to one request ({o['triton_p50_ms']:.2f} vs "
+            f"{o['in_process_p50_ms']:.2f} ms for {row['backend']} in process, {o['blocks']} alternating blocks of 20)")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -229,6 +285,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpus": len(os.sched_getaffinity(0)), "seconds_per_phase": args.seconds, "rounds": args.rounds,
         "documents": len(documents), "sentences": len(sentences), "triton_backend": args.triton_backend,
         "triton_max_batch_size": args.max_batch, "triton_max_queue_delay_us": args.delay_us,
+        "triton_shared_memory": args.shared_memory,
         "load_average_start": round(os.getloadavg()[0], 2),
     }}
     backends: dict[str, Embedder] = {
@@ -238,23 +295,28 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.batched:  # Quarry's in-process dynamic batching (what the REST query path uses)
         backends["onnx_int8_batched"] = BatchingEmbedder(backends["onnx_int8"])
-    server = TritonProcess(args.triton_backend, cache, args.max_batch, args.delay_us)
+    server = TritonProcess(args.triton_backend, cache, args.max_batch, args.delay_us, args.shared_memory)
     clients = {
         f"triton_{wire}": TritonEmbedder.from_url(f"triton+{wire}://127.0.0.1:{port}/minilm", timeout_s=60)
         for wire, port in (("grpc", server.grpc), ("http", server.http))
     }
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in [*backends, *clients]}
+    pairs: dict[str, list[tuple[float, float]]] = {name: [] for name in clients}
+    wrapped = backends[backend_key[args.triton_backend]]
     try:
         for _ in range(args.rounds):  # interleaved rounds: a burst of load elsewhere hits one round only
             for name, embedder in {**backends, **clients}.items():
                 docs = [] if name.endswith("_batched") else documents
                 rows[name].append(measure(name, embedder, sentences, docs, args.seconds))
+            for name, client in clients.items():
+                pairs[name] += paired_overhead(wrapped, client, sentences, args.seconds)
     finally:
         results["config"]["triton_exit_code"] = server.stop()
     for name, measured in rows.items():
         results[name] = best_of(measured)
         if name in clients:
             results[name]["backend"] = backend_key[args.triton_backend]
+            results[name]["overhead_1_client"] = overhead_summary(pairs[name])
     results["config"]["load_average_end"] = round(os.getloadavg()[0], 2)
     results["ratios"] = ratios(results)
     return results
@@ -269,6 +331,8 @@ def main() -> None:
     parser.add_argument("--triton-backend", default="onnx-fp32", choices=["onnx-fp32", "onnx", "torch"])
     parser.add_argument("--max-batch", type=int, default=64, help="Triton max batch size")
     parser.add_argument("--delay-us", type=int, default=0, help="Triton max queue delay (microseconds)")
+    parser.add_argument("--shared-memory", action="store_true",
+                        help="Triton passes tensors through PyTriton's shared-memory TensorStore (its default)")
     parser.add_argument("--batched", action="store_true", help="also measure onnx_int8 behind BatchingEmbedder")
     parser.add_argument("--cache-dir", type=Path, default=REPO / "data" / "models", help="ONNX export cache")
     parser.add_argument("--json", type=Path, default=None)
@@ -276,6 +340,9 @@ def main() -> None:
     args = parser.parse_args()
     results = run(args)
     console.print(table(results))
+    for name, row in results.items():
+        if isinstance(row, dict) and "overhead_1_client" in row:
+            console.print(overhead_line(name, row))
     console.print(results["ratios"])
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
