@@ -19,9 +19,10 @@ The JSON has one entry per backend (``torch``, ``onnx_fp32``, ``onnx_int8``, ``t
 ``triton_http``) with ``sentences_per_s``, ``p50_ms``, ``p99_ms`` at 8 clients, the same at
 1 client under ``by_clients``, ``documents_per_s``, and for Triton the ``backend`` it wraps and
 ``overhead_1_client``: what Triton adds to one request, from a phase per round in which one
-client sends blocks of 20 sentences in process and the same ones through Triton, alternately
-(``added_p50_ms``: the median over blocks of the difference of the two p50s; the best rounds'
-p50s come from different moments of a shared CPU, so their difference drifts by milliseconds).
+client sends blocks of ``OVERHEAD_BLOCK`` (20) sentences in process and the same ones through
+Triton, alternately (``added_p50_ms``: the median over blocks of the difference of the two
+p50s; the best rounds' p50s come from different moments of a shared CPU, so their difference
+drifts by milliseconds).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from embedding.triton_server import BACKENDS  # noqa: E402
 
 console = Console()
 CLIENTS = (1, 8)
+OVERHEAD_BLOCK = 20  # sentences per block of the side-by-side Triton overhead phase
 
 
 def load_texts(scifact: Path, docs: int) -> tuple[list[str], list[str]]:
@@ -101,7 +103,7 @@ def drive(embed: Callable[[Sequence[str]], Any], sentences: list[str], clients: 
 
 
 def paired_overhead(
-    inproc: Embedder, remote: Embedder, sentences: list[str], seconds: float, block: int = 20
+    inproc: Embedder, remote: Embedder, sentences: list[str], seconds: float, block: int = OVERHEAD_BLOCK
 ) -> list[tuple[float, float]]:
     """One ``(inproc_p50_ms, remote_p50_ms)`` pair per block of ``block`` sentences, 1 client.
 
@@ -266,15 +268,21 @@ def markdown(results: dict[str, Any]) -> str:
             docs = f"{row['documents_per_s']:.1f}" if clients == "8" and "documents_per_s" in row else ""
             lines.append(f"| {label} | {clients} | {r['sentences_per_s']:.1f} | {r['p50_ms']:.2f} | "
                          f"{r['p99_ms']:.2f} | {ratio:.2f}x | {docs} |")
-    lines.append("")
-    lines += [overhead_line(n, r) for n, r in results.items() if isinstance(r, dict) and "overhead_1_client" in r]
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, "", *overhead_lines(results)]) + "\n"
 
 
-def overhead_line(name: str, row: dict[str, Any]) -> str:
-    o = row["overhead_1_client"]
-    return (f"{name} adds {o['added_p50_ms']:.2f} ms p50 to one request ({o['triton_p50_ms']:.2f} vs "
-            f"{o['in_process_p50_ms']:.2f} ms for {row['backend']} in process, {o['blocks']} alternating blocks of 20)")
+def overhead_lines(results: dict[str, Any]) -> list[str]:
+    """One sentence per Triton wire: what it adds to one request (the side-by-side phase)."""
+    lines = []
+    for name, row in results.items():
+        if isinstance(row, dict) and "overhead_1_client" in row:
+            o = row["overhead_1_client"]
+            lines.append(
+                f"{name} adds {o['added_p50_ms']:.2f} ms p50 to one request ({o['triton_p50_ms']:.2f} vs "
+                f"{o['in_process_p50_ms']:.2f} ms for {row['backend']} in process, {o['blocks']} alternating "
+                f"blocks of {OVERHEAD_BLOCK})"
+            )
+    return lines
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -340,9 +348,8 @@ def main() -> None:
     args = parser.parse_args()
     results = run(args)
     console.print(table(results))
-    for name, row in results.items():
-        if isinstance(row, dict) and "overhead_1_client" in row:
-            console.print(overhead_line(name, row))
+    for line in overhead_lines(results):
+        console.print(line)
     console.print(results["ratios"])
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

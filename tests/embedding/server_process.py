@@ -38,19 +38,19 @@ def http_status(url: str) -> int:
         return int(getattr(exc, "code", 0) or 0)
 
 
+def environ(pid: int) -> dict[str, str] | None:
+    """The environment ``pid`` started with; ``None`` if it is gone or not readable."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    return dict(v.decode(errors="replace").partition("=")[::2] for v in raw.split(b"\0") if v)
+
+
 def tagged_pids(tag: str) -> list[int]:
     """Processes whose environment carries ``tag`` (the server and everything it started)."""
-    needle = f"{TAG_VAR}={tag}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                environ = (entry / "environ").read_bytes()
-            except OSError:
-                continue
-            if needle in environ.split(b"\0"):
-                pids.append(int(entry.name))
-    return pids
+    pids = [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+    return [pid for pid in pids if (environ(pid) or {}).get(TAG_VAR) == tag]
 
 
 class ServerProcess:

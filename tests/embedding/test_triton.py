@@ -28,7 +28,7 @@ from quarry.errors import ConfigError, EmbeddingUnavailable
 from quarry.service import Quarry
 from quarry.settings import Settings
 
-from .server_process import ServerProcess, free_ports, tagged_pids
+from .server_process import ServerProcess, environ, free_ports, tagged_pids
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_BATCH = 16
@@ -84,12 +84,11 @@ def stub_environments(server: TritonServer) -> list[dict[str, str]]:
     stubs = []
     for pid in tagged_pids(server.process.tag):
         try:
-            if b"triton_python_backend_stub" not in Path(f"/proc/{pid}/cmdline").read_bytes():
-                continue
-            raw = Path(f"/proc/{pid}/environ").read_bytes()
+            is_stub = b"triton_python_backend_stub" in Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        stubs.append(dict(v.decode(errors="replace").partition("=")[::2] for v in raw.split(b"\0") if v))
+        if is_stub and (env := environ(pid)) is not None:
+            stubs.append(env)
     return stubs
 
 
