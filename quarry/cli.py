@@ -74,6 +74,17 @@ def ingest(
         f"({report.truncated} truncated) in {report.elapsed_s:.1f}s; collection has "
         f"{counts['documents']} documents, {counts['chunks']} chunks"
     )
+    if report.truncated:
+        out.print(_truncation_hint(report.truncated, report.embedded, quarry.embedder.max_seq_length))
+
+
+def _truncation_hint(truncated: int, embedded: int, max_seq_length: int) -> str:
+    """What truncated chunks mean for search, and the knob that avoids them."""
+    return (
+        f"[yellow]note[/] {truncated} of {embedded} chunks exceed the embedding model's "
+        f"{max_seq_length} tokens: their dense vectors cover only their start (BM25 indexes "
+        "all of them). A smaller --chunk-size (a new collection) keeps whole chunks in the dense index."
+    )
 
 
 def _ingest_with_progress(quarry: Any, name: str, docs: list[Any]) -> Any:

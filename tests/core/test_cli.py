@@ -29,7 +29,7 @@ def test_cli_ingest_search_and_bad_line(tmp_path: Path) -> None:
     data = tmp_path / "data"
     first = _quarry(["ingest", str(corpus), "--collection", "demo"], data)
     assert first.returncode == 0, first.stderr
-    assert "3 added" in first.stdout
+    assert "3 added" in first.stdout and "exceed" not in first.stdout
     again = _quarry(["ingest", str(corpus), "--collection", "demo"], data)
     assert "3 unchanged; 0 chunks embedded" in " ".join(again.stdout.split())
     found = _quarry(["search", "gas giant", "--collection", "demo", "--json", "-k", "1"], data)
@@ -42,3 +42,13 @@ def test_cli_ingest_search_and_bad_line(tmp_path: Path) -> None:
     assert failed.returncode == 2 and "line 2" in failed.stderr
     missing = _quarry(["search", "x", "--collection", "nope"], data)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_cli_ingest_says_when_chunks_exceed_the_model_length(tmp_path: Path) -> None:
+    long_text = " ".join(f"word{i}" for i in range(400))  # ~5 word-pieces each, far over 256
+    corpus = write_jsonl(tmp_path / "long.jsonl", [{"id": "a", "text": long_text}, {"id": "b", "text": "short"}])
+    done = _quarry(["ingest", str(corpus), "--collection", "long", "--chunk-size", "1000"], tmp_path / "data")
+    assert done.returncode == 0, done.stderr
+    said = " ".join(done.stdout.split())
+    assert "(1 truncated)" in said
+    assert "1 of 2 chunks exceed the embedding model's 256 tokens" in said and "--chunk-size" in said
