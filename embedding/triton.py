@@ -68,25 +68,43 @@ def parse_triton_url(url: str) -> TritonTarget:
     """Parse ``triton+grpc://host:port/<model>[/<version>][?model_id=..&retries=..]``.
 
     Raises:
-        ConfigError: Wrong scheme, no host:port, no model, or an unknown/invalid parameter.
+        ConfigError: Wrong scheme, no host:port or a port outside 1-65535, credentials in the
+            URL, no model, a version that is not a positive integer, or an unknown/invalid
+            parameter.
     """
-    parts = urlsplit(url)
+    usage = f"expected triton+grpc://host:port/<model>[/<version>] or triton+http://..., got {url!r}"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # "Port out of range", "Invalid IPv6 URL", a port that is not a number
+        raise ConfigError(f"{usage} ({exc})") from exc
     wire = _WIRES.get(parts.scheme.lower())
     path = [p for p in parts.path.split("/") if p]
-    if wire is None or not parts.hostname or parts.port is None or not 1 <= len(path) <= 2:
+    if wire is None or not parts.hostname or not port or not 1 <= len(path) <= 2:
+        raise ConfigError(usage)
+    if parts.username is not None or parts.password is not None:
         raise ConfigError(
-            f"expected triton+grpc://host:port/<model>[/<version>] or triton+http://..., got {url!r}"
+            "credentials in a Triton URL are not supported (Triton's endpoints take no user:password, "
+            "and the URL appears in messages); remove the user:password@ part"
         )
+    version = path[1] if len(path) > 1 else ""
+    if version and not _positive_int(version):
+        raise ConfigError(f"the model version must be a positive integer, got {version!r} in {url!r}")
     params = {k: v[-1] for k, v in parse_qs(parts.query).items()}
     if set(params) - {"model_id", "retries"}:
         raise ConfigError(f"unknown parameter(s) in {url!r}; known: model_id, retries")
     retries = params.get("retries", "3")
-    if not retries.isdigit() or int(retries) < 1:
+    if not _positive_int(retries):
         raise ConfigError(f"retries must be a positive integer in {url!r}")
     return TritonTarget(
-        wire=wire, address=parts.netloc, model=path[0], version=path[1] if len(path) > 1 else "",
+        wire=wire, address=parts.netloc, model=path[0], version=version,
         model_id=params.get("model_id"), attempts=int(retries),
     )
+
+
+def _positive_int(text: str) -> bool:
+    """``text`` is a decimal integer >= 1 in ASCII digits (``str.isdigit`` also takes ``"²"``)."""
+    return text.isascii() and text.isdigit() and int(text) >= 1
 
 
 class TritonEmbedder:
@@ -183,7 +201,8 @@ class TritonEmbedder:
         if not p.is_live(client):
             raise _NotReady(f"server at {t.address} is not live")
         if not p.is_ready(client, t.model, t.version):
-            raise _NotReady(f"model {t.model!r} is not ready")
+            version = f" version {t.version}" if t.version else ""
+            raise _NotReady(f"model {t.model!r}{version} is not ready")
         try:
             return p.spec(client, t.model, t.version)
         except ValueError as exc:

@@ -139,9 +139,13 @@ def parse_spec(config: dict[str, Any]) -> ModelSpec:
 
 
 def _transient(wire: Wire) -> tuple[tuple[type[BaseException], ...], frozenset[str]]:
-    """Errors and statuses worth a retry: the server is down, restarting, overloaded or slow."""
+    """Errors and statuses worth a retry: the server is down, restarting, overloaded or slow.
+
+    gRPC ``NOT_FOUND`` is among them: the embedder checks at start that the model is ready, so
+    a model that later has "no available versions" is being unloaded, as while Triton shuts down.
+    """
     if wire == "grpc":
-        statuses = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED"}
+        statuses = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED", "NOT_FOUND"}
         return (OSError,), frozenset(f"StatusCode.{s}" for s in statuses)
     import gevent  # type: ignore[import-untyped]
     from geventhttpclient.response import HTTPConnectionClosed

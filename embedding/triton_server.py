@@ -13,17 +13,24 @@ Triton model with dynamic batching. The Triton model contract is the same as the
 Endpoints (Triton's own): HTTP ``/v2/health/live``, ``/v2/health/ready``,
 ``/v2/models/<name>/config``, gRPC on its port, Prometheus metrics on ``/metrics``.
 SIGTERM or SIGINT stops tritonserver and its Python-backend stubs, then the process exits 0.
+A stub that tritonserver leaves behind (it gives up after its 10 s exit timeout while HTTP clients
+stay connected) is killed. If tritonserver exits on its own, :func:`serve` raises, so that a
+supervisor restarts it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
+import re
 import signal
+import socket
 import sysconfig
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,10 +39,14 @@ import numpy as np
 import numpy.typing as npt
 
 from embedding.base import Embedder
-from quarry.errors import ConfigError
+from quarry.errors import ConfigError, EmbeddingError
 from quarry.settings import Settings
 
 LOG = logging.getLogger(__name__)
+# Set in this process's environment while serving; tritonserver and its stubs inherit it, so the
+# processes a serve started can be found (and leftovers killed) after tritonserver stopped.
+OWNER_ENV = "QUARRY_TRITON_SERVE_PID"
+_MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 BACKENDS = {
     "onnx": "onnx://all-MiniLM-L6-v2?quantize=int8",
@@ -87,6 +98,58 @@ class ServeConfig:
     instances: int = 1
     shared_memory: bool = False
 
+    def __post_init__(self) -> None:
+        """Reject what tritonserver or PyTriton would only fail on after loading the model.
+
+        Raises:
+            ConfigError: A port outside 1-65535 or used twice, an IPv6 address (PyTriton's own
+                client cannot reach one), a model name that is not a folder name, a batch size,
+                queue delay or instance count below its minimum, or a preferred batch size
+                above ``max_batch_size``.
+        """
+        ports = {"http_port": self.http_port, "grpc_port": self.grpc_port, "metrics_port": self.metrics_port}
+        for name, port in ports.items():
+            if not 1 <= port <= 65535:
+                raise ConfigError(f"{name} must be in 1-65535, got {port}")
+        if len(set(ports.values())) < len(ports):
+            raise ConfigError(f"the HTTP, gRPC and metrics ports must differ, got {ports}")
+        if _is_ipv6(self.address):
+            raise ConfigError(f"address must be IPv4 or a host name (PyTriton cannot use IPv6), got {self.address!r}")
+        if not _MODEL_NAME.fullmatch(self.model_name):
+            raise ConfigError(f"model_name must be letters, digits, '_', '.' or '-', got {self.model_name!r}")
+        if self.max_batch_size < 1 or self.max_queue_delay_us < 0 or self.instances < 1:
+            raise ConfigError("max_batch_size and instances must be >= 1 and max_queue_delay_us >= 0")
+        wrong = [b for b in self.preferred_batch_sizes if not 1 <= b <= self.max_batch_size]
+        if wrong:
+            raise ConfigError(f"preferred batch sizes must be in 1-{self.max_batch_size} (max_batch_size), got {wrong}")
+
+
+def _is_ipv6(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).version == 6
+    except ValueError:  # a host name, or not an address at all (check_ports_free resolves it)
+        return False
+
+
+def check_ports_free(config: ServeConfig) -> None:
+    """Bind each port once, so that a taken port fails now with its number, not in PyTriton later.
+
+    Raises:
+        ConfigError: The address does not resolve to an IPv4 address of this host, or a port is
+            in use (by another Triton too: its gRPC port is bound with ``SO_REUSEPORT``).
+    """
+    try:
+        host = socket.getaddrinfo(config.address, None, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except (OSError, UnicodeError) as exc:
+        raise ConfigError(f"address {config.address!r} does not resolve to an IPv4 address: {exc}") from exc
+    for name, port in (("HTTP", config.http_port), ("gRPC", config.grpc_port), ("metrics", config.metrics_port)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is not "in use"
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                raise ConfigError(f"cannot use {name} port {port} on {config.address}: {exc.strerror}") from exc
+
 
 def backend_url(model: str) -> str:
     """Resolve a ``--model`` value to an in-process embedder URL.
@@ -131,24 +194,34 @@ def use_interpreter_libpython() -> None:
         os.environ["LD_LIBRARY_PATH"] = f"{libdir}:{current}" if current else libdir
 
 
+@dataclass
+class StopRequest:
+    """Whether a stop signal arrived (a tritonserver that exits without one has failed)."""
+
+    signal_name: str | None = None
+
+
 @contextlib.contextmanager
-def stop_on_sigterm() -> Iterator[None]:
+def stop_on_sigterm() -> Iterator[StopRequest]:
     """Turn the first SIGTERM (or SIGINT) into ``KeyboardInterrupt``; ignore repeats while stopping.
 
     PyTriton's ``serve()`` stops tritonserver (and waits for it) on ``KeyboardInterrupt``.
+    Yields the :class:`StopRequest` the handler fills in.
     """
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    request = StopRequest()
 
     def handler(signum: int, frame: FrameType | None) -> None:
         for sig in previous:
             signal.signal(sig, signal.SIG_IGN)
-        LOG.info("signal %s received: stopping Triton", signal.Signals(signum).name)
+        request.signal_name = signal.Signals(signum).name
+        LOG.info("signal %s received: stopping Triton", request.signal_name)
         raise KeyboardInterrupt
 
     for sig in previous:
         signal.signal(sig, handler)
     try:
-        yield
+        yield request
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
@@ -158,17 +231,58 @@ def serve(config: ServeConfig, settings: Settings) -> None:
     """Start Triton with the embedding model and block until SIGTERM/SIGINT, then stop it.
 
     Raises:
-        ConfigError: Bad ``--model``.
-        EmbeddingError: The wrapped model failed to load.
+        ConfigError: Bad ``--model``, an address that does not resolve, or a port in use.
+        EmbeddingError: The wrapped model failed to load, or tritonserver exited without a stop
+            signal (its log, above, says why).
     """
     from embedding.factory import open_embedder
 
-    embedder = open_embedder(backend_url(config.model), settings)
+    url = backend_url(config.model)
+    check_ports_free(config)
+    embedder = open_embedder(url, settings)
     embedder.warm_up()
     use_interpreter_libpython()
-    with stop_on_sigterm(), contextlib.suppress(KeyboardInterrupt):
-        _run(config, embedder)
+    owner = str(os.getpid())
+    os.environ[OWNER_ENV] = owner
+    with stop_on_sigterm() as stop, contextlib.suppress(KeyboardInterrupt):
+        try:
+            _run(config, embedder)
+        finally:
+            os.environ.pop(OWNER_ENV, None)
+            killed = kill_leftovers(owner)
+            if killed:
+                LOG.warning("killed %d process(es) tritonserver left behind: %s", len(killed), killed)
+    if stop.signal_name is None:
+        raise EmbeddingError("tritonserver exited without a stop signal; its log above says why")
     LOG.info("Triton stopped")
+
+
+def kill_leftovers(owner: str) -> list[int]:
+    """SIGKILL the processes started for the serve ``owner`` (their ``OWNER_ENV``) that still run.
+
+    After a forced exit (exit timeout) tritonserver does not stop its Python-backend stubs, which
+    would keep running, holding the model; PyTriton's ``/dev/shm/pytrtion<owner>-*`` regions are
+    removed too (call this once tritonserver has stopped).
+
+    Returns:
+        The killed pids.
+    """
+    killed = []
+    marker = f"{OWNER_ENV}={owner}".encode()
+    for proc in Path("/proc").glob("[0-9]*"):
+        if proc.name == str(os.getpid()):
+            continue
+        try:
+            if marker not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):  # gone meanwhile, or another user's process
+            continue
+        killed.append(int(proc.name))
+    for region in Path("/dev/shm").glob(f"pytrtion{owner}-*"):
+        with contextlib.suppress(OSError):
+            region.unlink()
+    return killed
 
 
 def select_tensor_transport(shared_memory: bool) -> None:

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -41,7 +42,7 @@ def _default_name(path: Path) -> str:
 
 
 def _fail(exc: QuarryError) -> None:
-    err.print(f"[bold red]error[/] ({type(exc).__name__}): {exc.message}")
+    err.print(f"[bold red]error[/] ({type(exc).__name__}): {escape(exc.message)}")
     raise typer.Exit(2)
 
 
@@ -118,7 +119,7 @@ def search(
         flt = json.loads(filters) if filters else None
         result = _quarry().search(collection, query, top_k=top_k, mode=mode, filters=flt)
     except json.JSONDecodeError as exc:
-        err.print(f"[bold red]error[/]: --filters is not valid JSON: {exc.msg}")
+        err.print(f"[bold red]error[/]: --filters is not valid JSON: {escape(exc.msg)}")
         raise typer.Exit(2) from exc
     except QuarryError as exc:
         _fail(exc)
@@ -126,14 +127,14 @@ def search(
     if as_json:
         out.print_json(json.dumps({"hits": [dataclasses.asdict(h) for h in result.hits], "degraded": result.degraded}))
         return
-    table = Table("#", "document", "score", "bm25", "dense", "text", title=f"{collection}: {query!r} ({mode})")
+    table = Table("#", "document", "score", "bm25", "dense", "text", title=escape(f"{collection}: {query!r} ({mode})"))
     for i, hit in enumerate(result.hits, start=1):
         ranks = {k: str(v["rank"]) for k, v in hit.explain.items() if "rank" in v}
-        table.add_row(str(i), hit.document_id, f"{hit.score:.4f}", ranks.get("bm25", "-"), ranks.get("dense", "-"),
-                      hit.text[:80].replace("\n", " "))
+        table.add_row(str(i), escape(hit.document_id), f"{hit.score:.4f}", ranks.get("bm25", "-"),
+                      ranks.get("dense", "-"), escape(hit.text[:80].replace("\n", " ")))
     out.print(table)
     for note in result.degraded:
-        err.print(f"[yellow]degraded[/]: {note}")
+        err.print(f"[yellow]degraded[/]: {escape(note)}")
 
 
 @app.command()

@@ -40,7 +40,8 @@ class EmbeddingSettings(BaseModel):
             ``torch:///models/my-model``), ``onnx://all-MiniLM-L6-v2?quantize=int8``,
             ``triton+grpc://host:8001/minilm``, ``triton+http://host:8000/minilm``.
         batch_size: Texts per model call during ingestion.
-        timeout_s: Per-request timeout for remote servers, in seconds.
+        timeout_s: Per-request timeout for remote servers, in seconds (at most 3600: gRPC turns
+            a deadline past its range, ``inf`` included, into an immediate DEADLINE_EXCEEDED).
         device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
         cache_dir: Where exported ONNX models are cached (default ``<data_dir>/models``).
         query_process: Run the query encoder (``onnx://``, ``torch://``) in a child process that
@@ -51,7 +52,7 @@ class EmbeddingSettings(BaseModel):
 
     url: str = "torch://all-MiniLM-L6-v2"
     batch_size: int = Field(64, ge=1, le=4096)
-    timeout_s: float = Field(30.0, gt=0)
+    timeout_s: float = Field(30.0, gt=0, le=3600)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cache_dir: Path | None = None
     query_process: bool = False

@@ -30,9 +30,9 @@ def serve(
     ] = "onnx-fp32",
     model_name: Annotated[str, typer.Option(help="Triton model name (the last part of the client URL).")] = "minilm",
     address: Annotated[str, typer.Option(help="Bind address of all endpoints.")] = "0.0.0.0",
-    http_port: Annotated[int, typer.Option(help="HTTP/REST port (/v2/health/ready).")] = 8000,
-    grpc_port: Annotated[int, typer.Option(help="gRPC port.")] = 8001,
-    metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port (/metrics).")] = 8002,
+    http_port: Annotated[int, typer.Option(min=1, max=65535, help="HTTP/REST port (/v2/health/ready).")] = 8000,
+    grpc_port: Annotated[int, typer.Option(min=1, max=65535, help="gRPC port.")] = 8001,
+    metrics_port: Annotated[int, typer.Option(min=1, max=65535, help="Prometheus metrics port (/metrics).")] = 8002,
     max_batch_size: Annotated[int, typer.Option(min=1, help="Largest dynamic batch (texts).")] = 64,
     max_queue_delay_us: Annotated[
         int, typer.Option(min=0, help="Longest wait for a batch to fill, in microseconds (0: no wait).")
@@ -52,13 +52,13 @@ def serve(
     from embedding.triton_server import serve as run_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = ServeConfig(
-        model=model, model_name=model_name, address=address, http_port=http_port, grpc_port=grpc_port,
-        metrics_port=metrics_port, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
-        preferred_batch_sizes=tuple(preferred_batch_size or ()), instances=instances,
-        shared_memory=shared_memory,
-    )
     try:
+        config = ServeConfig(
+            model=model, model_name=model_name, address=address, http_port=http_port, grpc_port=grpc_port,
+            metrics_port=metrics_port, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
+            preferred_batch_sizes=tuple(preferred_batch_size or ()), instances=instances,
+            shared_memory=shared_memory,
+        )
         run_server(config, get_settings())
     except QuarryError as exc:
         typer.echo(f"error: {exc.message}", err=True)

@@ -7,8 +7,8 @@ from pathlib import Path
 from tests.core.conftest import write_jsonl
 
 
-def _quarry(args: list[str], data_dir: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "QUARRY_DATA_DIR": str(data_dir), "HF_HUB_OFFLINE": "1"}
+def _quarry(args: list[str], data_dir: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "QUARRY_DATA_DIR": str(data_dir), "HF_HUB_OFFLINE": "1", **extra_env}
     return subprocess.run(
         [sys.executable, "-m", "quarry.cli", *args], env=env, capture_output=True, text=True, timeout=600
     )
@@ -52,3 +52,11 @@ def test_cli_ingest_says_when_chunks_exceed_the_model_length(tmp_path: Path) -> 
     said = " ".join(done.stdout.split())
     assert "(1 truncated)" in said
     assert "1 of 2 chunks exceed the embedding model's 256 tokens" in said and "--chunk-size" in said
+
+
+def test_error_messages_are_printed_verbatim(tmp_path: Path) -> None:
+    """A message with brackets (the Triton URL usage ``[/<version>]``) is text, not rich markup."""
+    bad = _quarry(["search", "x", "--collection", "c"], tmp_path, QUARRY_EMBEDDING__URL="triton+grpc://127.0.0.1:8001/")
+    assert bad.returncode == 2, bad.stderr
+    said = " ".join(bad.stderr.split())
+    assert "error (ConfigError): expected triton+grpc://host:port/<model>[/<version>]" in said

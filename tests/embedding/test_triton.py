@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import socket
+import subprocess
 import sys
 import time
 import urllib.request
@@ -19,10 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from embedding.base import Embedder
 from embedding.sentence_transformers import SentenceTransformerEmbedder
 from embedding.triton import TritonEmbedder, parse_triton_url
+from embedding.triton_server import OWNER_ENV, ServeConfig, check_ports_free, kill_leftovers
 from indexing.sources import SourceDocument, iter_jsonl
 from quarry.errors import ConfigError, EmbeddingUnavailable
 from quarry.service import Quarry
@@ -180,6 +185,48 @@ def test_tensors_travel_inline_unless_shared_memory_is_asked_for(
 
 
 @pytest.mark.integration
+def test_sigterm_while_an_http_client_is_busy_leaves_nothing_running(
+    tmp_path: Path, onnx_cache: Path, scifact_subset: list[str]
+) -> None:
+    """tritonserver waits out its exit timeout for connected HTTP clients, then exits without
+    stopping its backend stub; the serve kills what is left and removes its /dev/shm regions."""
+    server = start_triton(tmp_path, onnx_cache, "--max-batch-size", "8")
+    try:
+        embedder = TritonEmbedder.from_url(server.url("http") + "?retries=1", timeout_s=60)
+        texts = scifact_subset * 20
+        with ThreadPoolExecutor(1) as pool:
+            busy = pool.submit(lambda: [embedder.embed(texts) for _ in range(3)])
+            time.sleep(3)
+            assert server.process.stop(timeout_s=90) == 0, server.process.log_tail()
+            with pytest.raises(EmbeddingUnavailable):
+                busy.result(timeout=120)
+        embedder.close()
+        assert server.process.leftovers() == [], server.process.log_tail()
+        assert not list(Path("/dev/shm").glob(f"pytrtion{server.process.proc.pid}-*"))
+    finally:
+        server.process.stop()
+        server.process.kill_all()
+
+
+@pytest.mark.integration
+def test_tritonserver_dying_fails_the_serve(tmp_path: Path, onnx_cache: Path) -> None:
+    """A supervisor restarts on a non-zero exit: tritonserver gone without a stop signal is one."""
+    server = start_triton(tmp_path, onnx_cache)
+    try:
+        (tritonserver,) = [
+            pid for pid in tagged_pids(server.process.tag)
+            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(b"/tritonserver")
+        ]
+        os.kill(tritonserver, signal.SIGKILL)
+        assert server.process.proc.wait(timeout=90) == 2, server.process.log_tail()
+        assert "tritonserver exited without a stop signal" in server.process.log_tail()
+        assert server.process.leftovers() == [], server.process.log_tail()
+    finally:
+        server.process.stop()
+        server.process.kill_all()
+
+
+@pytest.mark.integration
 def test_client_batches_never_exceed_the_server_max(triton: TritonServer, scifact_subset: list[str]) -> None:
     embedder = TritonEmbedder.from_url(triton.url("grpc"), timeout_s=30, batch_size=1000)
     result = embedder.embed([t[:100] for t in scifact_subset[: 3 * MAX_BATCH + 1]])  # 4 requests of <= 16
@@ -209,6 +256,78 @@ def test_url_forms() -> None:
             parse_triton_url(bad)
 
 
+def test_malformed_urls_are_config_errors() -> None:
+    """What urlsplit raises (bad or out-of-range port, broken IPv6) or lets through (credentials,
+    port 0, a version that is not a number, a superscript digit) is a ConfigError."""
+    for bad, says in [
+        ("triton+grpc://127.0.0.1:abc/minilm", "expected triton"), ("triton+grpc://h:99999/m", "out of range"),
+        ("triton+grpc://h:-1/m", "expected triton"), ("triton+grpc://[::1/minilm", "IPv6"),
+        ("triton+grpc://h:0/m", "expected triton"), ("triton+http://admin:s3cret@h:8000/m", "credentials"),
+        ("triton+grpc://h:8001/m/abc", "version"), ("triton+grpc://h:8001/m/0", "version"),
+        ("triton+grpc://h:8001/m?retries=%C2%B2", "retries"), ("triton+grpc://127.0.0.1:8001/", "expected triton"),
+    ]:
+        with pytest.raises(ConfigError, match=says) as info:
+            parse_triton_url(bad)
+        assert "s3cret" not in info.value.message
+    assert parse_triton_url("triton+grpc://[::1]:8001/m").address == "[::1]:8001"
+
+
+def test_a_model_unloaded_after_the_start_is_unavailable_not_a_failure() -> None:
+    """While Triton shuts down, gRPC answers NOT_FOUND ("has no available versions"): retried,
+    then EmbeddingUnavailable (503), as when the server is gone."""
+    import grpc
+    from tritonclient.utils import InferenceServerException
+
+    embedder = TritonEmbedder.from_url("triton+grpc://127.0.0.1:1/minilm")
+    gone = InferenceServerException("Request for unknown model: 'minilm' has no available versions",
+                                    status=str(grpc.StatusCode.NOT_FOUND))
+    assert embedder._transient(gone)
+    assert not embedder._transient(InferenceServerException("bad input", status=str(grpc.StatusCode.INVALID_ARGUMENT)))
+
+
+def test_serve_options_are_checked_before_the_model_loads() -> None:
+    for options, says in [
+        ({"http_port": 70000}, "http_port must be in 1-65535"), ({"grpc_port": 0}, "grpc_port"),
+        ({"http_port": 9000, "metrics_port": 9000}, "must differ"), ({"address": "::1"}, "IPv6"),
+        ({"model_name": "a/b"}, "model_name"), ({"model_name": ""}, "model_name"),
+        ({"max_batch_size": 4, "preferred_batch_sizes": (2, 100)}, r"preferred batch sizes must be in 1-4.*\[100\]"),
+        ({"max_queue_delay_us": -1}, "max_queue_delay_us"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            ServeConfig(**options)  # type: ignore[arg-type]
+    ServeConfig(model_name="minilm-v2.1", preferred_batch_sizes=(8, 64))
+
+
+def test_a_taken_port_or_an_unknown_address_fails_with_its_name() -> None:
+    http, grpc, metrics = free_ports(3)
+    config = ServeConfig(address="127.0.0.1", http_port=http, grpc_port=grpc, metrics_port=metrics)
+    check_ports_free(config)
+    with socket.create_server(("127.0.0.1", grpc)):
+        with pytest.raises(ConfigError, match=f"cannot use gRPC port {grpc} on 127.0.0.1"):
+            check_ports_free(config)
+    with pytest.raises(ConfigError, match="does not resolve"):
+        check_ports_free(ServeConfig(address="999.1.1.1", http_port=http, grpc_port=grpc, metrics_port=metrics))
+
+
+def test_leftover_processes_and_shared_memory_of_a_serve_are_killed(tmp_path: Path) -> None:
+    """What a forced tritonserver exit leaves (stubs, /dev/shm regions) is found by the owner tag."""
+    owner = f"9{os.getpid()}"  # no live serve has this pid as its tag
+    env = {**os.environ, OWNER_ENV: owner}
+    left = subprocess.Popen(["sleep", "60"], env=env)
+    other = subprocess.Popen(["sleep", "60"], env={**os.environ, OWNER_ENV: owner + "0"})
+    region = Path(f"/dev/shm/pytrtion{owner}-0a1b2c3d")
+    region.write_bytes(b"x")
+    try:
+        assert kill_leftovers(owner) == [left.pid]
+        assert left.wait(timeout=10) == -signal.SIGKILL and not region.exists()
+        assert other.poll() is None
+    finally:
+        for proc in (left, other):
+            proc.kill()
+            proc.wait()
+        region.unlink(missing_ok=True)
+
+
 def test_the_factory_builds_it_from_settings(tmp_path: Path) -> None:
     from embedding.factory import open_embedder
     from quarry.settings import EmbeddingSettings
@@ -218,6 +337,8 @@ def test_the_factory_builds_it_from_settings(tmp_path: Path) -> None:
         embedder = open_embedder(f"triton+{wire}://localhost:8001/minilm", settings)
         assert isinstance(embedder, TritonEmbedder) and embedder.target.wire == wire
         assert (embedder._protocol.timeout_s, embedder._batch_size) == (7, 5)
+    with pytest.raises(ValidationError, match="timeout_s"):  # gRPC fails every call past its deadline range
+        EmbeddingSettings(timeout_s=float("inf"))
 
 
 # --- through the ingestion pipeline and the query path --------------------------------------
