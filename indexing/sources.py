@@ -149,7 +149,30 @@ def parse_document(raw: Any) -> SourceDocument:
         raise InvalidDocument(f"document {doc_id!r}: 'title' must be a string")
     if not (text.strip() or title.strip()):
         raise InvalidDocument(f"document {doc_id!r}: 'text' and 'title' are both empty")
-    return SourceDocument(doc_id, text, title, check_metadata(raw.get("metadata") or {}, doc_id))
+    metadata = check_metadata(raw.get("metadata") or {}, doc_id)
+    strings = {"'id'": doc_id, "'text'": text, "'title'": title}
+    for key, value in metadata.items():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str):
+                strings[f"metadata field {key!r}"] = item
+    for where, value in strings.items():
+        check_unicode(value, f"document {doc_id[:40]!r}: {where}", InvalidDocument)
+    return SourceDocument(doc_id, text, title, metadata)
+
+
+def check_unicode(text: str, where: str, error: type[InvalidRequest]) -> None:
+    r"""Reject a lone UTF-16 surrogate (JSON allows ``"\ud800"``): no tokenizer or store takes one.
+
+    Raises:
+        error: ``text`` cannot be encoded as UTF-8; the message gives the character offset.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise error(
+            f"{where} holds an unpaired UTF-16 surrogate ({text[exc.start]!r}) at character {exc.start}; "
+            "send valid Unicode"
+        ) from exc
 
 
 def check_metadata(meta: Any, doc_id: str) -> Payload:

@@ -30,6 +30,7 @@ from embedding.base import Embeddings, QueryEncoder
 from indexing.chunking import document_id_of
 from indexing.collections import CollectionConfig
 from indexing.docstore import DocStore
+from indexing.sources import check_unicode
 from quarry.errors import EmbeddingError, InvalidQuery
 from quarry.settings import SearchSettings
 from rerank.base import Reranker
@@ -276,6 +277,7 @@ class Searcher:
             )
         if not query or not query.strip():
             raise InvalidQuery("query must not be empty")
+        check_unicode(query, "query", InvalidQuery)
         if mode not in MODES:
             raise InvalidQuery(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
         if top_k < 1:

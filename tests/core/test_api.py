@@ -1,3 +1,4 @@
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -32,6 +33,11 @@ def _error(r: object, status: int) -> str:
     body = r.json()  # type: ignore[attr-defined]
     assert set(body["error"]) == {"type", "message", "retryable"}
     return str(body["error"]["message"])
+
+
+def _post_json(client: TestClient, url: str, body: object) -> object:
+    """POST ``body`` as ASCII JSON: a lone surrogate travels as its ``\\udXXX`` escape, as JSON allows."""
+    return client.post(url, content=json.dumps(body), headers={"content-type": "application/json"})
 
 
 def test_health_ready_openapi(client: TestClient) -> None:
@@ -103,12 +109,13 @@ def test_filters_and_paging_over_rest(client: TestClient, api_collection: str) -
         ({"query": "x", "filters": {"n": {"$near": 1}}}, 400, "unknown operator"),
         ({"query": "x", "unknown": 1}, 422, "unknown"),
         ({"top_k": 3}, 422, "query"),
+        ({"query": "vitamin \ud800 d", "mode": "dense"}, 400, "unpaired UTF-16 surrogate ('\\ud800') at character 8"),
     ],
 )
 def test_bad_search_requests_get_typed_4xx(
     client: TestClient, api_collection: str, body: dict[str, object], status: int, needle: str
 ) -> None:
-    assert needle in _error(client.post(f"/v1/collections/{api_collection}/search", json=body), status)
+    assert needle in _error(_post_json(client, f"/v1/collections/{api_collection}/search", body), status)
 
 
 def test_a_query_at_the_length_limit_is_served(client: TestClient, api_collection: str) -> None:
@@ -140,9 +147,15 @@ def test_bad_documents_write_nothing(client: TestClient, api_collection: str) ->
             "invalid metadata field",
         ),
         ([{"text": "no id"}], 422, "id"),
+        ([{"id": "ok1", "text": "fine"}, {"id": "s", "text": "a \udc00 b"}], 400, "documents[1]: document 's': 'text'"),
+        (
+            [{"id": "ok1", "text": "fine"}, {"id": "s", "text": "x", "metadata": {"tags": ["ok", "\ud83d"]}}],
+            400,
+            "metadata field 'tags' holds an unpaired UTF-16 surrogate",
+        ),
     ]
     for docs, status, needle in bad_batches:
-        assert needle in _error(client.post(url, json={"documents": docs}), status)
+        assert needle in _error(_post_json(client, url, {"documents": docs}), status)
     assert client.get(f"/v1/collections/{api_collection}").json()["documents"] == before
 
 

@@ -107,6 +107,7 @@ def test_malformed_jsonl_names_the_line_and_stores_nothing(service: Quarry, coll
         ({"text": "no id"}, "line 1.*'id'"),
         ({"id": "x", "text": 5}, "'text' must be a string"),
         ({"id": "x", "text": "t", "metadata": {"nested": {"a": 1}}}, "field 'nested'"),
+        ({"id": "x", "title": "\ud800", "text": "t"}, "line 1: document .x.: .title. holds an unpaired UTF-16"),
     ]:
         with pytest.raises(InvalidDocument, match=pattern):
             read_documents(write_jsonl(tmp_path / "b.jsonl", [bad]))
