@@ -68,10 +68,18 @@ class Quarry:
         )
 
     def warm_up(self) -> None:
-        """Load the models (embedder, reranker) so that the first request pays nothing."""
-        self.query_embedder.warm_up()
+        """Load the models (reranker, then embedder) so that the first request pays nothing.
+
+        The reranker loads first: a remote embedder that is down (``EmbeddingUnavailable``, which
+        a server tolerates by degrading to BM25) must not hide a reranker that cannot load.
+
+        Raises:
+            ConfigError, RerankError: The reranker's model cannot be loaded.
+            EmbeddingError: The embedder cannot load (``EmbeddingUnavailable``: its server is down).
+        """
         if self.reranker is not None:
             self.reranker.warm_up()
+        self.query_embedder.warm_up()
 
     def close(self) -> None:
         """Release the store, the docstore and the query encoder process (if any)."""

@@ -130,6 +130,13 @@ def _load(model: str, device: str, max_length: int | None) -> CrossEncoder:
         raise RerankError(f"{name!r} does not load as a cross-encoder: {exc}") from exc
     if encoder.num_labels != 1:
         raise RerankError(f"{name!r} has {encoder.num_labels} output labels; a reranker needs exactly 1 (a score)")
+    architectures = getattr(getattr(encoder.model, "config", None), "architectures", None) or []
+    if architectures and not any(a.endswith("ForSequenceClassification") for a in architectures):
+        raise RerankError(
+            f"{name!r} is a {', '.join(architectures)}, not a cross-encoder (a *ForSequenceClassification "
+            "model): its scoring head would be random weights. A sentence-embedding (bi-encoder) model "
+            f"belongs in QUARRY_EMBEDDING__URL; {_HOW_TO_GET_ONE}"
+        )
     if device == "cuda":
         encoder.half()
     encoder.eval()

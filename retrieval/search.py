@@ -187,7 +187,8 @@ class Searcher:
             The page of hits, ``total`` fused candidates, degradations and timings.
 
         Raises:
-            InvalidQuery: Blank query, one over ``max_query_chars``, bad ``top_k``/``offset``/``mode``.
+            InvalidQuery: Blank query, one over ``max_query_chars``, bad ``top_k``/``offset``/``mode``,
+                or a page past the reranked window (``offset + top_k > rerank.top_n``).
             EmbeddingUnavailable: Dense mode and the embedder is down.
         """
         return _resolve(self._steps(cfg, query, top_k, mode, flt, offset, group, rerank))
@@ -235,6 +236,12 @@ class Searcher:
         blocks, :meth:`search_async` awaits).
         """
         self._validate(query, top_k, offset, mode)
+        if rerank is not None and offset + top_k > rerank.top_n:
+            raise InvalidQuery(
+                f"offset + top_k must be <= rerank.top_n ({rerank.top_n}: the reranked window, as "
+                f"Elasticsearch's rank_window_size), got {offset} + {top_k}; a page past it would mix "
+                "cross-encoder and fusion scores"
+            )
         result = SearchResult([], 0, mode)
         channels: dict[str, _Channel] = {}
         started = time.perf_counter()

@@ -241,10 +241,11 @@ def _rerank_options(service: Quarry, body: SearchIn) -> RerankOptions | None:
     if body.rerank is None:
         return None
     cfg = service.settings.rerank
-    if body.rerank.model and service.reranker is not None and body.rerank.model != service.reranker.model_id:
-        raise InvalidRequest(
-            f"rerank model {body.rerank.model!r} is not loaded; this server reranks with {service.reranker.model_id!r}"
-        )
+    loaded = service.reranker.model_id if service.reranker is not None else None
+    if body.rerank.model and body.rerank.model != loaded:
+        serves = f"reranks with {loaded!r}" if loaded else "has no reranker (QUARRY_RERANK__MODEL)"
+        raise InvalidRequest(f"rerank model {body.rerank.model!r} is not loaded; this server {serves}")
     return RerankOptions(
-        top_n=body.rerank.top_n, budget_ms=body.rerank.budget_ms or cfg.budget_ms, batch_size=cfg.batch_size
+        top_n=body.rerank.top_n or cfg.top_n, budget_ms=body.rerank.budget_ms or cfg.budget_ms,
+        batch_size=cfg.batch_size,
     )

@@ -51,7 +51,10 @@ class DeleteDocuments(_Body):
 class RerankIn(_Body):
     """Rerank the fused top ``top_n`` with the cross-encoder, within ``budget_ms``."""
 
-    top_n: int = Field(50, ge=1, le=1000)
+    top_n: int | None = Field(
+        None, ge=1, le=1000,
+        description="Fused candidates rescored; offset + top_k <= top_n. Default: QUARRY_RERANK__TOP_N.",
+    )
     budget_ms: float | None = Field(None, gt=0, description="Default: QUARRY_RERANK__BUDGET_MS.")
     model: str | None = Field(None, description="Must match the configured reranker (one model per server).")
 

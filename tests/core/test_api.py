@@ -125,6 +125,12 @@ def test_a_query_at_the_length_limit_is_served(client: TestClient, api_collectio
     assert len(r.json()["hits"]) == 3
 
 
+def test_naming_a_rerank_model_on_a_server_without_one_is_400(client: TestClient, api_collection: str) -> None:
+    body = {"query": "x", "rerank": {"model": "cross-encoder/ms-marco-MiniLM-L-6-v2"}}
+    message = _error(client.post(f"/v1/collections/{api_collection}/search", json=body), 400)
+    assert "is not loaded; this server has no reranker (QUARRY_RERANK__MODEL)" in message
+
+
 def test_unknown_collection_is_404(client: TestClient) -> None:
     assert "'ghost' does not exist" in _error(client.post("/v1/collections/ghost/search", json={"query": "x"}), 404)
     assert _error(client.post("/v1/collections/ghost/documents", json={"documents": [{"id": "a", "text": "b"}]}), 404)

@@ -132,6 +132,17 @@ def test_folder_without_a_model_is_a_config_error(tmp_path: Path) -> None:
         CrossEncoderReranker(str(tmp_path), device="cpu").warm_up()
 
 
+def test_a_sentence_embedding_model_is_not_a_reranker() -> None:
+    """A bi-encoder folder loads into CrossEncoder with a random scoring head (scores change
+    with every load); it is refused by its architecture."""
+    from embedding.sentence_transformers import resolve_model_path
+
+    bi_encoder = str(resolve_model_path("all-MiniLM-L6-v2"))
+    with pytest.raises(RerankError, match="is a BertModel, not a cross-encoder") as info:
+        CrossEncoderReranker(bi_encoder, device="cpu").warm_up()
+    assert "QUARRY_EMBEDDING__URL" in info.value.message
+
+
 def test_folder_with_broken_weights_is_a_rerank_error(tiny_model_dir: Path, tmp_path: Path) -> None:
     broken = Path(shutil.copytree(tiny_model_dir, tmp_path / "broken"))
     (broken / "model.safetensors").write_bytes(b"\0" * 64)

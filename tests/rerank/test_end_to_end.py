@@ -18,6 +18,7 @@ from retrieval.search import RerankOptions
 
 N_DOCS = 150
 COLLECTION = "scifact_rerank"
+RERANK_TOP_N = 20  # QUARRY_RERANK__TOP_N of the service: the REST default when a request omits it
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +31,7 @@ def query(shared_data: Path) -> str:
 def service(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, shared_data: Path) -> Iterator[Quarry]:
     settings = Settings(
         data_dir=tmp_path_factory.mktemp("quarry-rerank"),
-        rerank=RerankSettings(model=str(tiny_model_dir), device="cpu", batch_size=16),
+        rerank=RerankSettings(model=str(tiny_model_dir), device="cpu", batch_size=16, top_n=RERANK_TOP_N),
     )
     quarry = Quarry(settings)
     docs = []
@@ -71,3 +72,42 @@ def test_a_budget_of_a_few_ms_returns_the_fused_order(service: Quarry, query: st
     assert (result.rerank_reason or "").startswith("rerank budget 2 ms exceeded after ")
     assert [h.chunk_id for h in result.hits] == [h.chunk_id for h in fused.hits]
     assert all("rerank" not in h.explain for h in result.hits)
+
+
+def test_rest_rerank_defaults_to_the_server_top_n_and_pages_stay_inside_it(service: Quarry, query: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from quarry.api import create_app
+
+    with TestClient(create_app(service)) as client:
+        url = f"/v1/collections/{COLLECTION}/search"
+        body = {"query": query, "top_k": RERANK_TOP_N, "rerank": {"budget_ms": 60_000}}
+        page = client.post(url, json=body).json()
+        assert page["reranked"] is True and len(page["hits"]) == RERANK_TOP_N
+        assert sorted(h["explain"]["rerank"]["rank_before"] for h in page["hits"]) == list(range(1, RERANK_TOP_N + 1))
+        scores = [h["score"] for h in page["hits"]]
+        assert scores == sorted(scores, reverse=True)
+        tail = client.post(url, json={**body, "offset": 10, "top_k": 10}).json()
+        assert [h["chunk_id"] for h in tail["hits"]] == [h["chunk_id"] for h in page["hits"][10:]]
+        past = client.post(url, json={**body, "offset": 10, "top_k": 11})
+        assert past.status_code == 400
+        assert f"offset + top_k must be <= rerank.top_n ({RERANK_TOP_N}" in past.json()["error"]["message"]
+        other = client.post(url, json={"query": query, "rerank": {"model": "cross-encoder/other"}})
+        assert other.status_code == 400 and "is not loaded; this server reranks with" in other.text
+
+
+def test_a_broken_reranker_fails_the_start_even_with_the_embedder_down(tmp_path: Path) -> None:
+    """A server tolerates a down embedding server (BM25 meanwhile), not a reranker that cannot load."""
+    from quarry.errors import ConfigError
+    from quarry.settings import EmbeddingSettings
+
+    settings = Settings(
+        data_dir=tmp_path, embedding=EmbeddingSettings(url="triton+http://127.0.0.1:1/minilm", timeout_s=1),
+        rerank=RerankSettings(model=str(tmp_path / "no-such-model"), device="cpu"),
+    )
+    quarry = Quarry(settings)
+    try:
+        with pytest.raises(ConfigError, match="no-such-model"):
+            quarry.warm_up()
+    finally:
+        quarry.close()
