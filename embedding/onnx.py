@@ -42,6 +42,7 @@ from quarry.errors import ConfigError, EmbeddingError
 # per token), for grouping texts of similar length (embedding.length_batches).
 _CALL_COST_TOKENS = 3.0
 _QUANTIZE = {"int8": "int8", "none": "none", "fp32": "none"}
+_MAX_THREADS = 1024
 
 
 def parse_onnx_url(url: str) -> tuple[str, Quantize, int | None]:
@@ -61,8 +62,8 @@ def parse_onnx_url(url: str) -> tuple[str, Quantize, int | None]:
     if quantize is None:
         raise ConfigError(f"quantize must be int8 or none (fp32) in {url!r}")
     threads = params.get("threads")
-    if threads is not None and not (threads.isdigit() and int(threads) > 0):
-        raise ConfigError(f"threads must be a positive integer in {url!r}")
+    if threads is not None and not (threads.isascii() and threads.isdigit() and 0 < int(threads) <= _MAX_THREADS):
+        raise ConfigError(f"threads must be an integer in 1-{_MAX_THREADS} in {url!r}")
     return parts.netloc + parts.path, cast(Quantize, quantize), int(threads) if threads else None
 
 
@@ -132,7 +133,10 @@ class OnnxEmbedder:
                 )
             except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
                 raise EmbeddingError(f"cannot open ONNX model {path}: {exc}") from exc
-            tokenizer = Tokenizer.from_file(str(layout.tokenizer_file))
+            try:
+                tokenizer = Tokenizer.from_file(str(layout.tokenizer_file))
+            except Exception as exc:  # tokenizers raises a bare Exception on a malformed file
+                raise ConfigError(f"cannot read the tokenizer {layout.tokenizer_file}: {exc}") from exc
             tokenizer.no_padding()
             tokenizer.enable_truncation(max_length=layout.max_seq_length)
             self._tokenizer, self.layout, self.onnx_path = tokenizer, layout, path

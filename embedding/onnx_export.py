@@ -74,8 +74,14 @@ def ensure_onnx(layout: StLayout, cache_dir: Path, model_id: str, quantize: Quan
     target = fp32 if quantize == "none" else folder / f"model.int8-{recipe}.onnx"
     if target.is_file():
         return target
-    folder.mkdir(parents=True, exist_ok=True)
-    with _locked(folder / "export.lock"):
+    with contextlib.ExitStack() as held:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            held.enter_context(_locked(folder / "export.lock"))
+        except OSError as exc:
+            raise EmbeddingError(
+                f"cannot use the model cache {folder} (QUARRY_EMBEDDING__CACHE_DIR): {exc.strerror or exc}"
+            ) from exc
         try:
             if not fp32.is_file():
                 _atomic(fp32, lambda tmp: export_fp32(layout, tmp))

@@ -72,24 +72,45 @@ def read_layout(root: Path) -> StLayout:
         root: A sentence-transformers folder (``modules.json`` + encoder + pooling config).
 
     Returns:
-        The :class:`StLayout` of the folder.
+        The :class:`StLayout` of the folder. ``max_seq_length`` is capped at the encoder's
+        ``max_position_embeddings`` (``config.json``): a longer setting would let texts through
+        that the position table cannot hold.
 
     Raises:
-        ConfigError: A file is missing, the tokenizer is not a fast ``tokenizer.json``, or the
-            pooling is not mean pooling (the only mode the ONNX path implements).
+        ConfigError: A file is missing or malformed, the tokenizer is not a fast
+            ``tokenizer.json``, or the pooling is not mean pooling (the only mode the ONNX path
+            implements).
     """
+    try:
+        return _read_layout(root)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # JSON of the wrong shape
+        raise ConfigError(f"{root} is not a well-formed sentence-transformers folder: {exc!r}") from exc
+
+
+def _read_layout(root: Path) -> StLayout:
     modules = _read_json(root / "modules.json")
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise ConfigError(f"{root / 'modules.json'} must be a list of module objects")
     transformer_dir = _module_dir(root, modules, "Transformer") or root
     pooling_dir = _module_dir(root, modules, "Pooling")
     if pooling_dir is None:
         raise ConfigError(f"{root} has no Pooling module in modules.json")
     pooling = _read_json(pooling_dir / "config.json")
+    if not isinstance(pooling, dict):
+        raise ConfigError(f"{pooling_dir / 'config.json'} must be a JSON object")
     if not pooling.get("pooling_mode_mean_tokens") or any(
         v for k, v in pooling.items() if k.startswith("pooling_mode_") and k != "pooling_mode_mean_tokens"
     ):
         raise ConfigError(f"{root}: only mean pooling is supported on the ONNX path, got {pooling}")
     st_config = transformer_dir / "sentence_bert_config.json"
     max_seq_length = int(_read_json(st_config)["max_seq_length"]) if st_config.is_file() else 512
+    hf_config = transformer_dir / "config.json"
+    if hf_config.is_file():
+        positions = _read_json(hf_config).get("max_position_embeddings")
+        if isinstance(positions, int) and positions > 0:
+            max_seq_length = min(max_seq_length, positions)
+    if max_seq_length < 2:
+        raise ConfigError(f"{st_config}: max_seq_length must be >= 2 ([CLS] and [SEP]), got {max_seq_length}")
     weights = next((transformer_dir / w for w in WEIGHT_FILES if (transformer_dir / w).is_file()), None)
     if weights is None:
         raise ConfigError(f"{transformer_dir} holds none of the weight files {WEIGHT_FILES}")

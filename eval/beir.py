@@ -119,13 +119,17 @@ def load_queries(beir_dir: Path) -> dict[str, str]:
 
     Raises:
         InvalidRequest: ``queries.jsonl`` does not exist.
-        InvalidDocument: A line is malformed (file and line number in the message).
+        InvalidDocument: A line is malformed or repeats a query id (file and line number in
+            the message).
     """
     path = beir_dir / "queries.jsonl"
-    return {
-        _field(obj, "_id", n, path, required=True): _field(obj, "text", n, path, required=True)
-        for n, obj in _read_jsonl(path)
-    }
+    queries: dict[str, str] = {}
+    for n, obj in _read_jsonl(path):
+        qid, text = _field(obj, "_id", n, path, required=True), _field(obj, "text", n, path, required=True)
+        if qid in queries:
+            raise InvalidDocument(f"duplicate query id {qid!r}", line=n, source=str(path))
+        queries[qid] = text
+    return queries
 
 
 def list_splits(beir_dir: Path) -> list[str]:
@@ -145,7 +149,8 @@ def load_qrels(beir_dir: Path, split: str) -> dict[str, dict[str, int]]:
 
     Raises:
         InvalidRequest: The split does not exist (the message lists the ones that do).
-        InvalidDocument: The header is not ``query-id corpus-id score`` or a row is malformed.
+        InvalidDocument: The header is not ``query-id corpus-id score``, a row is malformed, or a
+            (query, document) pair is judged twice.
     """
     path = beir_dir / "qrels" / f"{split}.tsv"
     if not path.is_file():
@@ -168,7 +173,11 @@ def load_qrels(beir_dir: Path, split: str) -> dict[str, dict[str, int]]:
             except ValueError as exc:
                 msg = f"score {row[2]!r} is not an integer"
                 raise InvalidDocument(msg, line=line_no, source=str(path)) from exc
-            qrels.setdefault(row[0], {})[row[1]] = grade
+            judged = qrels.setdefault(row[0], {})
+            if row[1] in judged:
+                msg = f"query {row[0]!r} and document {row[1]!r} are judged twice (a later row would win)"
+                raise InvalidDocument(msg, line=line_no, source=str(path))
+            judged[row[1]] = grade
     return qrels
 
 

@@ -11,10 +11,12 @@ float (``"0.7440 (DuckDB) / 0.6800 (PostgreSQL)"`` -> 0.744; ``"n/r"`` -> None).
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+LOG = logging.getLogger(__name__)
 _NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?)")
 _COLUMNS = {
     "system": ("system",),
@@ -159,4 +161,9 @@ def load_references(path: Path | None, dataset: str) -> References:
     """
     if path is None or not path.is_file():
         return References()
-    return parse_reference_scores(path.read_text(encoding="utf-8"), dataset)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:  # optional: a broken file costs only the comparison
+        LOG.warning("ignoring %s (published numbers left out of the report): %s", path, exc)
+        return References()
+    return parse_reference_scores(text, dataset)

@@ -27,6 +27,9 @@ QUALITY_PNG = "quality.png"
 LATENCY_PNG = "latency.png"
 
 
+ARTIFACTS = (SUMMARY_JSON, PER_QUERY_JSON, REPORT_MD, QUALITY_PNG, LATENCY_PNG)
+
+
 @dataclass(frozen=True)
 class ReportFiles:
     """Paths of the files :func:`write_report` wrote."""

@@ -91,12 +91,20 @@ def run_mode(
 
     Returns:
         ``(rankings, latencies_ms)``: query id -> document ids best first, and
-        query id -> wall-clock milliseconds of its ``search`` call.
+        query id -> wall-clock milliseconds of its ``search`` call. A blank query is not
+        searched (the API rejects it): its ranking is empty, so it scores 0 on every metric and
+        still counts in the means, as trec_eval counts a judged query without results with
+        ``-c``; it has no latency. CMRC2018's dev split holds two.
     """
     rankings: dict[str, list[str]] = {}
     latencies_ms: dict[str, float] = {}
     task = progress.add_task(mode, total=len(queries)) if progress is not None else None
     for qid, text in queries.items():
+        if not text.strip():
+            rankings[qid] = []
+            if progress is not None and task is not None:
+                progress.advance(task)
+            continue
         start = time.perf_counter_ns()
         hits = search(text, mode, top_k)
         latencies_ms[qid] = (time.perf_counter_ns() - start) / 1e6
@@ -142,7 +150,7 @@ def run_modes(
     results: dict[str, ModeResult] = {}
     with _progress(show_progress) as progress:
         for mode in dict.fromkeys(modes):
-            for text in list(split.queries.values())[:warmup]:
+            for text in [t for t in split.queries.values() if t.strip()][:warmup]:
                 search(text, mode, top_k)
             rankings, latencies = run_mode(search, split.queries, mode, top_k, progress)
             per_query = per_query_metrics(split.qrels, rankings)
@@ -197,6 +205,7 @@ def evaluate(
         "modes": list(dict.fromkeys(modes)),
         "top_k": top_k,
         "num_queries": len(loaded.queries),
+        "blank_queries": [qid for qid, text in loaded.queries.items() if not text.strip()],
         "warmup_queries": warmup,
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,7 +15,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from quarry.errors import QuarryError
+from quarry.errors import InvalidRequest, QuarryError
 from quarry.settings import Settings, get_settings
 from quarry.triton_cli import app as triton_app
 
@@ -164,15 +165,22 @@ def evaluate(
     """Ingest a BEIR corpus (idempotent), run each mode over a split, write the report."""
     from eval.runner import collection_search
     from eval.runner import evaluate as run_eval
-    from indexing.sources import read_documents
 
     settings = get_settings()
     name = collection or f"eval_{_default_name(beir)}"
     wanted = [m.strip() for m in modes.split(",") if m.strip()]
     try:
+        docs = _check_eval_inputs(beir, split, wanted, out_dir)
         quarry = _quarry(settings)
         quarry.create_collection(name, language=language, exist_ok=True)
-        _ingest_with_progress(quarry, name, read_documents(beir))
+        _ingest_with_progress(quarry, name, docs)
+        stored = quarry.describe(name)["documents"]
+        if stored != len(docs):
+            raise InvalidRequest(
+                f"collection {name!r} holds {stored} documents but {beir} has {len(docs)}: documents that "
+                f"are not in the corpus would be retrieved and scored; drop it (quarry collections drop "
+                f"{name}) or name another with --collection"
+            )
         cfg = quarry.get_collection(name)
 
         config = {
@@ -193,6 +201,43 @@ def evaluate(
                       f"{row['latency_ms']['p50']:.1f}", f"{row['latency_ms']['p95']:.1f}")
     out.print(table)
     out.print(f"report: {out_dir / 'report.md'}")
+
+
+def _check_eval_inputs(beir: Path, split: str, modes: list[str], out_dir: Path) -> list[Any]:
+    """Everything an evaluation reads or writes, checked before it ingests anything.
+
+    Returns:
+        The corpus documents.
+
+    Raises:
+        InvalidRequest: Not a BEIR folder, an unknown split or mode, an empty corpus, or an
+            ``--out`` that is not a writable folder.
+        InvalidDocument: A malformed corpus, queries or qrels file (file and line named).
+    """
+    from eval.beir import load_split
+    from eval.report import ARTIFACTS
+    from indexing.sources import read_documents
+    from retrieval.search import MODES
+
+    if not (beir / "corpus.jsonl").is_file():
+        raise InvalidRequest(f"{beir} is not a BEIR folder (no corpus.jsonl)")
+    unknown = [m for m in modes if m not in MODES]
+    if not modes or unknown:
+        raise InvalidRequest(f"--modes must name some of {', '.join(MODES)}; got {modes}")
+    load_split(beir, split)
+    docs = read_documents(beir)
+    if not docs:
+        raise InvalidRequest(f"{beir / 'corpus.jsonl'} holds no documents")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as exc:
+        raise InvalidRequest(f"--out {out_dir} is not a writable folder: {exc.strerror or exc}") from exc
+    blocked = [name for name in ARTIFACTS if (out_dir / name).exists() and not (out_dir / name).is_file()]
+    if blocked:
+        raise InvalidRequest(f"--out {out_dir}: {blocked} exist and are not files; the report writes them")
+    return docs
 
 
 @collections_app.command("list")

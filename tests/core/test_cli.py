@@ -60,3 +60,40 @@ def test_error_messages_are_printed_verbatim(tmp_path: Path) -> None:
     assert bad.returncode == 2, bad.stderr
     said = " ".join(bad.stderr.split())
     assert "error (ConfigError): expected triton+grpc://host:port/<model>[/<version>]" in said
+
+
+def _beir(folder: Path, docs: list[dict[str, str]]) -> Path:
+    folder.mkdir(parents=True)
+    write_jsonl(folder / "corpus.jsonl", docs)
+    write_jsonl(folder / "queries.jsonl", [{"_id": "q1", "text": "gas giant planet"}])
+    (folder / "qrels").mkdir()
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\tjupiter\t1\n", encoding="utf-8")
+    return folder
+
+
+def test_eval_checks_its_inputs_before_ingesting_and_refuses_a_stale_collection(tmp_path: Path) -> None:
+    docs = [
+        {"_id": "jupiter", "title": "Jupiter", "text": "jupiter is a gas giant planet"},
+        {"_id": "cell", "title": "Cells", "text": "the mitochondria is the powerhouse of the cell"},
+        {"_id": "panda", "title": "Pandas", "text": "pandas eat bamboo"},
+    ]
+    beir, data, out = _beir(tmp_path / "toy", docs), tmp_path / "data", tmp_path / "out"
+    for args, says in [
+        (["--split", "dev"], "no split 'dev'"),
+        (["--modes", "bm25,sparse"], "--modes must name some of bm25, dense, hybrid"),
+        (["--out", str(write_jsonl(tmp_path / "a-file", []))], "is not a writable folder"),
+    ]:
+        bad = _quarry(["eval", "--beir", str(beir), "--out", str(out), *args], data)
+        assert bad.returncode == 2 and says in " ".join(bad.stderr.split()), bad.stderr
+        assert "ingest" not in bad.stderr  # failed before any document was read into a collection
+    empty = _beir(tmp_path / "empty", [])
+    bad = _quarry(["eval", "--beir", str(empty), "--out", str(out)], data)
+    assert bad.returncode == 2 and "holds no documents" in bad.stderr, bad.stderr
+
+    done = _quarry(["eval", "--beir", str(beir), "--modes", "bm25", "--out", str(out)], data)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((out / "summary.json").read_text())["modes"]["bm25"]["ndcg@10"] == 1.0
+    write_jsonl(beir / "corpus.jsonl", docs[1:])  # jupiter left the corpus; the collection still holds it
+    stale = _quarry(["eval", "--beir", str(beir), "--modes", "bm25", "--out", str(out)], data)
+    assert stale.returncode == 2
+    assert "collection 'eval_toy' holds 3 documents but" in " ".join(stale.stderr.split()), stale.stderr

@@ -16,7 +16,7 @@ from embedding.onnx_export import cache_folder, int8_recipe
 from embedding.sentence_transformers import SentenceTransformerEmbedder, resolve_model_path
 from eval.runner import collection_search, evaluate
 from indexing.sources import read_documents
-from quarry.errors import ConfigError
+from quarry.errors import ConfigError, EmbeddingError
 from quarry.service import Quarry
 from quarry.settings import Settings
 
@@ -144,6 +144,9 @@ def test_url_forms() -> None:
     [
         "onnx://all-MiniLM-L6-v2?quantize=int4",
         "onnx://all-MiniLM-L6-v2?threads=0",
+        "onnx://all-MiniLM-L6-v2?threads=%C2%B2",  # "²": str.isdigit says yes, int() says no
+        "onnx://all-MiniLM-L6-v2?threads=%D9%A3",  # Arabic-Indic 3
+        "onnx://all-MiniLM-L6-v2?threads=2147483648",
         "onnx://all-MiniLM-L6-v2?precision=int8",
         "onnx://",
         "torch://all-MiniLM-L6-v2",
@@ -153,6 +156,56 @@ def test_url_forms() -> None:
 def test_bad_urls_are_config_errors(url: str) -> None:
     with pytest.raises(ConfigError):
         OnnxEmbedder.from_url(url, Path("unused"))
+
+
+def _model_copy(tmp_path: Path) -> Path:
+    """The packaged model's small files copied, its weights linked: a folder to break."""
+    source = resolve_model_path("all-MiniLM-L6-v2")
+    target = tmp_path / "model"
+    for path in source.rglob("*"):
+        dest = target / path.relative_to(source)
+        if path.is_dir():
+            dest.mkdir(parents=True, exist_ok=True)
+        elif path.suffix in (".safetensors", ".bin", ".onnx") or path.stat().st_size > 5_000_000:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.symlink_to(path)
+        else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(path.read_bytes())
+    return target
+
+
+@pytest.mark.parametrize(
+    ("file", "content", "says"),
+    [
+        ("modules.json", '["a"]', "must be a list of module objects"),
+        ("1_Pooling/config.json", "[1, 2]", "must be a JSON object"),
+        ("1_Pooling/config.json", '{"pooling_mode_mean_tokens": true}', "word_embedding_dimension"),
+        ("sentence_bert_config.json", "{}", "max_seq_length"),
+        ("sentence_bert_config.json", '{"max_seq_length": "abc"}', "not a well-formed"),
+        ("tokenizer.json", '{"x": ', "cannot read the tokenizer"),
+    ],
+)
+def test_a_malformed_model_folder_is_a_config_error(tmp_path: Path, file: str, content: str, says: str) -> None:
+    model = _model_copy(tmp_path)
+    (model / file).write_text(content, encoding="utf-8")
+    with pytest.raises(ConfigError, match=says):
+        OnnxEmbedder(str(model), cache_dir=tmp_path / "cache").warm_up()
+
+
+def test_max_seq_length_is_capped_at_the_position_table(tmp_path: Path) -> None:
+    from embedding.st_layout import read_layout
+
+    model = _model_copy(tmp_path)
+    (model / "sentence_bert_config.json").write_text('{"max_seq_length": 4096}', encoding="utf-8")
+    assert read_layout(model).max_seq_length == 512  # config.json max_position_embeddings
+
+
+def test_an_unusable_cache_dir_is_a_typed_error(tmp_path: Path) -> None:
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("a file")
+    with pytest.raises(EmbeddingError, match="cannot use the model cache .*QUARRY_EMBEDDING__CACHE_DIR"):
+        OnnxEmbedder("all-MiniLM-L6-v2", cache_dir=not_a_folder).warm_up()
 
 
 @pytest.mark.slow

@@ -103,3 +103,17 @@ def test_judged_query_missing_from_queries_file(shared_data: Path, tmp_path: Pat
     )
     with pytest.raises(InvalidDocument, match="1 judged queries are missing"):
         load_split(tmp_path, "test")
+
+
+def test_repeated_judgements_and_queries_are_errors_not_last_wins(tmp_path: Path) -> None:
+    """A repeated (query, document) row or query id would silently replace the earlier one."""
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\nq\td\t1\nq\te\t1\nq\td\t0\n", encoding="utf-8"
+    )
+    with pytest.raises(InvalidDocument, match="test.tsv.*line 4: query 'q' and document 'd' are judged twice"):
+        load_qrels(tmp_path, "test")
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text('{"_id": "q", "text": "cats"}\n{"_id": "r", "text": "dogs"}\n{"_id": "q", "text": "x"}\n')
+    with pytest.raises(InvalidDocument, match="line 3: duplicate query id 'q'"):
+        load_queries(tmp_path)

@@ -171,11 +171,20 @@ def test_dataset_without_published_numbers(shared_data: Path, tmp_path: Path) ->
     beir = shared_data / "cmrc2018-retrieval"
     split = load_split(beir, "dev")
 
+    searched: list[str] = []
+
     def search(text: str, mode: str, top_k: int) -> list[tuple[str, float]]:
+        searched.append(text)
         return [("DEV_0", 1.0)]
 
     summary = evaluate(search, beir, "dev", ["bm25"], tmp_path, {}, show_progress=False)
     assert summary.modes["bm25"].per_query.keys() == split.qrels.keys()
+    # Two dev queries are blank: not searched (the API rejects them), scored 0, counted in the means.
+    blank = ["TRIAL_776_QUERY_4", "TRIAL_20_QUERY_0"]
+    assert sorted(summary.config["blank_queries"]) == sorted(blank)
+    assert all(text.strip() for text in searched) and len(searched) == len(split.queries) - 2 + 1  # + warmup
+    assert all(summary.modes["bm25"].per_query[q]["ndcg@10"] == 0.0 for q in blank)
+    assert not set(blank) & set(summary.modes["bm25"].latencies_ms)
     report = (tmp_path / "report.md").read_text(encoding="utf-8")
     assert "section *CMRC2018-retrieval (shared/data/cmrc2018-retrieval)*" in report
     assert "**test** split" in report  # published numbers are for test, we ran dev
