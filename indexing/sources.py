@@ -150,13 +150,12 @@ def parse_document(raw: Any) -> SourceDocument:
     if not (text.strip() or title.strip()):
         raise InvalidDocument(f"document {doc_id!r}: 'text' and 'title' are both empty")
     metadata = check_metadata(raw.get("metadata") or {}, doc_id)
-    strings = {"'id'": doc_id, "'text'": text, "'title'": title}
+    fields: list[tuple[str, object]] = [("'id'", doc_id), ("'text'", text), ("'title'", title)]
     for key, value in metadata.items():
-        for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, str):
-                strings[f"metadata field {key!r}"] = item
-    for where, value in strings.items():
-        check_unicode(value, f"document {doc_id[:40]!r}: {where}", InvalidDocument)
+        fields += [(f"metadata field {key!r}", v) for v in (value if isinstance(value, list) else [value])]
+    for where, field_value in fields:
+        if isinstance(field_value, str):
+            check_unicode(field_value, f"document {doc_id[:40]!r}: {where}", InvalidDocument)
     return SourceDocument(doc_id, text, title, metadata)
 
 

@@ -235,13 +235,7 @@ class Searcher:
         result back, or its exception thrown in; the caller decides how to wait (:func:`_resolve`
         blocks, :meth:`search_async` awaits).
         """
-        self._validate(query, top_k, offset, mode)
-        if rerank is not None and offset + top_k > rerank.top_n:
-            raise InvalidQuery(
-                f"offset + top_k must be <= rerank.top_n ({rerank.top_n}: the reranked window, as "
-                f"Elasticsearch's rank_window_size), got {offset} + {top_k}; a page past it would mix "
-                "cross-encoder and fusion scores"
-            )
+        self._validate(query, top_k, offset, mode, rerank)
         result = SearchResult([], 0, mode)
         channels: dict[str, _Channel] = {}
         started = time.perf_counter()
@@ -276,7 +270,7 @@ class Searcher:
         result.hits = self._timed(result, "hydrate", lambda: self._hydrate(cfg, page))
         return result
 
-    def _validate(self, query: str, top_k: int, offset: int, mode: str) -> None:
+    def _validate(self, query: str, top_k: int, offset: int, mode: str, rerank: RerankOptions | None) -> None:
         limit = self._settings.max_query_chars
         if len(query) > limit:
             raise InvalidQuery(
@@ -295,6 +289,12 @@ class Searcher:
             raise InvalidQuery(
                 f"offset + top_k must be <= {self.window} (rank_window_size, "
                 f"QUARRY_SEARCH__CANDIDATES), got {offset} + {top_k}"
+            )
+        if rerank is not None and offset + top_k > rerank.top_n:
+            raise InvalidQuery(
+                f"offset + top_k must be <= rerank.top_n ({rerank.top_n}: the reranked window, as "
+                f"Elasticsearch's rank_window_size), got {offset} + {top_k}; a page past it would mix "
+                "cross-encoder and fusion scores"
             )
 
     def _bm25_channel(self, cfg: CollectionConfig, query: str, flt: Filter | None, group: bool) -> _Channel:
