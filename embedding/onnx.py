@@ -34,7 +34,7 @@ import numpy.typing as npt
 from embedding.base import Embeddings
 from embedding.length_batches import plan_batches
 from embedding.onnx_export import Quantize, ensure_onnx
-from embedding.sentence_transformers import resolve_model_path
+from embedding.sentence_transformers import model_id_for, resolve_model_path
 from embedding.st_layout import StLayout, read_layout
 from quarry.errors import ConfigError, EmbeddingError
 
@@ -87,7 +87,7 @@ class OnnxEmbedder:
         batch_size: int = 64,
         threads: int | None = None,
     ) -> None:
-        self.model_id = Path(model).name if Path(model).is_dir() else model
+        self.model_id = model_id_for(model)
         self.quantize: Quantize = quantize
         self._path = resolve_model_path(model)
         self._cache_dir = cache_dir

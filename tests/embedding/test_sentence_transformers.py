@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
+import pytest
 
-from embedding.sentence_transformers import _DIRECT_MAX, SentenceTransformerEmbedder
+from embedding.sentence_transformers import _DIRECT_MAX, SentenceTransformerEmbedder, model_id_for, resolve_model_path
 
 
 def test_short_inputs_match_encode(torch_embedder: SentenceTransformerEmbedder, scifact_subset: list[str]) -> None:
@@ -53,3 +55,18 @@ def test_concurrent_callers_get_the_sequential_result(
         concurrent = list(pool.map(lambda c: torch_embedder.embed(c).vectors, chunks))
     for a, b in zip(sequential, concurrent, strict=True):
         np.testing.assert_allclose(a, b, atol=2e-6)
+
+
+@pytest.mark.parametrize(
+    "name", ["all-MiniLM-L6-v2", "ALL-MINILM-L6-V2", "sentence-transformers/all-MiniLM-L6-v2"]
+)
+def test_a_packaged_model_has_one_id_however_it_is_spelled(name: str) -> None:
+    assert model_id_for(name) == SentenceTransformerEmbedder(name).model_id == "all-MiniLM-L6-v2"
+    assert resolve_model_path(name) == resolve_model_path("all-MiniLM-L6-v2")
+
+
+def test_a_folder_is_recorded_under_its_name_and_other_names_as_given(tmp_path: Path) -> None:
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    assert model_id_for(str(folder)) == "my-model"
+    assert model_id_for("org/other-model") == "org/other-model"
