@@ -2,7 +2,11 @@
 
 Backends: sentence-transformers on torch (the baseline), ONNX Runtime fp32 and int8 in process,
 and a real Triton server (``quarry triton serve``, PyTriton, started here on free ports and
-stopped with SIGTERM at the end) over gRPC and HTTP, wrapping one in-process backend.
+stopped with SIGTERM at the end) over gRPC and HTTP, wrapping one in-process backend. Unless
+``--no-repository``, also the production layout: the stock ``tritonserver`` loading
+``model_repository/`` (CPU config: sentence-transformers on torch inside Triton's Python-backend
+stub, :mod:`embedding.triton_standalone`), as ``triton_repo_grpc`` / ``triton_repo_http``,
+against in-process torch.
 
 Workload "sentences": SciFact claims (short queries, what the query path embeds), one sentence
 per request, driven by 8 concurrent client threads and by 1 (Triton's dynamic batching should
@@ -11,18 +15,19 @@ cut at 256 tokens) in batches of 64 from one caller, the ingestion path.
 
     python bench/embedding.py [--json FILE] [--markdown FILE] [--seconds 6] [--rounds 2]
                               [--triton-backend onnx-fp32|onnx|torch] [--shared-memory] [--batched]
+                              [--no-repository]
 
 The CPUs here are shared, so the backends are measured in interleaved rounds and the best round
 of each is kept (the JSON says how many).
 
 The JSON has one entry per backend (``torch``, ``onnx_fp32``, ``onnx_int8``, ``triton_grpc``,
-``triton_http``) with ``sentences_per_s``, ``p50_ms``, ``p99_ms`` at 8 clients, the same at
-1 client under ``by_clients``, ``documents_per_s``, and for Triton the ``backend`` it wraps and
-``overhead_1_client``: what Triton adds to one request, from a phase per round in which one
-client sends blocks of ``OVERHEAD_BLOCK`` (20) sentences in process and the same ones through
-Triton, alternately (``added_p50_ms``: the median over blocks of the difference of the two
-p50s; the best rounds' p50s come from different moments of a shared CPU, so their difference
-drifts by milliseconds).
+``triton_http``, ``triton_repo_grpc``, ``triton_repo_http``) with ``sentences_per_s``,
+``p50_ms``, ``p99_ms`` at 8 clients, the same at 1 client under ``by_clients``,
+``documents_per_s``, and for Triton the ``backend`` it wraps and ``overhead_1_client``: what
+Triton adds to one request, from a phase per round in which one client sends blocks of
+``OVERHEAD_BLOCK`` (20) sentences in process and the same ones through Triton, alternately
+(``added_p50_ms``: the median over blocks of the difference of the two p50s; the best rounds'
+p50s come from different moments of a shared CPU, so their difference drifts by milliseconds).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from embedding.onnx import OnnxEmbedder  # noqa: E402
 from embedding.sentence_transformers import SentenceTransformerEmbedder  # noqa: E402
 from embedding.triton import TritonEmbedder  # noqa: E402
 from embedding.triton_server import BACKENDS  # noqa: E402
+from embedding.triton_standalone import standalone_command  # noqa: E402
 
 console = Console()
 CLIENTS = (1, 8)
@@ -172,20 +178,25 @@ def best_of(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return best
 
 
+def free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
 class TritonProcess:
     """``python -m quarry.triton_cli serve`` on free ports, stopped with SIGTERM."""
 
     def __init__(
         self, backend: str, cache_dir: Path, max_batch: int, delay_us: int, shared_memory: bool = False
     ) -> None:
-        import socket
-
-        socks = [socket.socket() for _ in range(3)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        self.http, self.grpc, self.metrics = (s.getsockname()[1] for s in socks)
-        for s in socks:
-            s.close()
+        self.http, self.grpc, self.metrics = free_ports(3)
         self.log = tempfile.NamedTemporaryFile(prefix="triton-bench-", suffix=".log", delete=False)  # noqa: SIM115
         env = {**os.environ, "QUARRY_EMBEDDING__CACHE_DIR": str(cache_dir)}
         self.proc = subprocess.Popen(
@@ -215,6 +226,27 @@ class TritonProcess:
         return self.proc.wait(timeout=60)
 
 
+class RepositoryProcess(TritonProcess):
+    """The stock ``tritonserver`` on ``model_repository/`` (CPU config), stopped with SIGTERM."""
+
+    def __init__(self) -> None:  # noqa: D107 - the parent's attributes, another server
+        self.http, self.grpc, self.metrics = free_ports(3)
+        self.work = tempfile.TemporaryDirectory(prefix="tritonserver-bench-")
+        self.log = tempfile.NamedTemporaryFile(prefix="triton-repo-bench-", suffix=".log", delete=False)  # noqa: SIM115
+        argv, env = standalone_command(
+            Path(self.work.name), http_port=self.http, grpc_port=self.grpc, metrics_port=self.metrics
+        )
+        self.proc = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self._wait_ready()
+
+    def stop(self) -> int:
+        """SIGTERM tritonserver (it stops its stubs), wait for it; its exit code."""
+        try:
+            return super().stop()
+        finally:
+            self.work.cleanup()
+
+
 def ratios(results: dict[str, Any]) -> dict[str, Any]:
     base = results["torch"]
     out: dict[str, Any] = {}
@@ -224,14 +256,13 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
         out[f"{name}_vs_torch_sentences"] = round(row["sentences_per_s"] / base["sentences_per_s"], 2)
         if "documents_per_s" in row and "documents_per_s" in base:
             out[f"{name}_vs_torch_documents"] = round(row["documents_per_s"] / base["documents_per_s"], 2)
-    for wire in ("grpc", "http"):
-        row = results.get(f"triton_{wire}")
-        if row:
+    for name, row in results.items():
+        if isinstance(row, dict) and "overhead_1_client" in row:
             inproc = results[row["backend"]]["by_clients"]
             one, eight = row["by_clients"]["1"], row["by_clients"]["8"]
-            out[f"triton_{wire}_added_p50_ms_1_client"] = row["overhead_1_client"]["added_p50_ms"]
-            out[f"triton_{wire}_p50_minus_best_in_process_p50_ms"] = round(one["p50_ms"] - inproc["1"]["p50_ms"], 2)
-            out[f"triton_{wire}_batching_gain_8_vs_1"] = round(eight["sentences_per_s"] / one["sentences_per_s"], 2)
+            out[f"{name}_added_p50_ms_1_client"] = row["overhead_1_client"]["added_p50_ms"]
+            out[f"{name}_p50_minus_best_in_process_p50_ms"] = round(one["p50_ms"] - inproc["1"]["p50_ms"], 2)
+            out[f"{name}_batching_gain_8_vs_1"] = round(eight["sentences_per_s"] / one["sentences_per_s"], 2)
     return out
 
 
@@ -293,7 +324,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpus": len(os.sched_getaffinity(0)), "seconds_per_phase": args.seconds, "rounds": args.rounds,
         "documents": len(documents), "sentences": len(sentences), "triton_backend": args.triton_backend,
         "triton_max_batch_size": args.max_batch, "triton_max_queue_delay_us": args.delay_us,
-        "triton_shared_memory": args.shared_memory,
+        "triton_shared_memory": args.shared_memory, "triton_repository": args.repository,
         "load_average_start": round(os.getloadavg()[0], 2),
     }}
     backends: dict[str, Embedder] = {
@@ -303,27 +334,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.batched:  # Quarry's in-process dynamic batching (what the REST query path uses)
         backends["onnx_int8_batched"] = BatchingEmbedder(backends["onnx_int8"])
-    server = TritonProcess(args.triton_backend, cache, args.max_batch, args.delay_us, args.shared_memory)
-    clients = {
-        f"triton_{wire}": TritonEmbedder.from_url(f"triton+{wire}://127.0.0.1:{port}/minilm", timeout_s=60)
-        for wire, port in (("grpc", server.grpc), ("http", server.http))
-    }
-    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in [*backends, *clients]}
-    pairs: dict[str, list[tuple[float, float]]] = {name: [] for name in clients}
-    wrapped = backends[backend_key[args.triton_backend]]
+    # (prefix, server, the in-process backend it wraps)
+    servers: list[tuple[str, TritonProcess, str]] = []
+    clients: dict[str, TritonEmbedder] = {}
+    wraps: dict[str, str] = {}
     try:
+        servers.append(("triton", TritonProcess(
+            args.triton_backend, cache, args.max_batch, args.delay_us, args.shared_memory
+        ), backend_key[args.triton_backend]))
+        if args.repository:  # model_repository/'s CPU config runs sentence-transformers on torch
+            servers.append(("triton_repo", RepositoryProcess(), "torch"))
+        for prefix, server, wrapped in servers:
+            for wire, port in (("grpc", server.grpc), ("http", server.http)):
+                url = f"triton+{wire}://127.0.0.1:{port}/minilm"
+                clients[f"{prefix}_{wire}"] = TritonEmbedder.from_url(url, timeout_s=60)
+                wraps[f"{prefix}_{wire}"] = wrapped
+        rows: dict[str, list[dict[str, Any]]] = {name: [] for name in [*backends, *clients]}
+        pairs: dict[str, list[tuple[float, float]]] = {name: [] for name in clients}
         for _ in range(args.rounds):  # interleaved rounds: a burst of load elsewhere hits one round only
             for name, embedder in {**backends, **clients}.items():
                 docs = [] if name.endswith("_batched") else documents
                 rows[name].append(measure(name, embedder, sentences, docs, args.seconds))
             for name, client in clients.items():
-                pairs[name] += paired_overhead(wrapped, client, sentences, args.seconds)
+                pairs[name] += paired_overhead(backends[wraps[name]], client, sentences, args.seconds)
     finally:
-        results["config"]["triton_exit_code"] = server.stop()
+        for client in clients.values():  # open HTTP connections hold tritonserver's exit 10 s (exit 1)
+            client.close()
+        for prefix, server, _ in servers:
+            results["config"][f"{prefix}_exit_code"] = server.stop()
     for name, measured in rows.items():
         results[name] = best_of(measured)
         if name in clients:
-            results[name]["backend"] = backend_key[args.triton_backend]
+            results[name]["backend"] = wraps[name]
             results[name]["overhead_1_client"] = overhead_summary(pairs[name])
     results["config"]["load_average_end"] = round(os.getloadavg()[0], 2)
     results["ratios"] = ratios(results)
@@ -342,6 +384,8 @@ def main() -> None:
     parser.add_argument("--shared-memory", action="store_true",
                         help="Triton passes tensors through PyTriton's shared-memory TensorStore (its default)")
     parser.add_argument("--batched", action="store_true", help="also measure onnx_int8 behind BatchingEmbedder")
+    parser.add_argument("--repository", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure the stock tritonserver on model_repository/ (torch in the stub)")
     parser.add_argument("--cache-dir", type=Path, default=REPO / "data" / "models", help="ONNX export cache")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=None)

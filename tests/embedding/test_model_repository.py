@@ -5,10 +5,6 @@
 from __future__ import annotations
 
 import ast
-import os
-import shutil
-import sys
-import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +16,7 @@ from tritonclient.grpc import model_config_pb2
 from embedding.sentence_transformers import SentenceTransformerEmbedder
 from embedding.triton import TritonEmbedder
 from embedding.triton_protocol import parse_spec
+from embedding.triton_standalone import standalone_command
 
 from .server_process import ServerProcess, free_ports
 
@@ -59,26 +56,9 @@ def test_model_py_defines_the_python_backend_entry_points() -> None:
 @pytest.fixture(scope="module")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, int]]:
     """``tritonserver --model-repository model_repository --model-config-name cpu`` (CPU host)."""
-    from pytriton.utils.distribution import get_libs_path, get_root_module_path, get_stub_path
-
     work = tmp_path_factory.mktemp("tritonserver")
-    dist = get_root_module_path() / "tritonserver"
-    shutil.copytree(dist / "bin", work / "bin")
-    shutil.copytree(dist / "backends", work / "backends")
-    shutil.copy(get_stub_path(f"{sys.version_info[0]}.{sys.version_info[1]}"), work / "backends" / "python")
     http, grpc, metrics = free_ports(3)
-    libs = [str(get_libs_path()), sysconfig.get_config_var("LIBDIR"), os.environ.get("LD_LIBRARY_PATH", "")]
-    env = {
-        **os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-        "LD_LIBRARY_PATH": ":".join(p for p in libs if p),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # the stub finds this venv
-    }
-    cmd = [
-        str(work / "bin" / "tritonserver"), "--model-repository", str(REPO / "model_repository"),
-        "--model-control-mode", "explicit", "--load-model", "minilm", "--model-config-name", "cpu",
-        "--backend-directory", str(work / "backends"), "--http-port", str(http), "--grpc-port", str(grpc),
-        "--metrics-port", str(metrics), "--backend-config", f"python,shm-region-prefix-name=quarry{os.getpid()}",
-    ]
+    cmd, env = standalone_command(work, http_port=http, grpc_port=grpc, metrics_port=metrics)
     process = ServerProcess(cmd, env, work / "tritonserver.log")
     try:
         process.wait_ready(f"http://127.0.0.1:{http}/v2/models/minilm/ready", timeout_s=300)
