@@ -87,8 +87,12 @@ class BM25Index:
             version: Docstore version stamp.
 
         Returns:
-            A new snapshot (empty when ``rows`` is empty).
+            A new snapshot of the rows with at least one token (empty when there are none).
+            A chunk without tokens (only punctuation, emoji or stop words) can never score, and
+            it does not count in the collection statistics, as in Lucene, whose ``docCount``
+            counts documents holding a term of the field.
         """
+        rows = [r for r in rows if r[2]]
         if not rows:
             return cls(None, [], [], [], version)
         retriever = bm25s.BM25(method=params.method, k1=params.k1, b=params.b)

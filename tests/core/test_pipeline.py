@@ -218,3 +218,20 @@ def test_async_search_equals_search_and_raises_the_same_errors(
             await service.search_async("nope", "alpha")
 
     asyncio.run(run())
+
+
+def test_documents_without_bm25_tokens_are_stored_and_every_mode_still_searches(
+    service: Quarry, collection: str
+) -> None:
+    # stop words only, punctuation, an emoji: no BM25 token (bm25s cannot index an all-empty corpus)
+    blank = [SourceDocument("be", "To be, or not to be"), SourceDocument("dots", "..."), SourceDocument("e", "🙂")]
+    assert service.upsert(collection, blank).added == 3
+    for mode in ("bm25", "dense", "hybrid"):
+        result = service.search(collection, "question", mode=mode)
+        assert bool(result.hits) == (mode != "bm25")
+    service.upsert(collection, [SourceDocument("q", "a question about giraffes")])
+    assert _ids(service.search(collection, "question", mode="bm25")) == ["q"]
+    assert _ids(service.search(collection, "question", mode="hybrid"))[0] == "q"
+    service.delete_documents(collection, ["q"])
+    assert service.search(collection, "question", mode="hybrid").hits
+    assert service.describe(collection)["documents"] == 3
