@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quarry.errors import StoreUnavailable
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
     name TEXT PRIMARY KEY, config TEXT NOT NULL, version INTEGER NOT NULL DEFAULT 0
@@ -31,6 +33,9 @@ CREATE TABLE IF NOT EXISTS chunks (
     PRIMARY KEY (collection, chunk_id)
 );
 CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks (collection, document_id);
+CREATE TABLE IF NOT EXISTS pending_deletes (
+    collection TEXT NOT NULL, chunk_id TEXT NOT NULL, PRIMARY KEY (collection, chunk_id)
+);
 """
 
 
@@ -51,6 +56,7 @@ class DocStore:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -66,7 +72,13 @@ class DocStore:
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One atomic write: commits on success, rolls back on any error."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:  # "database is locked" after sqlite's busy timeout
+                raise StoreUnavailable(
+                    f"the docstore {self.path} is busy ({exc}): another process holds its write lock; retry",
+                    retry_after_s=1.0,
+                ) from exc
             try:
                 yield self._db
             except BaseException:
@@ -98,7 +110,7 @@ class DocStore:
     def drop_collection(self, name: str) -> None:
         """Delete a collection with all its documents and chunks."""
         with self.transaction() as db:
-            for table in ("chunks", "documents"):
+            for table in ("chunks", "documents", "pending_deletes"):
                 db.execute(f"DELETE FROM {table} WHERE collection=?", (name,))  # noqa: S608
             db.execute("DELETE FROM collections WHERE name=?", (name,))
 
@@ -171,6 +183,19 @@ class DocStore:
             ).fetchall()
         return version, [(r[0], r[1], json.loads(r[2]), json.loads(r[3])) for r in rows]
 
+    def pending_deletes(self, name: str) -> list[str]:
+        """Chunk ids whose vectors a write meant to delete but has not yet (see :meth:`write_batch`)."""
+        with self._lock:
+            rows = self._db.execute("SELECT chunk_id FROM pending_deletes WHERE collection=?", (name,))
+            return [r[0] for r in rows]
+
+    def clear_pending(self, name: str, chunk_ids: Sequence[str]) -> None:
+        """Forget pending deletes once the vector store has done them."""
+        with self.transaction() as db:
+            db.executemany(
+                "DELETE FROM pending_deletes WHERE collection=? AND chunk_id=?", [(name, c) for c in chunk_ids]
+            )
+
     def counts(self, name: str) -> tuple[int, int]:
         """``(documents, chunks)`` stored for a collection."""
         with self._lock:
@@ -186,18 +211,30 @@ class DocStore:
         deleted_chunk_ids: Sequence[str],
         deleted_document_ids: Sequence[str] = (),
         config: dict[str, Any] | None = None,
+        pending: Sequence[str] = (),
     ) -> None:
         """Apply one ingestion batch atomically and bump the collection's version.
 
         Args:
             name: Collection.
             documents: ``(document_id, content_hash)`` to insert or replace.
-            chunks: Chunks to insert or replace.
+            chunks: Chunks to insert or replace (no longer pending deletion, if they were).
             deleted_chunk_ids: Chunks to remove (stale chunks of changed documents).
             deleted_document_ids: Documents to remove entirely (their chunks too).
             config: New collection configuration (e.g. a widened metadata schema), if changed.
+            pending: Chunk ids whose vectors are to be deleted from the vector store after this
+                commit: recorded with it, so a failed vector delete is retried by the next write
+                (:meth:`pending_deletes`) instead of leaving orphans nothing knows of.
         """
         with self.transaction() as db:
+            db.executemany(
+                "INSERT OR IGNORE INTO pending_deletes(collection, chunk_id) VALUES(?,?)",
+                [(name, c) for c in pending],
+            )
+            db.executemany(
+                "DELETE FROM pending_deletes WHERE collection=? AND chunk_id=?",
+                [(name, c.chunk_id) for c in chunks],
+            )
             db.executemany(
                 "INSERT OR REPLACE INTO documents(collection, document_id, content_hash) VALUES(?,?,?)",
                 [(name, d, h) for d, h in documents],

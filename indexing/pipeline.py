@@ -123,14 +123,20 @@ class Ingestor:
         self._embed_batch_size = embed_batch_size
 
     def upsert(
-        self, cfg: CollectionConfig, docs: Sequence[SourceDocument], progress: Progress | None = None
+        self,
+        cfg: CollectionConfig,
+        docs: Sequence[SourceDocument],
+        progress: Progress | None = None,
+        *,
+        atomic: bool = False,
     ) -> IngestReport:
-        """Insert or replace documents.
+        """Insert or replace documents, in batches of ``batch_size`` (each batch is atomic).
 
         Args:
             cfg: The target collection.
             docs: Validated documents (see :mod:`indexing.sources`).
             progress: Called with the number of documents finished after each batch.
+            atomic: All of ``docs`` in one batch: written whole or not at all (a REST request).
 
         Returns:
             Counts of what was added, updated, skipped and embedded.
@@ -142,11 +148,13 @@ class Ingestor:
         """
         started = time.perf_counter()
         report = IngestReport(documents=len(docs))
+        self._flush_pending(cfg.name)
         schema = merge_schema(cfg, docs)
         if schema is not None:
             cfg = cfg.model_copy(update={"schema_": schema})
-        for i in range(0, len(docs), self._batch_size):
-            batch = docs[i : i + self._batch_size]
+        size = max(1, len(docs)) if atomic else self._batch_size
+        for i in range(0, len(docs), size):
+            batch = docs[i : i + size]
             self._upsert_batch(cfg, batch, report, schema)
             schema = None
             if progress is not None:
@@ -156,15 +164,24 @@ class Ingestor:
         return report
 
     def delete(self, cfg: CollectionConfig, document_ids: Sequence[str]) -> IngestReport:
-        """Delete documents (and all their chunks) from both channels; unknown ids are ignored."""
+        """Delete documents (and all their chunks) from both channels; unknown ids are ignored.
+
+        The docstore commits first, recording the chunks' vectors as pending deletes; then the
+        vectors go. If the vector store fails, the documents are already gone from search
+        (hits are hydrated from the docstore) and the next write to the collection (or this
+        call again) deletes the vectors left.
+
+        Raises:
+            StoreError: The vector store failed (the vectors stay pending deletion).
+        """
         started = time.perf_counter()
+        self._flush_pending(cfg.name)
         owned = self._docstore.chunk_ids_of(cfg.name, document_ids)
         chunk_ids = [c for ids in owned.values() for c in ids]
-        if chunk_ids:
-            self._store.delete(cfg.name, chunk_ids)
         known = list(self._docstore.document_hashes(cfg.name, document_ids))
-        self._docstore.write_batch(cfg.name, [], [], [], deleted_document_ids=known)
+        self._docstore.write_batch(cfg.name, [], [], [], deleted_document_ids=known, pending=chunk_ids)
         self._bm25.invalidate(cfg.name)
+        self._flush_pending(cfg.name)
         return IngestReport(
             documents=len(document_ids),
             deleted=len(known),
@@ -196,13 +213,13 @@ class Ingestor:
                 self._store.upsert(cfg.name, records)
             self._docstore.write_batch(
                 cfg.name, planned.hashes, planned.chunks, planned.stale,
-                config=cfg.to_json() if schema is not None else None,
+                config=cfg.to_json() if schema is not None else None, pending=planned.stale,
             )
         except BaseException:
-            self._compensate(cfg.name, [c for c in fresh if c not in existing])
+            self._compensate(cfg.name, [c for c in fresh if c not in existing], kept)
             raise
         if planned.stale:
-            self._store.delete(cfg.name, planned.stale)
+            self._flush_pending(cfg.name)
         report.chunks_written += len(records)
         report.chunks_deleted += len(planned.stale)
 
@@ -253,11 +270,31 @@ class Ingestor:
             return {}
         return {r.id: r.vector for r in self._store.get(cfg.name, ids)}
 
-    def _compensate(self, collection: str, ids: list[str]) -> None:
-        if not ids:
-            return
-        try:
+    def _flush_pending(self, collection: str) -> None:
+        """Delete the vectors an earlier write left pending (see ``DocStore.write_batch``).
+
+        Raises:
+            StoreError: The vector store failed (they stay pending).
+        """
+        ids = self._docstore.pending_deletes(collection)
+        if ids:
             self._store.delete(collection, ids)
+            self._docstore.clear_pending(collection, ids)
+
+    def _compensate(self, collection: str, fresh: list[str], kept: dict[str, FloatVector]) -> None:
+        """Undo a batch's vector writes after its docstore commit failed.
+
+        Deletes the vectors it added and puts back the payloads (metadata) the docstore still
+        holds on the vectors it re-used, so filters keep agreeing with the docstore.
+        """
+        try:
+            if fresh:
+                self._store.delete(collection, fresh)
+            if kept:
+                old = self._docstore.get_chunks(collection, list(kept))
+                self._store.upsert(
+                    collection, [VectorRecord(i, kept[i], dict(c.payload)) for i, c in old.items() if i in kept]
+                )
         except Exception:  # noqa: BLE001 - the original error is re-raised by the caller
             return
 

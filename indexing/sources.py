@@ -12,6 +12,7 @@ boolean, or a list of strings; field names are identifiers.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,7 +132,8 @@ def parse_document(raw: Any) -> SourceDocument:
     """Validate one JSON object as a document.
 
     Raises:
-        InvalidDocument: Not an object, missing/empty id or text, non-string title, bad metadata.
+        InvalidDocument: Not an object, missing/empty id or text, non-string title, bad metadata,
+            a lone surrogate or a NUL character in a string.
     """
     if not isinstance(raw, dict):
         raise InvalidDocument(f"expected a JSON object, got {type(raw).__name__}")
@@ -156,6 +158,11 @@ def parse_document(raw: Any) -> SourceDocument:
     for where, field_value in fields:
         if isinstance(field_value, str):
             check_unicode(field_value, f"document {doc_id[:40]!r}: {where}", InvalidDocument)
+            if "\x00" in field_value:  # PostgreSQL's text and jsonb refuse it
+                raise InvalidDocument(
+                    f"document {doc_id[:40]!r}: {where} holds a NUL character (\\u0000) at character "
+                    f"{field_value.index(chr(0))}; remove it"
+                )
     return SourceDocument(doc_id, text, title, metadata)
 
 
@@ -178,7 +185,8 @@ def check_metadata(meta: Any, doc_id: str) -> Payload:
     """Validate flat metadata: identifier keys; str, int, float, bool or list-of-str values.
 
     Raises:
-        InvalidDocument: Nested objects, mixed lists, reserved or invalid field names.
+        InvalidDocument: Nested objects, mixed lists, NaN or infinite numbers, reserved or invalid
+            field names.
     """
     if not isinstance(meta, dict):
         raise InvalidDocument(f"document {doc_id!r}: 'metadata' must be an object")
@@ -195,4 +203,6 @@ def check_metadata(meta: Any, doc_id: str) -> Payload:
             raise InvalidDocument(
                 f"document {doc_id!r}: field {key!r} must be a string, number, boolean or list of strings"
             )
+        elif isinstance(value, float) and not math.isfinite(value):  # Python's json takes NaN, Infinity
+            raise InvalidDocument(f"document {doc_id!r}: field {key!r} is {value}; numbers must be finite")
     return dict(meta)

@@ -114,8 +114,13 @@ class Conflict(QuarryError):
 class CollectionExists(Conflict):
     """A collection with this name already exists."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(f"collection {name!r} already exists")
+    def __init__(self, name: str, existing: str | None = None) -> None:
+        if existing is None or existing == name:
+            super().__init__(f"collection {name!r} already exists")
+        else:  # some engines (Milvus Lite) fold the case of collection names
+            super().__init__(
+                f"collection {existing!r} already exists; names that differ only in case are the same collection"
+            )
         self.name = name
 
 

@@ -6,7 +6,9 @@ The REST API and the CLI both talk to :class:`Quarry`; nothing else constructs b
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from embedding.base import Embedder, QueryEncoder
@@ -66,6 +68,22 @@ class Quarry:
         self.searcher = Searcher(
             self.store, self.docstore, self.query_embedder, self.bm25, settings.search, self.reranker
         )
+        self._write_locks: dict[str, threading.RLock] = {}
+        self._write_locks_guard = threading.Lock()
+
+    @contextmanager
+    def _writing(self, name: str) -> Iterator[None]:
+        """Serialise the writes to one collection in this process.
+
+        Upserts, deletes, index builds and drop each read the collection's state (stale chunks,
+        metadata schema) and write it back, so two at once would keep both versions of a
+        document or lose a field. Keyed by the lower-cased name, as some engines fold the case
+        of collection names.
+        """
+        with self._write_locks_guard:
+            lock = self._write_locks.setdefault(name.lower(), threading.RLock())
+        with lock:
+            yield
 
     def warm_up(self) -> None:
         """Load the models (reranker, then embedder) so that the first request pays nothing.
@@ -112,11 +130,20 @@ class Quarry:
             )
         if language not in LANGUAGES:
             raise InvalidRequest(f"unknown language {language!r}; use one of {', '.join(LANGUAGES)}")
+        with self._writing(name):
+            return self._create_collection(name, language, chunk_size, chunk_overlap, exist_ok)
+
+    def _create_collection(
+        self, name: str, language: Language, chunk_size: int | None, chunk_overlap: int | None, exist_ok: bool
+    ) -> CollectionConfig:
         existing = self.docstore.collection_config(name)
         if existing is not None:
             if exist_ok:
                 return CollectionConfig.model_validate(existing)
             raise CollectionExists(name)
+        for other in self.docstore.list_collections():
+            if other.lower() == name.lower():
+                raise CollectionExists(name, existing=other)
         if self.store.has_collection(name):
             raise CollectionExists(name)
         size = chunk_size or self.settings.ingest.chunk_size
@@ -166,10 +193,11 @@ class Quarry:
             UnsupportedIndex: The engine cannot build the plan's index.
             IndexBuildFailed: The build failed or timed out (rolled back by the store).
         """
-        cfg = self.get_collection(name)
-        self.store.build_index(name, plan.spec, timeout_s=self.settings.store.index_build_timeout_s)
-        cfg.index = _index_record(plan)
-        self.docstore.put_collection(name, cfg.to_json())
+        with self._writing(name):
+            cfg = self.get_collection(name)
+            self.store.build_index(name, plan.spec, timeout_s=self.settings.store.index_build_timeout_s)
+            cfg.index = _index_record(plan)
+            self.docstore.put_collection(name, cfg.to_json())
 
     def get_collection(self, name: str) -> CollectionConfig:
         """A collection's configuration.
@@ -198,22 +226,27 @@ class Quarry:
         Raises:
             CollectionNotFound: No such collection.
         """
-        self.get_collection(name)
-        self.store.drop_collection(name)
-        self.bm25.drop(name)
-        self.docstore.drop_collection(name)
+        with self._writing(name):
+            self.get_collection(name)
+            self.store.drop_collection(name)
+            self.bm25.drop(name)
+            self.docstore.drop_collection(name)
 
     # --- documents ---------------------------------------------------------------------
-    def upsert(self, name: str, docs: Sequence[SourceDocument], progress: Progress | None = None) -> IngestReport:
-        """Insert or replace documents (see :class:`indexing.pipeline.Ingestor`), then re-plan the index."""
-        report = self.ingestor.upsert(self.get_collection(name), docs, progress)
-        if report.chunks_written:
-            self.replan_index(name)
+    def upsert(
+        self, name: str, docs: Sequence[SourceDocument], progress: Progress | None = None, *, atomic: bool = False
+    ) -> IngestReport:
+        """Insert or replace documents (see :meth:`indexing.pipeline.Ingestor.upsert`), then re-plan the index."""
+        with self._writing(name):
+            report = self.ingestor.upsert(self.get_collection(name), docs, progress, atomic=atomic)
+            if report.chunks_written:
+                self.replan_index(name)
         return report
 
     def delete_documents(self, name: str, document_ids: Sequence[str]) -> IngestReport:
         """Delete documents by id from both channels."""
-        return self.ingestor.delete(self.get_collection(name), document_ids)
+        with self._writing(name):
+            return self.ingestor.delete(self.get_collection(name), document_ids)
 
     # --- search ------------------------------------------------------------------------
     def search(  # noqa: PLR0913 - mirrors the request body

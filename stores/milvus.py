@@ -229,7 +229,7 @@ class MilvusStore:
 
         Raises:
             DimensionMismatch: A vector has the wrong dimension; nothing is written.
-            InvalidDocument: A non-finite vector, or an id empty or over 512 characters encoded.
+            InvalidDocument: A non-finite vector, or an id empty or over 512 bytes encoded.
         """
         info = self._info(name)
         rows = to_rows(records, info)

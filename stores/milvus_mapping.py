@@ -123,7 +123,7 @@ def to_rows(records: Sequence[VectorRecord], info: CollectionInfo) -> list[dict[
 
     Raises:
         DimensionMismatch: A vector has the wrong dimension.
-        InvalidDocument: A non-finite vector, or an id empty or over 512 characters encoded.
+        InvalidDocument: A non-finite vector, or an id empty or over 512 bytes encoded.
     """
     rows: dict[str, dict[str, Any]] = {}
     for rec in records:
@@ -133,8 +133,12 @@ def to_rows(records: Sequence[VectorRecord], info: CollectionInfo) -> list[dict[
         if not np.all(np.isfinite(vector)):
             raise InvalidDocument(f"record {rec.id!r} has a non-finite vector component")
         key = encode_id(rec.id)
-        if not key or len(key) > MAX_ID_LEN:
-            raise InvalidDocument(f"record id must be 1..{MAX_ID_LEN} characters: {rec.id!r}")
+        size = len(key.encode("utf-8"))  # VARCHAR max_length counts UTF-8 bytes
+        if not key or size > MAX_ID_LEN:
+            raise InvalidDocument(
+                f"record id {rec.id[:60]!r}... is {size} bytes once encoded for Milvus (UTF-8, with % ' \" \\ "
+                f"escaped); at most {MAX_ID_LEN}: use a shorter document id"
+            )
         rows[key] = {"id": key, "vector": vector.tolist(), "payload": dict(rec.payload)}
     return list(rows.values())
 

@@ -170,7 +170,7 @@ def drop_collection(name: str, q: Service) -> dict[str, str]:
 @router.post("/v1/collections/{name}/documents", tags=["documents"])
 def upsert_documents(name: str, body: UpsertDocuments, q: Service) -> IngestOut:
     """Insert or replace a batch of documents, atomically (nothing is written on error)."""
-    return IngestOut(**_report(q.upsert(name, _documents(body))))
+    return IngestOut(**_report(q.upsert(name, _documents(body), atomic=True)))
 
 
 @router.post("/v1/collections/{name}/documents/delete", tags=["documents"])
@@ -179,7 +179,7 @@ def delete_documents(name: str, body: DeleteDocuments, q: Service) -> IngestOut:
     return IngestOut(**_report(q.delete_documents(name, body.ids)))
 
 
-@router.delete("/v1/collections/{name}/documents/{document_id}", tags=["documents"])
+@router.delete("/v1/collections/{name}/documents/{document_id:path}", tags=["documents"])
 def delete_document(name: str, document_id: str, q: Service) -> IngestOut:
     """Delete one document by id."""
     return IngestOut(**_report(q.delete_documents(name, [document_id])))

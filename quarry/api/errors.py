@@ -8,11 +8,16 @@ Body of every error response::
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from quarry import errors as e
+
+log = logging.getLogger(__name__)
 
 STATUS: dict[type[e.QuarryError], int] = {
     e.InvalidRequest: 400,
@@ -56,7 +61,23 @@ async def validation_error(_: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body("InvalidRequest", "; ".join(parts)), status_code=422)
 
 
+async def http_error(_: Request, exc: Exception) -> JSONResponse:
+    """Render the router's own errors (unknown path 404, wrong method 405) in the same envelope."""
+    assert isinstance(exc, HTTPException)
+    kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+    return JSONResponse(error_body(kind, str(exc.detail)), status_code=exc.status_code, headers=exc.headers)
+
+
+async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+    """Anything else is a bug: logged with its traceback, answered as a JSON 500."""
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    message = f"internal error ({type(exc).__name__}); the server log has the details"
+    return JSONResponse(error_body("InternalError", message), status_code=500)
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers on an app."""
     app.add_exception_handler(e.QuarryError, quarry_error)
     app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, internal_error)

@@ -159,6 +159,19 @@ def test_bad_documents_write_nothing(client: TestClient, api_collection: str) ->
             400,
             "metadata field 'tags' holds an unpaired UTF-16 surrogate",
         ),
+        (
+            [{"id": "ok1", "text": "fine"}, {"id": "f", "text": "x", "metadata": {"score": float("nan")}}],
+            400,
+            "documents[1]: document 'f': field 'score' is nan; numbers must be finite",
+        ),
+        ([{"id": "ok1", "text": "fine"}, {"id": "z", "text": "a\x00b"}], 400, "'text' holds a NUL character"),
+        # more documents than one ingest batch (512): the store refuses the last one's id (600
+        # UTF-8 bytes) in the second batch, and the first batch must not stay written
+        (
+            [{"id": f"many{i}", "text": f"row {i}"} for i in range(520)] + [{"id": "文" * 200, "text": "x"}],
+            400,
+            "bytes once encoded for Milvus",
+        ),
     ]
     for docs, status, needle in bad_batches:
         assert needle in _error(_post_json(client, url, {"documents": docs}), status)
@@ -175,3 +188,34 @@ def test_delete_documents_over_rest(
         "hits"
     ]
     assert doc.id not in [h["document_id"] for h in hits]
+
+
+def test_collection_names_differing_only_in_case_are_one_collection(client: TestClient) -> None:
+    # Milvus Lite folds the case of collection names: two such collections shared one table
+    assert client.post("/v1/collections", json={"name": "CaseOnly"}).status_code == 201
+    message = _error(client.post("/v1/collections", json={"name": "caseonly"}), 409)
+    assert "'CaseOnly' already exists; names that differ only in case" in message
+    assert client.delete("/v1/collections/CaseOnly").status_code == 200
+    assert client.post("/v1/collections", json={"name": "caseonly"}).status_code == 201
+    assert client.delete("/v1/collections/caseonly").status_code == 200
+
+
+def test_a_document_id_with_slashes_is_deleted_by_its_path(client: TestClient, api_collection: str) -> None:
+    url = f"/v1/collections/{api_collection}/documents"
+    assert client.post(url, json={"documents": [{"id": "notes/2024/a.md", "text": "slash id"}]}).status_code == 200
+    r = client.delete(f"{url}/notes/2024/a.md")
+    assert r.status_code == 200 and r.json()["deleted"] == 1
+
+
+def test_router_and_unexpected_errors_use_the_error_envelope(
+    client: TestClient, service: Quarry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert "Not Found" in _error(client.get("/v1/nowhere"), 404)
+    assert _error(client.put("/v1/collections"), 405)
+
+    def broken(name: str) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(service, "describe", broken)
+    with TestClient(create_app(service), raise_server_exceptions=False) as c:
+        assert "internal error (RuntimeError)" in _error(c.get("/v1/collections/anything"), 500)

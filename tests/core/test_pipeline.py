@@ -1,10 +1,11 @@
 import asyncio
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from indexing.sources import SourceDocument, read_documents
-from quarry.errors import CollectionNotFound, InvalidDocument, InvalidFilter, InvalidQuery
+from quarry.errors import CollectionNotFound, InvalidDocument, InvalidFilter, InvalidQuery, StoreUnavailable
 from quarry.service import Quarry
 from retrieval.search import Mode
 from tests.core.conftest import CountingEmbedder, write_jsonl
@@ -235,3 +236,76 @@ def test_documents_without_bm25_tokens_are_stored_and_every_mode_still_searches(
     service.delete_documents(collection, ["q"])
     assert service.search(collection, "question", mode="hybrid").hits
     assert service.describe(collection)["documents"] == 3
+
+
+def test_concurrent_upserts_of_one_document_leave_one_version(service: Quarry, collection: str) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    versions = [
+        SourceDocument("doc", " ".join(f"{word}{i} one" for i in range(300)), "", {field: 1})
+        for word, field in (("alpha", "year"), ("beta", "lang_code"))
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda d: service.upsert(collection, [d]), versions))
+    chunks = service.docstore.chunk_ids_of(collection, ["doc"])["doc"]
+    assert service.store.count(collection) == len(chunks)  # no chunk of the other version left
+    schema = service.get_collection(collection).schema_
+    assert {"year", "lang_code"} <= set(schema)  # neither write lost the other's field
+
+
+def _fail_once(monkeypatch: pytest.MonkeyPatch, obj: object, method: str, error: Exception) -> None:
+    """Make ``obj.method`` raise ``error`` on its next call only (fault injection on the real store)."""
+    real = getattr(obj, method)
+    calls = []
+
+    def flaky(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 1:
+            raise error
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(obj, method, flaky)
+
+
+def test_a_failed_stale_vector_delete_is_retried_by_the_next_write(
+    service: Quarry, collection: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    long_text = " ".join(f"word{i} alpha" for i in range(400))
+    service.upsert(collection, [SourceDocument("a", long_text), SourceDocument("b", "bee text")])
+    _fail_once(monkeypatch, service.store, "delete", StoreUnavailable("injected"))
+    short = SourceDocument("a", "word1 alpha, now short")
+    with pytest.raises(StoreUnavailable):
+        service.upsert(collection, [short])
+    assert service.docstore.pending_deletes(collection)  # the orphans are known
+    again = service.upsert(collection, [short])  # the client's retry: unchanged, and it cleans up
+    assert again.unchanged == 1 and not service.docstore.pending_deletes(collection)
+    assert service.store.count(collection) == service.describe(collection)["chunks"] == 2
+    assert _ids(service.search(collection, "word12 alpha", mode="dense"))[:2] == ["a", "b"]
+
+
+def test_a_delete_whose_vector_delete_fails_loses_nothing_and_finishes_later(
+    service: Quarry, collection: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service.upsert(collection, [SourceDocument("a", "ant text"), SourceDocument("b", "bee text")])
+    _fail_once(monkeypatch, service.docstore, "write_batch", sqlite3.OperationalError("disk I/O error"))
+    with pytest.raises(sqlite3.OperationalError):
+        service.delete_documents(collection, ["b"])
+    assert service.store.count(collection) == 2  # nothing deleted: the docstore commits first
+    assert "b" in _ids(service.search(collection, "bee text", mode="dense"))
+    _fail_once(monkeypatch, service.store, "delete", StoreUnavailable("injected"))
+    with pytest.raises(StoreUnavailable):
+        service.delete_documents(collection, ["b"])
+    assert "b" not in _ids(service.search(collection, "bee text", mode="dense"))
+    service.delete_documents(collection, ["b"])  # the retry finds "b" gone and deletes its vectors
+    assert service.store.count(collection) == 1 and not service.docstore.pending_deletes(collection)
+
+
+def test_a_failed_commit_puts_back_the_metadata_of_reused_vectors(
+    service: Quarry, collection: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service.upsert(collection, [SourceDocument("b", "bee text", "", {"k": 1})])
+    _fail_once(monkeypatch, service.docstore, "write_batch", sqlite3.OperationalError("disk I/O error"))
+    with pytest.raises(sqlite3.OperationalError):
+        service.upsert(collection, [SourceDocument("b", "bee text", "", {"k": 2})])
+    assert _ids(service.search(collection, "bee", mode="dense", filters={"k": 1})) == ["b"]
+    assert _ids(service.search(collection, "bee", mode="dense", filters={"k": 2})) == []
