@@ -28,7 +28,7 @@ from indexing.chunking import chunk_text, make_chunk_id
 from indexing.collections import CollectionConfig
 from indexing.docstore import DocStore, StoredChunk
 from indexing.sources import SourceDocument
-from quarry.errors import DimensionMismatch, InvalidDocument
+from quarry.errors import DimensionMismatch, InvalidDocument, ModelMismatch
 from retrieval.bm25_registry import BM25Registry
 from retrieval.text import tokenize
 from stores.base import VectorRecord, VectorStore
@@ -255,6 +255,10 @@ class Ingestor:
 
     def _embed(self, cfg: CollectionConfig, texts: list[str], report: IngestReport) -> list[FloatVector]:
         out: list[FloatVector] = []
+        if texts:
+            self._embedder.warm_up()  # a remote model's id is known once it answered
+            if self._embedder.model_id != cfg.embedding_model:
+                raise ModelMismatch(cfg.name, cfg.embedding_model, self._embedder.model_id)
         for i in range(0, len(texts), self._embed_batch_size):
             result = self._embedder.embed(texts[i : i + self._embed_batch_size])
             if result.vectors.shape[1] != cfg.dim:

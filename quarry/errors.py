@@ -124,6 +124,18 @@ class CollectionExists(Conflict):
         self.name = name
 
 
+class ModelMismatch(Conflict):
+    """The collection's vectors come from another embedding model than the configured one."""
+
+    def __init__(self, collection: str, stored: str, current: str) -> None:
+        super().__init__(
+            f"collection {collection!r} holds vectors of model {stored!r}; this server embeds with "
+            f"{current!r}, whose vectors are not comparable: set QUARRY_EMBEDDING__URL to {stored!r}, "
+            "or ingest into a new collection"
+        )
+        self.collection, self.stored, self.current = collection, stored, current
+
+
 class ConfigError(QuarryError):
     """Settings are invalid: unknown URL scheme, missing optional extra, bad path."""
 

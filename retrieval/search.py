@@ -31,7 +31,7 @@ from indexing.chunking import document_id_of
 from indexing.collections import CollectionConfig
 from indexing.docstore import DocStore
 from indexing.sources import check_unicode
-from quarry.errors import EmbeddingError, InvalidQuery
+from quarry.errors import EmbeddingError, InvalidQuery, ModelMismatch
 from quarry.settings import SearchSettings
 from rerank.base import Reranker
 from retrieval.ann_batching import BatchingSearch
@@ -190,6 +190,8 @@ class Searcher:
             InvalidQuery: Blank query, one over ``max_query_chars``, bad ``top_k``/``offset``/``mode``,
                 or a page past the reranked window (``offset + top_k > rerank.top_n``).
             EmbeddingUnavailable: Dense mode and the embedder is down.
+            ModelMismatch: Dense mode and the collection's vectors come from another model (in
+                hybrid mode the dense channel is skipped, as when the embedder is down).
         """
         return _resolve(self._steps(cfg, query, top_k, mode, flt, offset, group, rerank))
 
@@ -245,13 +247,20 @@ class Searcher:
             channels["bm25"] = self._timed(result, "bm25", lambda: self._bm25_channel(cfg, query, flt, group))
         if pending is not None:
             dense_started = time.perf_counter()
+            embeddings: Embeddings | None = None
             try:
-                embeddings: Embeddings = yield pending
+                embeddings = yield pending
             except EmbeddingError as exc:
                 if mode == "dense":
                     raise
                 result.degraded.append(f"dense channel skipped, BM25 only: {exc.message}")
-            else:
+            if embeddings is not None and self._embedder.model_id != cfg.embedding_model:
+                mismatch = ModelMismatch(cfg.name, cfg.embedding_model, self._embedder.model_id)
+                if mode == "dense":
+                    raise mismatch
+                result.degraded.append(f"dense channel skipped, BM25 only: {mismatch.message}")
+                embeddings = None
+            if embeddings is not None:
                 ann_started = time.perf_counter()
                 result.timings_ms["embed"] = (ann_started - started) * 1000  # queued -> vector, beside BM25
                 # Ids and scores only: the document id is part of the chunk id, texts come from the docstore.

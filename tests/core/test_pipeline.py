@@ -5,7 +5,14 @@ from pathlib import Path
 import pytest
 
 from indexing.sources import SourceDocument, read_documents
-from quarry.errors import CollectionNotFound, InvalidDocument, InvalidFilter, InvalidQuery, StoreUnavailable
+from quarry.errors import (
+    CollectionNotFound,
+    InvalidDocument,
+    InvalidFilter,
+    InvalidQuery,
+    ModelMismatch,
+    StoreUnavailable,
+)
 from quarry.service import Quarry
 from retrieval.search import Mode
 from tests.core.conftest import CountingEmbedder, write_jsonl
@@ -309,3 +316,17 @@ def test_a_failed_commit_puts_back_the_metadata_of_reused_vectors(
         service.upsert(collection, [SourceDocument("b", "bee text", "", {"k": 2})])
     assert _ids(service.search(collection, "bee", mode="dense", filters={"k": 1})) == ["b"]
     assert _ids(service.search(collection, "bee", mode="dense", filters={"k": 2})) == []
+
+
+def test_a_collection_of_another_models_vectors_refuses_to_mix_them(service: Quarry, collection: str) -> None:
+    service.upsert(collection, [SourceDocument("a", "ant text about colonies")])
+    raw = service.get_collection(collection).to_json()
+    service.docstore.put_collection(collection, {**raw, "embedding_model": "e5-small"})  # as if made with it
+    with pytest.raises(ModelMismatch, match="holds vectors of model 'e5-small'; this server embeds with"):
+        service.upsert(collection, [SourceDocument("b", "bee text")])
+    assert service.describe(collection)["documents"] == 1
+    with pytest.raises(ModelMismatch):
+        service.search(collection, "ant colonies", mode="dense")
+    hybrid = service.search(collection, "ant colonies", mode="hybrid")
+    assert _ids(hybrid) == ["a"] and "e5-small" in hybrid.degraded[0]
+    assert _ids(service.search(collection, "ant colonies", mode="bm25")) == ["a"]
