@@ -20,13 +20,13 @@ from indexing.docstore import DocStore
 from indexing.pipeline import Ingestor, IngestReport, Progress
 from indexing.planner import GIB, IndexPlan, plan_for_store
 from indexing.sources import SourceDocument
-from quarry.errors import CollectionExists, CollectionNotFound, InvalidRequest
+from quarry.errors import CollectionExists, CollectionNotFound, Conflict, InvalidRequest
 from quarry.settings import Settings
 from rerank.base import Reranker
 from retrieval.bm25_registry import BM25Registry
 from retrieval.search import Mode, RerankOptions, Searcher, SearchResult
 from retrieval.text import LANGUAGES, Language
-from stores.base import VectorStore
+from stores.base import VectorStore, redact_url
 from stores.factory import open_store
 from stores.filters import Filter, parse_filter
 
@@ -138,14 +138,24 @@ class Quarry:
     ) -> CollectionConfig:
         existing = self.docstore.collection_config(name)
         if existing is not None:
-            if exist_ok:
-                return CollectionConfig.model_validate(existing)
-            raise CollectionExists(name)
+            if not exist_ok:
+                raise CollectionExists(name)
+            if not self.store.has_collection(name):
+                raise Conflict(
+                    f"collection {name!r} is in the docstore of {self.settings.data_dir} but not in the vector "
+                    f"store {redact_url(self.settings.store_url)}: this data dir was used with another store. "
+                    "Keep one QUARRY_DATA_DIR per store (or drop the collection to start it again)"
+                )
+            return CollectionConfig.model_validate(existing)
         for other in self.docstore.list_collections():
             if other.lower() == name.lower():
                 raise CollectionExists(name, existing=other)
         if self.store.has_collection(name):
-            raise CollectionExists(name)
+            raise Conflict(
+                f"collection {name!r} exists in the vector store {redact_url(self.settings.store_url)} but not in "
+                f"the docstore of {self.settings.data_dir}: another data dir or deployment made it. "
+                "Pick another name, or drop it with the store's own tools"
+            )
         size = chunk_size or self.settings.ingest.chunk_size
         overlap = self.settings.ingest.chunk_overlap if chunk_overlap is None else chunk_overlap
         if size < 1 or not 0 <= overlap < size:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import numpy.typing as npt
@@ -221,3 +222,12 @@ class VectorStore(Protocol):
     def close(self) -> None:
         """Release connections and handles; the store is unusable afterwards."""
         ...
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (PostgreSQL's, or Qdrant's API key) shown as ``***``, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -45,7 +45,7 @@ from quarry.errors import (
     missing_extra,
 )
 from stores import pgvector_sql as q
-from stores.base import FloatMatrix, IndexSpec, Metric, ScoredId, StoreCapabilities, VectorRecord
+from stores.base import FloatMatrix, IndexSpec, Metric, ScoredId, StoreCapabilities, VectorRecord, redact_url
 from stores.filters import Filter
 
 try:
@@ -117,7 +117,7 @@ class PgVectorStore:
             self._pool.open(wait=True, timeout=connect_timeout_s)
         except PoolTimeout as exc:
             self._pool.close()
-            raise StoreUnavailable(f"PostgreSQL at {_redact(conninfo)} is unreachable") from exc
+            raise StoreUnavailable(f"PostgreSQL at {redact_url(conninfo)} is unreachable") from exc
 
     @classmethod
     def from_url(cls, url: str) -> PgVectorStore:
@@ -141,7 +141,7 @@ class PgVectorStore:
                 for stmt in q.schema_ddl(self._schema):
                     conn.execute(stmt)
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(f"PostgreSQL at {_redact(conninfo)} is unreachable") from exc
+            raise StoreUnavailable(f"PostgreSQL at {redact_url(conninfo)} is unreachable") from exc
         except psycopg.Error as exc:
             raise StoreError(f"cannot prepare schema {self._schema!r}: {exc}") from exc
 
@@ -627,10 +627,3 @@ def _spec_doc(spec: IndexSpec) -> dict[str, Any]:
         "search_params": spec.search_params,
     }
 
-
-def _redact(conninfo: str) -> str:
-    parts = urlsplit(conninfo)
-    if parts.password is None:
-        return conninfo
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))

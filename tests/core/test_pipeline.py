@@ -330,3 +330,26 @@ def test_a_collection_of_another_models_vectors_refuses_to_mix_them(service: Qua
     hybrid = service.search(collection, "ant colonies", mode="hybrid")
     assert _ids(hybrid) == ["a"] and "e5-small" in hybrid.degraded[0]
     assert _ids(service.search(collection, "ant colonies", mode="bm25")) == ["a"]
+
+
+def test_a_data_dir_used_with_another_store_is_named_not_misreported(
+    tmp_path: Path, counting: CountingEmbedder
+) -> None:
+    from quarry.errors import Conflict
+    from quarry.settings import Settings
+
+    first = Quarry(Settings(data_dir=tmp_path / "data"), embedder=counting)
+    try:
+        first.create_collection("switched")
+    finally:
+        first.close()
+    other = Settings(data_dir=tmp_path / "data", store={"url": f"milvus://{tmp_path}/other.db"})
+    second = Quarry(other, embedder=counting)
+    try:
+        with pytest.raises(Conflict, match="this data dir was used with another store"):
+            second.create_collection("switched", exist_ok=True)
+        second.store.create_collection("foreign", counting.dim, "cosine")  # made by another deployment
+        with pytest.raises(Conflict, match="exists in the vector store .* but not in the docstore"):
+            second.create_collection("foreign")
+    finally:
+        second.close()
