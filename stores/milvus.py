@@ -31,6 +31,8 @@ process (the only process); on a server they are read per call, so other writers
 
 from __future__ import annotations
 
+import fcntl
+import os
 import re
 import threading
 import time
@@ -38,7 +40,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 from quarry.errors import (
@@ -136,14 +138,16 @@ class MilvusStore:
             uri, lite = parts.path, True
         else:
             raise ConfigError(f"a Milvus URL needs a host or a path ending in .db: {url!r}")
+        if lite:
+            _lite_acquire(uri)  # before MilvusClient starts the Lite server
         try:
             # A private connection alias: closing this store must not close another's channel.
             client = MilvusClient(uri, timeout=30, alias=f"quarry-{uuid.uuid4().hex}")
         except Exception as exc:
+            if lite:
+                _lite_release(uri)
             hint = " (is another process using this Milvus Lite file?)" if lite else ""
             raise StoreUnavailable(f"cannot open Milvus at {uri}{hint}: {exc}") from exc
-        if lite:
-            _lite_acquire(uri)
         try:
             return cls(client, lite=lite, uri=uri, consistency=consistency)
         except Exception:
@@ -566,11 +570,40 @@ def _left(deadline: float) -> float:
 
 
 _LITE_USERS: dict[str, int] = {}
+_LITE_FILES: dict[str, IO[str]] = {}  # the held lock file of each Lite path this process serves
 _LITE_LOCK = threading.Lock()
 
 
 def _lite_acquire(path: str) -> None:
+    """Count a store on the Lite file ``path``; the first one locks it for this process.
+
+    Milvus Lite serves one process. Its own lock is not enough: a process refused by it unlinks
+    the lock file on the way out (milvus-lite 2.4/2.5 ``Server.stop``), so the next process
+    locks a new file and opens the database beside its owner. Quarry's lock file
+    (``<db>.quarry-lock``, never removed, holding the owner's pid) is taken first.
+
+    Raises:
+        StoreUnavailable: Another process holds the file.
+    """
     with _LITE_LOCK:
+        if path not in _LITE_FILES:
+            lock = open(f"{path}.quarry-lock", "a+", encoding="utf-8")  # noqa: SIM115 - held while served
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.seek(0)
+                owner = lock.read().strip() or "unknown"
+                lock.close()
+                raise StoreUnavailable(
+                    f"the Milvus Lite file {path} is in use by another process (pid {owner}, e.g. a running "
+                    "`quarry serve`): Milvus Lite serves one process. Stop it, send documents through its "
+                    "REST API, or use a Milvus server (milvus://host:19530)",
+                    retry_after_s=1.0,
+                ) from None
+            lock.truncate(0)
+            lock.write(str(os.getpid()))
+            lock.flush()
+            _LITE_FILES[path] = lock
         _LITE_USERS[path] = _LITE_USERS.get(path, 0) + 1
 
 
@@ -581,6 +614,11 @@ def _lite_release(path: str) -> None:
         if _LITE_USERS[path] > 0:
             return
         del _LITE_USERS[path]
+        lock = _LITE_FILES.pop(path, None)
     from milvus_lite.server_manager import server_manager_instance
 
-    server_manager_instance.release_server(path)
+    try:
+        server_manager_instance.release_server(path)
+    finally:
+        if lock is not None:
+            lock.close()  # unlocks: another process may open the file now
