@@ -318,8 +318,35 @@ def _plan(vectors: int | None, dim: int | None, collection: str | None, budget_g
 
 
 def main() -> None:
-    """Entry point that turns unexpected errors into a non-zero exit."""
-    sys.exit(app())
+    """Entry point: Quarry's errors and invalid settings become one ``error (...)`` line and exit 2.
+
+    Most commands catch :class:`QuarryError` themselves; this catches what escapes them, such
+    as a bad ``QUARRY_*`` variable (read when the first command opens the service) or a store
+    that cannot be opened.
+    """
+    from pydantic import ValidationError
+
+    try:
+        sys.exit(app())
+    except QuarryError as exc:
+        err.print(f"[bold red]error[/] ({type(exc).__name__}): {escape(exc.message)}")
+        sys.exit(2)
+    except ValidationError as exc:
+        err.print(f"[bold red]error[/] (ConfigError): {escape(settings_error(exc))}")
+        sys.exit(2)
+
+
+def settings_error(exc: Any) -> str:
+    """A pydantic-settings error as the environment variables to fix.
+
+    E.g. ``QUARRY_SEARCH__CANDIDATES: Input should be a valid integer (got 'abc')``.
+    """
+    parts = []
+    for e in exc.errors():
+        name = "QUARRY_" + "__".join(str(p).upper() for p in e.get("loc", ()))
+        got = f" (got {e['input']!r})" if isinstance(e.get("input"), str | int | float) else ""
+        parts.append(f"{name}: {e.get('msg', 'invalid')}{got}")
+    return "invalid settings: " + "; ".join(parts)
 
 
 if __name__ == "__main__":

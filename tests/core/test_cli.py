@@ -97,3 +97,12 @@ def test_eval_checks_its_inputs_before_ingesting_and_refuses_a_stale_collection(
     stale = _quarry(["eval", "--beir", str(beir), "--modes", "bm25", "--out", str(out)], data)
     assert stale.returncode == 2
     assert "collection 'eval_toy' holds 3 documents but" in " ".join(stale.stderr.split()), stale.stderr
+
+
+def test_bad_settings_and_stores_are_one_error_line_not_a_traceback(tmp_path: Path) -> None:
+    bad = _quarry(["search", "x", "-c", "c"], tmp_path, QUARRY_SEARCH__CANDIDATES="abc")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "QUARRY_SEARCH__CANDIDATES" in bad.stderr and "'abc'" in bad.stderr
+    scheme = _quarry(["collections", "list"], tmp_path, QUARRY_STORE__URL="nosuch://x")
+    assert scheme.returncode == 2 and "Traceback" not in scheme.stderr
+    assert "unsupported store URL scheme 'nosuch'" in scheme.stderr
