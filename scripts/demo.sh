@@ -25,6 +25,8 @@ quarry ingest "$CORPUS" --collection "$NAME"
 echo "== serve on 127.0.0.1:$PORT"
 quarry serve --host 127.0.0.1 --port "$PORT" >"${QUARRY_DATA_DIR:-data}/serve.log" 2>&1 &
 SERVER=$!
+# until the demo hands the server over (detached or foreground), a failure stops it
+trap 'kill $SERVER 2>/dev/null' EXIT
 for _ in $(seq 1 180); do
   curl -fs "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && break
   kill -0 "$SERVER" 2>/dev/null || { cat "${QUARRY_DATA_DIR:-data}/serve.log"; exit 1; }
@@ -32,12 +34,14 @@ for _ in $(seq 1 180); do
 done
 curl -fs "http://127.0.0.1:$PORT/readyz" >/dev/null
 
-BODY=$(printf '{"query": "%s", "top_k": 3, "mode": "hybrid"}' "$QUERY")
+# JSON-encoded by Python, so quotes or backslashes in QUARRY_DEMO_QUERY stay valid JSON
+BODY=$(python -c 'import json, sys; print(json.dumps({"query": sys.argv[1], "top_k": 3, "mode": "hybrid"}))' "$QUERY")
 echo "== curl -s -X POST http://127.0.0.1:$PORT/v1/collections/$NAME/search -H 'content-type: application/json' -d '$BODY'"
-curl -fs -X POST "http://127.0.0.1:$PORT/v1/collections/$NAME/search" \
+curl -sS --fail-with-body -X POST "http://127.0.0.1:$PORT/v1/collections/$NAME/search" \
   -H 'content-type: application/json' -d "$BODY" | python -m json.tool
 echo "== API docs: http://127.0.0.1:$PORT/docs   (server pid $SERVER, log ${QUARRY_DATA_DIR:-data}/serve.log)"
 if [ "${QUARRY_DEMO_DETACH:-0}" = "1" ]; then
+  trap - EXIT
   echo "server left running; stop it with: kill $SERVER"
   exit 0
 fi

@@ -9,8 +9,18 @@ bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-bash scripts/services.sh start
-trap 'bash scripts/services.sh stop' EXIT
+# Start the services that are not running, and stop only those at exit (also when a start
+# fails half-way): services someone started before are used and left running.
+STARTED=()
+for svc in postgres milvus; do
+  if bash "scripts/services/$svc.sh" status >/dev/null 2>&1; then
+    echo "== $svc already running (QUARRY_SERVICES_DIR): using it, leaving it running"
+  else
+    STARTED+=("$svc")
+  fi
+done
+trap 'for svc in "${STARTED[@]}"; do bash "scripts/services/$svc.sh" stop || true; done' EXIT
+for svc in "${STARTED[@]}"; do bash "scripts/services/$svc.sh" start; done
 eval "$(bash scripts/services.sh env)"
 echo "== ruff"; ruff check .
 echo "== mypy"; mypy
