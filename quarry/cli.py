@@ -51,7 +51,9 @@ def _fail(exc: QuarryError) -> None:
 def ingest(
     path: Annotated[Path, typer.Argument(help="BEIR folder, .jsonl file, or folder of .txt/.md files.")],
     collection: Annotated[str | None, typer.Option("--collection", "-c", help="Default: the path's name.")] = None,
-    language: Language = "auto",
+    language: Annotated[
+        str | None, typer.Option(help="BM25 analysis for a new collection: en, zh or auto (default).")
+    ] = None,
     chunk_size: Annotated[int | None, typer.Option(help="Chunk cap in text tokens (new collection).")] = None,
     chunk_overlap: Annotated[int | None, typer.Option(help="Overlap in tokens (new collection).")] = None,
 ) -> None:
@@ -62,9 +64,19 @@ def ingest(
     try:
         docs = read_documents(path)
         quarry = _quarry()
-        quarry.create_collection(
-            name, language=language, chunk_size=chunk_size, chunk_overlap=chunk_overlap, exist_ok=True
+        cfg = quarry.create_collection(
+            name, language=language or "auto", chunk_size=chunk_size, chunk_overlap=chunk_overlap, exist_ok=True
         )
+        asked = {"language": language, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap}
+        ignored = {k: v for k, v in asked.items() if v is not None and getattr(cfg, k) != v}
+        if ignored:
+            has = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in ignored)
+            err.print(
+                f"[yellow]note[/] collection {escape(name)} exists with {escape(has)}; "
+                f"{', '.join('--' + k.replace('_', '-') for k in ignored)} "
+                f"{'applies' if len(ignored) == 1 else 'apply'} to a new collection only "
+                "(drop it, or ingest into another --collection)"
+            )
         report = _ingest_with_progress(quarry, name, docs)
         counts = quarry.describe(name)
     except QuarryError as exc:

@@ -187,14 +187,23 @@ class Quarry:
         to HNSW (or IVF) as it grows, as the planner decides for this engine.
 
         Returns:
-            The new plan when the index was rebuilt, else ``None``.
+            The new plan when the index was rebuilt, else ``None``. When the kind stays, the
+            recorded plan (its reason, size and memory estimate, as ``describe`` shows them) is
+            refreshed if its index spec is the one built; a spec that changed within the kind
+            (e.g. IVF ``nlist``) keeps the record of what is built.
         """
-        cfg = self.get_collection(name)
-        plan = self._plan(self.store.count(name), cfg.dim)
-        if plan.spec.kind == cfg.index.get("kind"):
+        with self._writing(name):
+            cfg = self.get_collection(name)
+            plan = self._plan(self.store.count(name), cfg.dim)
+            if plan.spec.kind != cfg.index.get("kind"):
+                self.apply_index(name, plan)
+                return plan
+            record = _index_record(plan)
+            same_spec = all(record[k] == cfg.index.get(k) for k in ("kind", "params", "search_params"))
+            if same_spec and record != cfg.index:
+                cfg.index = record
+                self.docstore.put_collection(name, cfg.to_json())
             return None
-        self.apply_index(name, plan)
-        return plan
 
     def apply_index(self, name: str, plan: IndexPlan) -> None:
         """Build a planned index on a collection and record it (and the planner's reasons).

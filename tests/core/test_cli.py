@@ -30,8 +30,10 @@ def test_cli_ingest_search_and_bad_line(tmp_path: Path) -> None:
     first = _quarry(["ingest", str(corpus), "--collection", "demo"], data)
     assert first.returncode == 0, first.stderr
     assert "3 added" in first.stdout and "exceed" not in first.stdout
-    again = _quarry(["ingest", str(corpus), "--collection", "demo"], data)
+    again = _quarry(["ingest", str(corpus), "--collection", "demo", "--chunk-size", "50", "--language", "auto"], data)
     assert "3 unchanged; 0 chunks embedded" in " ".join(again.stdout.split())
+    note = " ".join(again.stderr.split())
+    assert "exists with chunk_size=256; --chunk-size applies to a new collection only" in note
     found = _quarry(["search", "gas giant", "--collection", "demo", "--json", "-k", "1"], data)
     assert found.returncode == 0, found.stderr
     assert json.loads(found.stdout)["hits"][0]["document_id"] == "d1"

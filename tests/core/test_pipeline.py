@@ -353,3 +353,10 @@ def test_a_data_dir_used_with_another_store_is_named_not_misreported(
             second.create_collection("foreign")
     finally:
         second.close()
+
+
+def test_describe_shows_the_plan_for_the_collections_current_size(service: Quarry, collection: str) -> None:
+    assert service.describe(collection)["index"]["planned_for_vectors"] == 0
+    service.upsert(collection, [SourceDocument(f"d{i}", f"text number {i}") for i in range(3)])
+    index = service.describe(collection)["index"]
+    assert index["planned_for_vectors"] == 3 and index["reason"].startswith("3 vectors")
