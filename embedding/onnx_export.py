@@ -83,10 +83,11 @@ def ensure_onnx(layout: StLayout, cache_dir: Path, model_id: str, quantize: Quan
                 f"cannot use the model cache {folder} (QUARRY_EMBEDDING__CACHE_DIR): {exc.strerror or exc}"
             ) from exc
         try:
-            if not fp32.is_file():
-                _atomic(fp32, lambda tmp: export_fp32(layout, tmp))
-            if quantize == "int8" and not target.is_file():
-                _atomic(target, lambda tmp: quantize_int8(fp32, tmp, recipe))
+            with _quiet_root_logger():
+                if not fp32.is_file():
+                    _atomic(fp32, lambda tmp: export_fp32(layout, tmp))
+                if quantize == "int8" and not target.is_file():
+                    _atomic(target, lambda tmp: quantize_int8(fp32, tmp, recipe))
         except EmbeddingError:
             raise
         except Exception as exc:  # torch / onnx / onnxruntime raise many types
@@ -211,10 +212,17 @@ def quantize_int8(fp32: Path, out: Path, recipe: Int8Recipe) -> None:
 
 @contextlib.contextmanager
 def _quiet_root_logger() -> Iterator[None]:
+    """Silence the root logger, and undo what the export libraries do to it.
+
+    onnxruntime's quantiser calls ``logging.basicConfig``, which left a stderr handler on the
+    root logger: afterwards other libraries' records (``DEBUG:bm25s:...``) reached the terminal.
+    """
     root = logging.getLogger()
-    level = root.level
+    level, handlers = root.level, list(root.handlers)
     root.setLevel(logging.ERROR)
     try:
         yield
     finally:
         root.setLevel(level)
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
