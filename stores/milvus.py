@@ -587,7 +587,10 @@ def _lite_acquire(path: str) -> None:
     """
     with _LITE_LOCK:
         if path not in _LITE_FILES:
-            lock = open(f"{path}.quarry-lock", "a+", encoding="utf-8")  # noqa: SIM115 - held while served
+            try:
+                lock = open(f"{path}.quarry-lock", "a+", encoding="utf-8")  # noqa: SIM115 - held while served
+            except OSError as exc:
+                raise StoreUnavailable(f"cannot open the Milvus Lite file {path}: {exc.strerror or exc}") from exc
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
