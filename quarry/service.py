@@ -170,6 +170,8 @@ class Quarry:
             plan = self._plan(0, cfg.dim)
             self.store.build_index(name, plan.spec, timeout_s=self.settings.store.index_build_timeout_s)
             cfg.index = _index_record(plan)
+            # rows a write left under this name while another process dropped it are not inherited
+            self.docstore.drop_collection(name)
             self.docstore.put_collection(name, cfg.to_json())
         except BaseException:
             self.store.drop_collection(name)

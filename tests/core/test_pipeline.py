@@ -360,3 +360,14 @@ def test_describe_shows_the_plan_for_the_collections_current_size(service: Quarr
     service.upsert(collection, [SourceDocument(f"d{i}", f"text number {i}") for i in range(3)])
     index = service.describe(collection)["index"]
     assert index["planned_for_vectors"] == 3 and index["reason"].startswith("3 vectors")
+
+
+def test_a_new_collection_does_not_inherit_rows_left_under_its_name(service: Quarry) -> None:
+    # as when a write commits after another process dropped the collection
+    service.docstore.write_batch("leftover", [("a", "hash")], [], [])
+    service.create_collection("leftover")
+    try:
+        assert service.describe("leftover")["documents"] == 0
+        assert service.upsert("leftover", [SourceDocument("a", "ant text")]).added == 1
+    finally:
+        service.drop_collection("leftover")
