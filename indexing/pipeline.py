@@ -175,7 +175,6 @@ class Ingestor:
             StoreError: The vector store failed (the vectors stay pending deletion).
         """
         started = time.perf_counter()
-        self._flush_pending(cfg.name)
         owned = self._docstore.chunk_ids_of(cfg.name, document_ids)
         chunk_ids = [c for ids in owned.values() for c in ids]
         known = list(self._docstore.document_hashes(cfg.name, document_ids))

@@ -1,5 +1,6 @@
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -7,6 +8,8 @@ from fastapi.testclient import TestClient
 from indexing.sources import SourceDocument
 from quarry.api import create_app
 from quarry.service import Quarry
+from quarry.settings import Settings
+from tests.core.conftest import CountingEmbedder
 
 
 @pytest.fixture(scope="module")
@@ -208,14 +211,14 @@ def test_a_document_id_with_slashes_is_deleted_by_its_path(client: TestClient, a
 
 
 def test_router_and_unexpected_errors_use_the_error_envelope(
-    client: TestClient, service: Quarry, monkeypatch: pytest.MonkeyPatch
+    client: TestClient, tmp_path: Path, counting: CountingEmbedder
 ) -> None:
     assert "Not Found" in _error(client.get("/v1/nowhere"), 404)
     assert _error(client.put("/v1/collections"), 405)
-
-    def broken(name: str) -> None:
-        raise RuntimeError("a bug")
-
-    monkeypatch.setattr(service, "describe", broken)
-    with TestClient(create_app(service), raise_server_exceptions=False) as c:
-        assert "internal error (RuntimeError)" in _error(c.get("/v1/collections/anything"), 500)
+    broken = Quarry(Settings(data_dir=tmp_path), embedder=counting)
+    try:
+        broken.docstore.close()  # a real failure no handler expects: sqlite3.ProgrammingError
+        with TestClient(create_app(broken), raise_server_exceptions=False) as c:
+            assert "internal error (ProgrammingError)" in _error(c.get("/v1/collections/anything"), 500)
+    finally:
+        broken.store.close()

@@ -1,5 +1,7 @@
 import asyncio
+import contextlib
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -290,12 +292,24 @@ def test_a_failed_stale_vector_delete_is_retried_by_the_next_write(
     assert _ids(service.search(collection, "word12 alpha", mode="dense"))[:2] == ["a", "b"]
 
 
+@contextlib.contextmanager
+def _docstore_write_locked(service: Quarry) -> Iterator[None]:
+    """Another process's view: a second SQLite connection holds the docstore's write lock, so the
+    next commit fails for real ("database is locked" after the 5 s busy timeout)."""
+    other = sqlite3.connect(service.docstore.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+
+
 def test_a_delete_whose_vector_delete_fails_loses_nothing_and_finishes_later(
     service: Quarry, collection: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     service.upsert(collection, [SourceDocument("a", "ant text"), SourceDocument("b", "bee text")])
-    _fail_once(monkeypatch, service.docstore, "write_batch", sqlite3.OperationalError("disk I/O error"))
-    with pytest.raises(sqlite3.OperationalError):
+    with _docstore_write_locked(service), pytest.raises(StoreUnavailable, match="docstore .* is busy"):
         service.delete_documents(collection, ["b"])
     assert service.store.count(collection) == 2  # nothing deleted: the docstore commits first
     assert "b" in _ids(service.search(collection, "bee text", mode="dense"))
@@ -307,12 +321,9 @@ def test_a_delete_whose_vector_delete_fails_loses_nothing_and_finishes_later(
     assert service.store.count(collection) == 1 and not service.docstore.pending_deletes(collection)
 
 
-def test_a_failed_commit_puts_back_the_metadata_of_reused_vectors(
-    service: Quarry, collection: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_failed_commit_puts_back_the_metadata_of_reused_vectors(service: Quarry, collection: str) -> None:
     service.upsert(collection, [SourceDocument("b", "bee text", "", {"k": 1})])
-    _fail_once(monkeypatch, service.docstore, "write_batch", sqlite3.OperationalError("disk I/O error"))
-    with pytest.raises(sqlite3.OperationalError):
+    with _docstore_write_locked(service), pytest.raises(StoreUnavailable, match="docstore .* is busy"):
         service.upsert(collection, [SourceDocument("b", "bee text", "", {"k": 2})])
     assert _ids(service.search(collection, "bee", mode="dense", filters={"k": 1})) == ["b"]
     assert _ids(service.search(collection, "bee", mode="dense", filters={"k": 2})) == []
