@@ -203,7 +203,7 @@ class TritonProcess:
             [sys.executable, "-m", "quarry.triton_cli", "serve", "--model", backend, "--address", "127.0.0.1",
              "--http-port", str(self.http), "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics),
              "--max-batch-size", str(max_batch), "--max-queue-delay-us", str(delay_us),
-             "--shared-memory" if shared_memory else "--no-shared-memory"],
+             *(["--shared-memory"] if shared_memory else [])],
             cwd=REPO, env=env, stdout=self.log, stderr=subprocess.STDOUT,
         )
         self._wait_ready()

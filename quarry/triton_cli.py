@@ -43,7 +43,7 @@ def serve(
     instances: Annotated[int, typer.Option(min=1, help="Model instances (concurrent model calls).")] = 1,
     shared_memory: Annotated[
         bool,
-        typer.Option(help="Pass tensors to the model through PyTriton's shared-memory TensorStore "
+        typer.Option("--shared-memory", help="Pass tensors to the model through PyTriton's shared-memory TensorStore "
                      "(pays off for MB-sized tensors; small ones travel faster inline)."),
     ] = False,
 ) -> None:
