@@ -9,6 +9,9 @@ Body of every error response::
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Mapping
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -45,7 +48,7 @@ def error_body(kind: str, message: str, retryable: bool = False) -> dict[str, ob
 async def quarry_error(_: Request, exc: Exception) -> JSONResponse:
     """Render a :class:`~quarry.errors.QuarryError`."""
     assert isinstance(exc, e.QuarryError)
-    headers = {"Retry-After": str(int(exc.retry_after_s))} if exc.retry_after_s else None
+    headers = {"Retry-After": str(math.ceil(exc.retry_after_s))} if exc.retry_after_s else None
     return JSONResponse(
         error_body(type(exc).__name__, exc.message, exc.retryable), status_code=status_of(exc), headers=headers
     )
@@ -56,9 +59,25 @@ async def validation_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     parts = []
     for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            parts.append(_json_error(err, exc.body))
+            continue
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         parts.append(f"{where}: {err.get('msg', 'invalid')}" if where else str(err.get("msg", "invalid")))
     return JSONResponse(error_body("InvalidRequest", "; ".join(parts)), status_code=422)
+
+
+def _json_error(err: Mapping[str, Any], body: object) -> str:
+    """Where a body that is not JSON broke, as ``json.JSONDecodeError`` reports it (line, column)."""
+    reason = err.get("ctx", {}).get("error", "JSON decode error")
+    loc = err.get("loc", ())
+    pos = loc[-1] if loc and isinstance(loc[-1], int) else None
+    if pos is None or not isinstance(body, str):
+        return f"request body is not valid JSON: {reason}"
+    line = body.count("\n", 0, pos) + 1
+    column = pos - (body.rfind("\n", 0, pos) + 1) + 1
+    near = body[max(0, pos - 20) : pos + 20]
+    return f"request body is not valid JSON: {reason} at line {line}, column {column} (char {pos}), near {near!r}"
 
 
 async def http_error(_: Request, exc: Exception) -> JSONResponse:

@@ -121,6 +121,16 @@ def test_bad_search_requests_get_typed_4xx(
     assert needle in _error(_post_json(client, f"/v1/collections/{api_collection}/search", body), status)
 
 
+def test_a_body_that_is_not_json_names_the_line_and_column(client: TestClient, api_collection: str) -> None:
+    body = '{\n  "query": "vitamin d",\n  "top_k": 5\n  "mode": "bm25"\n}'
+    r = client.post(
+        f"/v1/collections/{api_collection}/search", content=body, headers={"content-type": "application/json"}
+    )
+    message = _error(r, 422)
+    assert message.startswith("request body is not valid JSON: Expecting ',' delimiter at line 4, column 3"), message
+    assert '"mode"' in message
+
+
 def test_a_query_at_the_length_limit_is_served(client: TestClient, api_collection: str) -> None:
     query = ("vitamin d deficiency " * 400)[:8192]
     r = client.post(f"/v1/collections/{api_collection}/search", json={"query": query, "top_k": 3})
