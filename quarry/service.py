@@ -281,6 +281,7 @@ class Quarry:
         offset: int = 0,
         group: bool = True,
         rerank: RerankOptions | None = None,
+        dense_timeout_s: float | None = None,
     ) -> SearchResult:
         """Search a collection (see :meth:`retrieval.search.Searcher.search`).
 
@@ -291,7 +292,8 @@ class Quarry:
         """
         cfg, flt = self._target(name, filters)
         return self.searcher.search(
-            cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank
+            cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank,
+            dense_timeout_s=dense_timeout_s,
         )
 
     async def search_async(  # noqa: PLR0913 - mirrors the request body

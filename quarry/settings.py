@@ -92,6 +92,14 @@ class SearchSettings(BaseModel):
             tokenises and scores the whole query on the server's event loop (a 64k-character
             query took 65 ms there, a 5 MB one stalled every request for 6 s), while the model
             reads only its first ``max_seq_length`` tokens (256, ~1,000 characters of English).
+        dense_timeout_s: Longest a REST query waits for its dense channel (query vector plus
+            ANN hits), in seconds. Past it a hybrid query answers BM25-only and says so in
+            ``degraded``; a dense query is a retryable 503. (CLI searches and ``quarry eval``
+            wait as long as the embedder's and the store's own timeouts.)
+        store_retry_after_s: After the vector store reports itself unavailable, searches skip it
+            for this many seconds (hybrid answers BM25-only at once, dense 503 with
+            ``Retry-After``) instead of each waiting out the outage; the first search after it
+            tries the store again. 0 turns this off.
     """
 
     candidates: int = Field(100, ge=1)
@@ -100,6 +108,8 @@ class SearchSettings(BaseModel):
     dense_weight: float = Field(1.0, ge=0)
     ann_max_batch: int = Field(16, ge=1)
     max_query_chars: int = Field(8192, ge=1)
+    dense_timeout_s: float = Field(5.0, gt=0)
+    store_retry_after_s: float = Field(2.0, ge=0)
 
 
 class IngestSettings(BaseModel):

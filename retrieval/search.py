@@ -5,8 +5,9 @@ by document and keeps ``rank_window_size`` hits (as Elasticsearch's RRF retrieve
 ``[offset, offset + top_k)`` is always a slice of one and the same fused list: joined pages equal
 the top-``(offset + top_k)`` list. Hits are grouped by document by default (a document's best
 chunk stands for it), since relevance is judged per document. In hybrid mode a failing embedder
-degrades the query to BM25 only, and the response says so; in dense mode the error propagates
-(503). The query is queued for the embedding model first and BM25 scores while the model runs.
+or vector store (or, on the REST path, one slower than ``dense_timeout_s``) degrades the query to
+BM25 only, and the response says so; in dense mode the error propagates (503). The query is
+queued for the embedding model first and BM25 scores while the model runs.
 
 The query is written once, as steps that yield two futures (the query's vector from the batching
 embedder, its ANN hits from :class:`~retrieval.ann_batching.BatchingSearch`): :meth:`Searcher.search`
@@ -17,7 +18,6 @@ on the REST API's event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Generator, Sequence
 from concurrent.futures import Future, wait
@@ -31,7 +31,14 @@ from indexing.chunking import document_id_of
 from indexing.collections import CollectionConfig
 from indexing.docstore import DocStore
 from indexing.sources import check_unicode
-from quarry.errors import EmbeddingError, InvalidQuery, ModelMismatch
+from quarry.errors import (
+    EmbeddingError,
+    EmbeddingUnavailable,
+    InvalidQuery,
+    ModelMismatch,
+    QuarryError,
+    StoreUnavailable,
+)
 from quarry.settings import SearchSettings
 from rerank.base import Reranker
 from retrieval.ann_batching import BatchingSearch
@@ -138,7 +145,9 @@ class Searcher:
         settings: SearchSettings,
         reranker: Reranker | None = None,
     ) -> None:
-        self._ann = BatchingSearch(store, max_batch=settings.ann_max_batch)
+        self._ann = BatchingSearch(
+            store, max_batch=settings.ann_max_batch, retry_after_s=settings.store_retry_after_s
+        )
         self._docstore = docstore
         self._embedder = embedder
         self._bm25 = bm25
@@ -170,6 +179,7 @@ class Searcher:
         offset: int = 0,
         group: bool = True,
         rerank: RerankOptions | None = None,
+        dense_timeout_s: float | None = None,
     ) -> SearchResult:
         """Search one collection.
 
@@ -182,6 +192,8 @@ class Searcher:
             offset: Hits to skip (pagination).
             group: One hit per document (its best chunk) instead of one per chunk.
             rerank: Rerank the fused top-N with the cross-encoder within a time budget.
+            dense_timeout_s: Longest wait for the dense channel, in seconds, as in
+                :meth:`search_async`; ``None`` waits as long as the embedder and the store do.
 
         Returns:
             The page of hits, ``total`` fused candidates, degradations and timings.
@@ -190,10 +202,13 @@ class Searcher:
             InvalidQuery: Blank query, one over ``max_query_chars``, bad ``top_k``/``offset``/``mode``,
                 or a page past the reranked window (``offset + top_k > rerank.top_n``).
             EmbeddingUnavailable: Dense mode and the embedder is down.
+            StoreUnavailable: Dense mode and the vector store is down (in hybrid mode the dense
+                channel is skipped and ``degraded`` says why).
             ModelMismatch: Dense mode and the collection's vectors come from another model (in
                 hybrid mode the dense channel is skipped, as when the embedder is down).
         """
-        return _resolve(self._steps(cfg, query, top_k, mode, flt, offset, group, rerank))
+        deadline = None if dense_timeout_s is None else time.monotonic() + dense_timeout_s
+        return _resolve(self._steps(cfg, query, top_k, mode, flt, offset, group, rerank), deadline)
 
     async def search_async(  # noqa: PLR0913 - these are the request's fields
         self,
@@ -211,13 +226,19 @@ class Searcher:
         It waits on the model and the store without holding a thread; BM25, fusion and hydration
         (well under a millisecond each) run on the loop. One request thread less per query in
         flight: fewer threads contend for the GIL with the model's and the store's.
+
+        Unlike :meth:`search`, it waits at most ``dense_timeout_s`` for the dense channel: past
+        it a hybrid query answers from BM25 alone (``degraded`` says so) and a dense query raises
+        ``EmbeddingUnavailable`` or ``StoreUnavailable`` (whichever was late; both retryable).
         """
+        deadline = time.monotonic() + self._settings.dense_timeout_s
         steps = self._steps(cfg, query, top_k, mode, flt, offset, group, None)
         step = _advance(steps, None)
         while isinstance(step, Future):
-            with contextlib.suppress(Exception):  # read by _advance; cancellation still propagates
-                await asyncio.wrap_future(step)
-            step = _advance(steps, step)
+            waiting = asyncio.wrap_future(step)
+            waiting.add_done_callback(_read_outcome)  # read even when the query stopped waiting
+            done, _ = await asyncio.wait({waiting}, timeout=max(0.0, deadline - time.monotonic()))
+            step = _advance(steps, step) if done else _advance(steps, None, TimeoutError())
         return step
 
     def _steps(  # noqa: PLR0913 - the request's fields
@@ -251,26 +272,29 @@ class Searcher:
             try:
                 embeddings = yield pending
             except EmbeddingError as exc:
-                if mode == "dense":
-                    raise
-                result.degraded.append(f"dense channel skipped, BM25 only: {exc.message}")
+                _skip_dense(result, exc)
+            except TimeoutError:
+                _skip_dense(result, EmbeddingUnavailable(f"no query vector within {self._late()}"))
             if embeddings is not None and self._embedder.model_id != cfg.embedding_model:
-                mismatch = ModelMismatch(cfg.name, cfg.embedding_model, self._embedder.model_id)
-                if mode == "dense":
-                    raise mismatch
-                result.degraded.append(f"dense channel skipped, BM25 only: {mismatch.message}")
+                _skip_dense(result, ModelMismatch(cfg.name, cfg.embedding_model, self._embedder.model_id))
                 embeddings = None
             if embeddings is not None:
                 ann_started = time.perf_counter()
                 result.timings_ms["embed"] = (ann_started - started) * 1000  # queued -> vector, beside BM25
-                # Ids and scores only: the document id is part of the chunk id, texts come from the docstore.
-                found: list[ScoredId] = yield self._ann.submit(
-                    cfg.name, embeddings.vectors, self.depth, flt, with_payload=False
-                )
-                ended = time.perf_counter()
-                result.timings_ms["ann"] = (ended - ann_started) * 1000
-                channels["dense"] = _ranked([h.id for h in found], [h.score for h in found], group, self.window)
-                result.timings_ms["dense"] = (time.perf_counter() - dense_started) * 1000
+                try:
+                    # Ids and scores only: the document id is part of the chunk id, texts come from the docstore.
+                    found: list[ScoredId] = yield self._ann.submit(
+                        cfg.name, embeddings.vectors, self.depth, flt, with_payload=False
+                    )
+                except StoreUnavailable as exc:
+                    _skip_dense(result, exc)
+                except TimeoutError:
+                    _skip_dense(result, StoreUnavailable(f"the vector store did not answer within {self._late()}"))
+                else:
+                    ended = time.perf_counter()
+                    result.timings_ms["ann"] = (ended - ann_started) * 1000
+                    channels["dense"] = _ranked([h.id for h in found], [h.score for h in found], group, self.window)
+                    result.timings_ms["dense"] = (time.perf_counter() - dense_started) * 1000
         needed = offset + top_k if rerank is None else max(offset + top_k, rerank.top_n)
         fused, result.total = self._fuse(channels, needed)
         if rerank is not None:
@@ -278,6 +302,9 @@ class Searcher:
         page = fused[offset : offset + top_k]
         result.hits = self._timed(result, "hydrate", lambda: self._hydrate(cfg, page))
         return result
+
+    def _late(self) -> str:
+        return f"{self._settings.dense_timeout_s:g} s (QUARRY_SEARCH__DENSE_TIMEOUT_S)"
 
     def _validate(self, query: str, top_k: int, offset: int, mode: str, rerank: RerankOptions | None) -> None:
         limit = self._settings.max_query_chars
@@ -385,30 +412,48 @@ class Searcher:
         return out
 
 
-def _resolve(steps: Generator[Future[Any], Any, SearchResult]) -> SearchResult:
-    """Run :meth:`Searcher._steps` in this thread, blocking on each future."""
+def _resolve(steps: Generator[Future[Any], Any, SearchResult], deadline: float | None) -> SearchResult:
+    """Run :meth:`Searcher._steps` in this thread, blocking on each future until ``deadline`` (monotonic s)."""
     step = _advance(steps, None)
     while isinstance(step, Future):
-        wait([step])
-        step = _advance(steps, step)
+        done, _ = wait([step], timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        step = _advance(steps, step) if done else _advance(steps, None, TimeoutError())
     return step
 
 
 def _advance(
-    steps: Generator[Future[Any], Any, SearchResult], done: Future[Any] | None
+    steps: Generator[Future[Any], Any, SearchResult], done: Future[Any] | None, late: TimeoutError | None = None
 ) -> Future[Any] | SearchResult:
-    """Start the steps (``done`` is ``None``) or hand them a finished future's result or exception.
+    """Start the steps, or hand them a finished future's outcome or a missed deadline.
+
+    ``done`` is ``None`` to start; else its result is sent in or its exception thrown in. ``late``
+    is thrown in instead when the future the steps wait on ran past the deadline.
 
     Returns:
         The next future to wait on, or the search result once the steps end.
     """
     try:
+        if late is not None:
+            return steps.throw(late)
         if done is None:
             return next(steps)
         exc = done.exception()
         return steps.throw(exc) if exc is not None else steps.send(done.result())
     except StopIteration as end:
         return cast(SearchResult, end.value)
+
+
+def _read_outcome(waiting: asyncio.Future[Any]) -> None:
+    """Mark a finished wrapper's exception read (asyncio logs unread ones; _advance reads the source)."""
+    if not waiting.cancelled():
+        waiting.exception()
+
+
+def _skip_dense(result: SearchResult, error: QuarryError) -> None:
+    """A hybrid query goes on BM25-only and says why; a dense query has nothing left and raises."""
+    if result.mode == "dense":
+        raise error
+    result.degraded.append(f"dense channel skipped, BM25 only: {error.message}")
 
 
 def _ranked(chunk_ids: Sequence[str], scores: Sequence[float], group: bool, window: int) -> _Channel:

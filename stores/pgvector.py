@@ -77,7 +77,10 @@ class PgVectorStore:
         conninfo: libpq connection string or URL (without the ``schema`` query parameter).
         schema: Schema that holds Quarry's tables; created if missing.
         pool_max: Most connections the pool opens.
-        connect_timeout_s: Seconds to wait for the first connection.
+        connect_timeout_s: Seconds to wait for the first connection (and for a fresh one after
+            a lost connection). A call waits at most 5 s for a pooled connection
+            (``StoreUnavailable`` after that); a lost connection is re-made with backoff for 5 s,
+            then on demand.
         maintenance_work_mem: Memory for index builds (``SET LOCAL maintenance_work_mem``).
         exact_fallback: Re-run, as an exact scan, any query an index scan left short of
             ``top_k`` (keeps the "fewer only when fewer match" contract; off only to measure
@@ -102,6 +105,9 @@ class PgVectorStore:
         self._maintenance_work_mem = maintenance_work_mem
         self._exact_fallback = exact_fallback
         self._caps: StoreCapabilities | None = None
+        self._conninfo = conninfo
+        self._connect_timeout_s = connect_timeout_s
+        self._unreachable = False  # the last call lost its connection: probe before using the pool
         self._bootstrap(conninfo, connect_timeout_s)
         self._pool: ConnectionPool[Conn] = ConnectionPool(
             conninfo,
@@ -110,7 +116,8 @@ class PgVectorStore:
             kwargs={"connect_timeout": max(1, int(connect_timeout_s))},
             configure=_configure,
             open=False,
-            timeout=30.0,
+            timeout=5.0,
+            reconnect_timeout=5.0,
             name="quarry-pgvector",
         )
         try:
@@ -148,6 +155,8 @@ class PgVectorStore:
     @contextmanager
     def _tx(self, name: str | None = None) -> Iterator[Conn]:
         """One pooled connection in one transaction, with driver errors mapped to Quarry's."""
+        if self._unreachable:
+            self._probe()
         try:
             with self._pool.connection() as conn:
                 yield conn
@@ -156,9 +165,29 @@ class PgVectorStore:
         except psycopg.errors.UndefinedTable as exc:
             raise CollectionNotFound(name or "?") from exc
         except (psycopg.OperationalError, PoolTimeout) as exc:
+            self._unreachable = True
             raise StoreUnavailable(f"PostgreSQL unavailable: {exc}") from exc
         except (psycopg.Error, PoolClosed) as exc:
             raise StoreError(f"PostgreSQL error: {exc}") from exc
+
+    def _probe(self) -> None:
+        """After a lost connection, try a fresh one before waiting on the pool.
+
+        While the server is down the pool's clients wait its whole ``timeout`` for a connection
+        its backoff keeps failing to make; a fresh connection is refused at once. Once the server
+        answers, the pool is told to reconnect now instead of at its next backoff step (up to
+        ``reconnect_timeout``).
+
+        Raises:
+            StoreUnavailable: The server still refuses connections.
+        """
+        try:
+            psycopg.connect(self._conninfo, connect_timeout=max(1, int(self._connect_timeout_s))).close()
+        except psycopg.OperationalError as exc:
+            reason = " ".join(str(exc).split())  # libpq's message spans lines
+            raise StoreUnavailable(f"PostgreSQL at {redact_url(self._conninfo)} is unreachable: {reason}") from exc
+        self._unreachable = False
+        self._pool.check()
 
     def _run(
         self,

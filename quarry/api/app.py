@@ -206,6 +206,7 @@ async def search(name: str, body: SearchIn, q: Service) -> Response:
             partial(
                 q.search, name, body.query, top_k=body.top_k, mode=body.mode, filters=body.filters,
                 offset=body.offset, group=body.group_by_document, rerank=rerank,
+                dense_timeout_s=q.settings.search.dense_timeout_s,
             )
         )
     out = {

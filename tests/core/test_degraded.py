@@ -65,3 +65,39 @@ def test_submit_to_a_down_server_never_blocks_the_caller_and_the_future_raises(d
     future = down.query_embedder.submit(["anything"])  # returns a future; raises nothing here
     with pytest.raises(EmbeddingUnavailable, match="127.0.0.1"):
         future.result(timeout=60)
+
+
+@pytest.fixture()
+def hung(tmp_path: Path, counting: CountingEmbedder, scifact_docs: list[SourceDocument]) -> Iterator[Quarry]:
+    """A Triton address that accepts TCP connections and never answers (a hung server)."""
+    settings = Settings(data_dir=tmp_path, search={"dense_timeout_s": 0.5})
+    up = Quarry(settings, embedder=counting)
+    up.create_collection("docs")
+    up.upsert("docs", scifact_docs[:30])
+    up.close()
+    with socket.socket() as peer:
+        peer.bind(("127.0.0.1", 0))
+        peer.listen(16)  # the kernel completes handshakes; nothing reads or writes
+        port = peer.getsockname()[1]
+        stuck = TritonEmbedder.from_url(f"triton+grpc://127.0.0.1:{port}/minilm?retries=1", timeout_s=3.0)
+        quarry = Quarry(settings, embedder=stuck)
+        yield quarry
+        quarry.close()
+
+
+def test_a_rest_query_waits_at_most_dense_timeout_for_a_hung_server(
+    hung: Quarry, scifact_docs: list[SourceDocument]
+) -> None:
+    late = "no query vector within 0.5 s (QUARRY_SEARCH__DENSE_TIMEOUT_S)"
+    with TestClient(create_app(hung), raise_server_exceptions=False) as client:
+        url = "/v1/collections/docs/search"
+        r = client.post(url, json={"query": scifact_docs[4].title, "mode": "hybrid"})
+        assert r.status_code == 200, r.text
+        assert r.json()["degraded"] == [f"dense channel skipped, BM25 only: {late}"]
+        assert r.json()["hits"][0]["document_id"] == scifact_docs[4].id
+        dense = client.post(url, json={"query": "anything", "mode": "dense"})
+        assert dense.status_code == 503, dense.text
+        assert dense.json()["error"] == {"type": "EmbeddingUnavailable", "message": late, "retryable": True}
+    # outside the REST API nothing is cut short: the CLI and `quarry eval` wait for the server's own answer
+    with pytest.raises(EmbeddingUnavailable, match="127.0.0.1"):
+        hung.search("docs", "anything", mode="dense")

