@@ -98,8 +98,8 @@ class SearchSettings(BaseModel):
             wait as long as the embedder's and the store's own timeouts.)
         store_retry_after_s: After the vector store reports itself unavailable, searches skip it
             for this many seconds (hybrid answers BM25-only at once, dense 503 with
-            ``Retry-After``) instead of each waiting out the outage; the first search after it
-            tries the store again. 0 turns this off.
+            ``Retry-After``) instead of each waiting out the outage; then one search tries the
+            store while the others still skip it. 0 turns this off.
     """
 
     candidates: int = Field(100, ge=1)

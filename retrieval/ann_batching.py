@@ -8,13 +8,15 @@ and pgvector all accept. Milvus Lite, top-200 over SciFact's chunks: ~3.6 ms of 
 server) per query alone vs ~1.1 ms per query in a call of 8. A lone query never waits.
 
 When the store reports itself unavailable (``StoreUnavailable``), searches fail fast for
-``retry_after_s`` instead of each waiting out the outage (a pgvector pool waits 30 s for a
-connection that cannot come); the first search after that tries the store again (a circuit
-breaker, as service meshes put in front of a failing upstream).
+``retry_after_s`` instead of each waiting out the outage (a pgvector pool waits for a connection
+that cannot come, pymilvus retries for seconds); then one search tries the store while the others
+still fail fast, and its outcome closes or reopens the skip (a circuit breaker, as service meshes
+put in front of a failing upstream: open, then half-open with one trial call).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -38,6 +40,45 @@ class _Key:
     with_payload: bool
 
 
+class OutageBreaker:
+    """Skips a store for ``retry_after_s`` after it raised ``StoreUnavailable``, then lets one call try it.
+
+    Args:
+        retry_after_s: Seconds to skip the store after an outage (0: never skip).
+    """
+
+    def __init__(self, retry_after_s: float) -> None:
+        self._retry_after_s = retry_after_s
+        self._lock = threading.Lock()
+        self._outage: tuple[float, StoreUnavailable] | None = None  # (skip until, monotonic s; cause)
+        self._trial = False  # one call is trying the store after the skip
+
+    def check(self) -> StoreUnavailable | None:
+        """The error to fail a call with at once, or ``None`` to call the store (maybe as the trial).
+
+        A call that gets ``None`` must :meth:`record` its outcome.
+        """
+        with self._lock:
+            if self._outage is None:
+                return None
+            until, cause = self._outage
+            left = until - time.monotonic()
+            if left <= 0 and not self._trial:
+                self._trial = True
+                return None
+            wait = f"retried in {left:.1f} s" if left > 0 else "a retry is in flight"
+            return StoreUnavailable(f"{cause.message} ({wait})", retry_after_s=max(left, 1.0))
+
+    def record(self, error: BaseException | None) -> None:
+        """A store call's outcome: ``StoreUnavailable`` opens the skip, anything else closes it."""
+        with self._lock:
+            self._trial = False
+            if isinstance(error, StoreUnavailable) and self._retry_after_s > 0:
+                self._outage = (time.monotonic() + self._retry_after_s, error)
+            else:
+                self._outage = None
+
+
 class BatchingSearch:
     """Wraps :meth:`VectorStore.search` for one-query calls made from many threads.
 
@@ -54,8 +95,7 @@ class BatchingSearch:
     ) -> None:
         self.store = store
         self._workers = workers
-        self._retry_after_s = retry_after_s
-        self._outage: tuple[float, StoreUnavailable] | None = None  # (skip until, monotonic s; cause)
+        self._breaker = OutageBreaker(retry_after_s)
         self._batcher: MicroBatcher[tuple[_Key, FloatMatrix], list[ScoredId]] = MicroBatcher(
             self._search_batch, max_batch=max_batch, name="quarry-ann-batcher"
         )
@@ -84,12 +124,10 @@ class BatchingSearch:
         """
         if query.ndim != 2 or query.shape[0] != 1:
             raise ValueError(f"BatchingSearch takes one (1, dim) query, got shape {query.shape}")
-        outage = self._outage
-        if outage is not None and (left := outage[0] - time.monotonic()) > 0:
+        skipped = self._breaker.check()
+        if skipped is not None:
             failed: Future[list[ScoredId]] = Future()
-            failed.set_exception(
-                StoreUnavailable(f"{outage[1].message} (not retried for {left:.1f} s)", retry_after_s=left)
-            )
+            failed.set_exception(skipped)
             return failed
         if not self._batcher.started:
             self._batcher.start(self._workers)
@@ -118,14 +156,9 @@ class BatchingSearch:
                 found: list[list[ScoredId]] | BaseException = self.store.search(
                     key.name, queries, key.top_k, key.flt, with_payload=key.with_payload
                 )
-            except StoreUnavailable as exc:
-                found = exc
-                if self._retry_after_s > 0:
-                    self._outage = (time.monotonic() + self._retry_after_s, exc)
             except Exception as exc:  # noqa: BLE001 - raised to each caller of this call
                 found = exc
-            else:
-                self._outage = None
+            self._breaker.record(found if isinstance(found, BaseException) else None)
             for j, i in enumerate(members):
                 results[i] = found if isinstance(found, BaseException) else found[j]
         return results

@@ -96,6 +96,10 @@ SERVER_KINDS: frozenset[IndexKind] = frozenset({"FLAT", "HNSW", "IVF_FLAT", "IVF
 _BATCH = 1000
 _MAX_TOP_K = 16384
 _POLL_S = 0.2
+# How long pymilvus retries a failing describe, or a search whose fast-path call failed in
+# transport, before the failure is a StoreUnavailable. An int: pymilvus bounds retries by time only
+# for int timeouts; without one it retries 75 times (210 s against a stopped server, measured).
+_RETRY_S = 3
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 
 
@@ -332,12 +336,14 @@ class MilvusStore:
         level = self._level(info.name)
         for start in range(0, matrix.shape[0], _BATCH):
             data = matrix[start : start + _BATCH].tolist()
+            retry_s = None
             if not with_payload and self._fast_ids:
                 with wrapped("search", name):
                     rows = milvus_fastpath.search_ids(self._client, info.name, data, top_k, expr, params, level)
                 if rows is not None:
                     hits.extend(hits_from_arrays(ids, scores, info.metric) for ids, scores in rows)
                     continue
+                retry_s = _RETRY_S
             with wrapped("search", name):
                 raw = self._client.search(
                     info.name,
@@ -347,6 +353,7 @@ class MilvusStore:
                     filter=expr,
                     output_fields=["payload"] if with_payload else [],
                     search_params=params,
+                    timeout=retry_s,
                 )
             hits.extend(to_hits(raw, info.metric, with_payload=with_payload))
         self._settled(info.name, level)
@@ -461,7 +468,7 @@ class MilvusStore:
         if physical == META_COLLECTION:
             raise CollectionNotFound(name)
         with wrapped("describe_collection", name):
-            info = info_from(self._client.describe_collection(physical))
+            info = info_from(self._client.describe_collection(physical, timeout=_RETRY_S))
         with self._lock:
             self._infos[info.name] = info
         return info

@@ -219,7 +219,7 @@ def wrapped(op: str, name: str | None = None) -> Iterator[None]:
         if missing and name is not None:
             raise CollectionNotFound(name) from exc
         gone = (MilvusUnavailableException, ConnectError, ConnectionNotExistException)
-        if isinstance(exc, gone) or exc.code == ErrorCode.RATE_LIMIT:
+        if isinstance(exc, gone) or exc.code == ErrorCode.RATE_LIMIT or _is_unavailable(exc):
             raise StoreUnavailable(f"Milvus {op} failed: {message}") from exc
         raise StoreError(f"Milvus {op} failed: {message}") from exc
     except Exception as exc:

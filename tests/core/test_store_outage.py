@@ -8,6 +8,7 @@ dense search is a retryable 503, and both recover when the server is back.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -21,8 +22,10 @@ from fastapi.testclient import TestClient
 
 from indexing.sources import SourceDocument
 from quarry.api import create_app
+from quarry.errors import StoreUnavailable
 from quarry.service import Quarry
 from quarry.settings import Settings
+from retrieval.ann_batching import OutageBreaker
 from tests.core.conftest import CountingEmbedder
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "services" / "postgres.sh"
@@ -84,7 +87,7 @@ def test_hybrid_answers_from_bm25_at_once_while_pgvector_is_down_and_recovers(
             # the outage was seen, not waited out: no answer came from the 30 s deadline; after
             # the first, searches skip the store for store_retry_after_s
             assert not any("did not answer within" in r for r in reasons), reasons
-            assert all("(not retried for" in r for r in reasons[1:]), reasons
+            assert all(re.search(r"\((retried in [\d.]+ s|a retry is in flight)\)$", r) for r in reasons[1:]), reasons
             dense = client.post(url, json={**query, "mode": "dense"})
             assert dense.status_code == 503, dense.text
             assert dense.json()["error"]["type"] == "StoreUnavailable" and dense.json()["error"]["retryable"]
@@ -100,3 +103,26 @@ def test_hybrid_answers_from_bm25_at_once_while_pgvector_is_down_and_recovers(
             assert client.post(url, json={**query, "mode": "dense"}).status_code == 200
     finally:
         quarry.close()
+
+
+def test_the_breaker_skips_then_lets_one_trial_through() -> None:
+    breaker = OutageBreaker(retry_after_s=0.2)
+    assert breaker.check() is None
+    breaker.record(None)
+    breaker.record(StoreUnavailable("PostgreSQL unavailable: refused"))
+    skipped = breaker.check()
+    assert skipped is not None and skipped.message.startswith("PostgreSQL unavailable: refused (retried in 0.")
+    assert skipped.retry_after_s == 1.0  # Retry-After is whole seconds; never 0
+    time.sleep(0.25)
+    assert breaker.check() is None  # the trial
+    during = breaker.check()
+    assert during is not None and during.message.endswith("(a retry is in flight)")
+    breaker.record(StoreUnavailable("still down"))  # the trial failed: skip again
+    assert breaker.check() is not None
+    time.sleep(0.25)
+    assert breaker.check() is None
+    breaker.record(None)  # the trial answered
+    assert breaker.check() is None and breaker.check() is None
+    off = OutageBreaker(retry_after_s=0)
+    off.record(StoreUnavailable("down"))
+    assert off.check() is None
