@@ -69,6 +69,12 @@ class OutageBreaker:
             wait = f"retried in {left:.1f} s" if left > 0 else "a retry is in flight"
             return StoreUnavailable(f"{cause.message} ({wait})", retry_after_s=max(left, 1.0))
 
+    @property
+    def outage(self) -> StoreUnavailable | None:
+        """The error that opened the skip while it lasts (trial included), else ``None``."""
+        with self._lock:
+            return None if self._outage is None else self._outage[1]
+
     def record(self, error: BaseException | None) -> None:
         """A store call's outcome: ``StoreUnavailable`` opens the skip, anything else closes it."""
         with self._lock:
@@ -132,6 +138,11 @@ class BatchingSearch:
         if not self._batcher.started:
             self._batcher.start(self._workers)
         return self._batcher.submit((_Key(name, top_k, flt, with_payload), query))
+
+    @property
+    def outage(self) -> StoreUnavailable | None:
+        """The ``StoreUnavailable`` for which searches skip the store now, if any."""
+        return self._breaker.outage
 
     def search(
         self, name: str, query: FloatMatrix, top_k: int, flt: Filter | None = None, *, with_payload: bool = True

@@ -53,6 +53,10 @@ MODES: tuple[Mode, ...] = ("bm25", "dense", "hybrid")
 DEPTH_FACTOR = 2  # chunks fetched per channel = DEPTH_FACTOR × rank_window_size
 
 
+class _Late(Exception):
+    """Thrown into the query's steps when the future they wait on missed the dense deadline."""
+
+
 class ChannelHit(NamedTuple):
     """A chunk found by one channel: 1-based rank (after grouping), score, chunk id (a named tuple: cheap to build)."""
 
@@ -155,6 +159,11 @@ class Searcher:
         self._reranker = reranker
 
     @property
+    def store_outage(self) -> StoreUnavailable | None:
+        """The store's last ``StoreUnavailable`` while searches skip the store, else ``None``."""
+        return self._ann.outage
+
+    @property
     def window(self) -> int:
         """``rank_window_size``: hits per channel to fuse; ``offset + top_k`` may not exceed it."""
         return self._settings.candidates
@@ -238,7 +247,7 @@ class Searcher:
             waiting = asyncio.wrap_future(step)
             waiting.add_done_callback(_read_outcome)  # read even when the query stopped waiting
             done, _ = await asyncio.wait({waiting}, timeout=max(0.0, deadline - time.monotonic()))
-            step = _advance(steps, step) if done else _advance(steps, None, TimeoutError())
+            step = _advance(steps, step) if done else _advance(steps, None, _Late())
         return step
 
     def _steps(  # noqa: PLR0913 - the request's fields
@@ -273,7 +282,7 @@ class Searcher:
                 embeddings = yield pending
             except EmbeddingError as exc:
                 _skip_dense(result, exc)
-            except TimeoutError:
+            except _Late:
                 _skip_dense(result, EmbeddingUnavailable(f"no query vector within {self._late()}"))
             if embeddings is not None and self._embedder.model_id != cfg.embedding_model:
                 _skip_dense(result, ModelMismatch(cfg.name, cfg.embedding_model, self._embedder.model_id))
@@ -288,7 +297,7 @@ class Searcher:
                     )
                 except StoreUnavailable as exc:
                     _skip_dense(result, exc)
-                except TimeoutError:
+                except _Late:
                     _skip_dense(result, StoreUnavailable(f"the vector store did not answer within {self._late()}"))
                 else:
                     ended = time.perf_counter()
@@ -417,12 +426,12 @@ def _resolve(steps: Generator[Future[Any], Any, SearchResult], deadline: float |
     step = _advance(steps, None)
     while isinstance(step, Future):
         done, _ = wait([step], timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-        step = _advance(steps, step) if done else _advance(steps, None, TimeoutError())
+        step = _advance(steps, step) if done else _advance(steps, None, _Late())
     return step
 
 
 def _advance(
-    steps: Generator[Future[Any], Any, SearchResult], done: Future[Any] | None, late: TimeoutError | None = None
+    steps: Generator[Future[Any], Any, SearchResult], done: Future[Any] | None, late: _Late | None = None
 ) -> Future[Any] | SearchResult:
     """Start the steps, or hand them a finished future's outcome or a missed deadline.
 

@@ -96,8 +96,8 @@ SERVER_KINDS: frozenset[IndexKind] = frozenset({"FLAT", "HNSW", "IVF_FLAT", "IVF
 _BATCH = 1000
 _MAX_TOP_K = 16384
 _POLL_S = 0.2
-# How long pymilvus retries a failing describe, or a search whose fast-path call failed in
-# transport, before the failure is a StoreUnavailable. An int: pymilvus bounds retries by time only
+# How long pymilvus retries a failing list or describe, or a search whose fast-path call failed
+# in transport, before the failure is a StoreUnavailable. An int: pymilvus bounds retries by time only
 # for int timeouts; without one it retries 75 times (210 s against a stopped server, measured).
 _RETRY_S = 3
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
@@ -456,7 +456,7 @@ class MilvusStore:
             return fn()
 
     def _physical(self) -> set[str]:
-        names = self._call("list_collections", self._client.list_collections)
+        names = self._call("list_collections", lambda: self._client.list_collections(timeout=_RETRY_S))
         return {n for n in names if n != META_COLLECTION}
 
     def _info(self, name: str) -> CollectionInfo:

@@ -31,7 +31,7 @@ from quarry.api.models import (
     SearchOut,
     UpsertDocuments,
 )
-from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, QuarryError
+from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, QuarryError, StoreUnavailable
 from quarry.service import Quarry
 from retrieval.search import RerankOptions
 
@@ -120,17 +120,31 @@ def healthz() -> dict[str, str]:
 
 @router.get("/readyz", tags=["ops"])
 def readyz(request: Request, response: Response) -> dict[str, Any]:
-    """Readiness: the model is loaded and the store answers."""
+    """Readiness: the model is loaded and queries can be answered.
+
+    A vector store that cannot be reached leaves the server ready but ``degraded`` (200), as a
+    remote embedder that is down does: hybrid search still answers from BM25 and says so, and
+    every replica shares the store, so taking them all out of rotation would turn degraded
+    answers into none. While searches skip the store after an outage it is not asked again here.
+    Any other store error is 503.
+    """
     if not request.app.state.ready:
         response.status_code = 503
         return {"status": "starting"}
     service: Quarry = request.app.state.quarry
+    ready = {"status": "ready", "embedding_model": service.embedder.model_id}
     try:
-        service.store.list_collections()
+        outage = service.searcher.store_outage
+        if outage is None:
+            service.store.list_collections()
+    except StoreUnavailable as exc:
+        outage = exc
     except QuarryError as exc:
         response.status_code = 503
-        return {"status": "store unavailable", "message": exc.message}
-    return {"status": "ready", "embedding_model": service.embedder.model_id}
+        return {"status": "store error", "message": exc.message}
+    if outage is not None:
+        return {**ready, "status": "degraded", "degraded": [f"vector store unavailable, BM25 only: {outage.message}"]}
+    return ready
 
 
 @router.get("/metrics", tags=["ops"], include_in_schema=False)

@@ -75,6 +75,8 @@ def test_hybrid_answers_from_bm25_at_once_while_pgvector_is_down_and_recovers(
             assert up["degraded"] == [] and {"bm25", "dense"} <= set(up["hits"][0]["explain"])
 
             postgres.run("stop")
+            first = client.get("/readyz").json()  # asks the store itself (no search saw the outage yet)
+            assert first["status"] == "degraded" and "PostgreSQL" in first["degraded"][0], first
             reasons = []
             for _ in range(3):
                 r = client.post(url, json=query)
@@ -92,6 +94,9 @@ def test_hybrid_answers_from_bm25_at_once_while_pgvector_is_down_and_recovers(
             assert dense.status_code == 503, dense.text
             assert dense.json()["error"]["type"] == "StoreUnavailable" and dense.json()["error"]["retryable"]
             assert dense.headers["retry-after"] in {"1", "2"}
+            ready = client.get("/readyz")  # still serving (BM25), so still ready: degraded, and why
+            assert ready.status_code == 200 and ready.json()["status"] == "degraded", ready.text
+            assert ready.json()["degraded"][0].startswith("vector store unavailable, BM25 only: PostgreSQL")
 
             postgres.run("start")
             for _ in range(200):  # the breaker's 2 s, then the pool reconnects
@@ -101,6 +106,7 @@ def test_hybrid_answers_from_bm25_at_once_while_pgvector_is_down_and_recovers(
                 time.sleep(0.1)
             assert body["degraded"] == [] and {"bm25", "dense"} <= set(body["hits"][0]["explain"])
             assert client.post(url, json={**query, "mode": "dense"}).status_code == 200
+            assert client.get("/readyz").json()["status"] == "ready"
     finally:
         quarry.close()
 
