@@ -39,7 +39,7 @@ from eval.metrics import mean_metrics, per_query_metrics
 from eval.reference import load_references
 from eval.report import write_report
 from eval.summary import ModeResult, Summary
-from quarry.errors import InvalidRequest
+from quarry.errors import EvaluationError, InvalidRequest
 
 if TYPE_CHECKING:
     from quarry.service import Quarry
@@ -50,10 +50,18 @@ SearchFn = Callable[[str, str, int], Sequence[tuple[str, float]]]
 
 
 def collection_search(quarry: Quarry, collection: str) -> SearchFn:
-    """The :data:`SearchFn` over one collection of a service: each hit's document id and score."""
+    """The :data:`SearchFn` over one collection of a service: each hit's document id and score.
+
+    Raises (from the returned callable):
+        EvaluationError: A hybrid query was answered from BM25 alone (the embedder or the vector
+            store failed, or the collection holds another model's vectors): the figures would be
+            BM25's under the hybrid name.
+    """
 
     def search(text: str, mode: str, top_k: int) -> list[tuple[str, float]]:
         result = quarry.search(collection, text, top_k=top_k, mode=cast("Mode", mode))  # Quarry checks it
+        if result.degraded:
+            raise EvaluationError(f"{mode} query {text[:60]!r} was degraded ({'; '.join(result.degraded)}); stopped")
         return [(h.document_id, h.score) for h in result.hits]
 
     return search

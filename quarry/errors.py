@@ -182,3 +182,7 @@ def missing_extra(module: str, extra: str) -> ConfigError:
         f"the optional dependency {module!r} is not installed; "
         f"install it with: pip install 'quarry[{extra}]'"
     )
+
+
+class EvaluationError(QuarryError):
+    """An evaluation cannot measure what it was asked to (a query was answered in a degraded mode)."""

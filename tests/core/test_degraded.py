@@ -10,9 +10,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from embedding.triton import TritonEmbedder
+from eval.runner import collection_search
 from indexing.sources import SourceDocument
 from quarry.api import create_app
-from quarry.errors import EmbeddingUnavailable
+from quarry.errors import EmbeddingUnavailable, EvaluationError
 from quarry.service import Quarry
 from quarry.settings import Settings
 from tests.core.conftest import CountingEmbedder
@@ -58,6 +59,13 @@ def test_search_degrades_to_bm25_or_returns_503(down: Quarry, scifact_docs: list
         assert dense.status_code == 503 and dense.json()["error"]["type"] == "EmbeddingUnavailable"
         assert dense.json()["error"]["retryable"] is True
         assert client.get("/readyz").status_code == 200  # the store is fine; readiness is about the store
+
+
+def test_evaluation_stops_rather_than_score_bm25_as_hybrid(down: Quarry) -> None:
+    search = collection_search(down, "docs")
+    assert search("vitamin d", "bm25", 10)  # BM25 alone is what was asked: fine
+    with pytest.raises(EvaluationError, match=r"hybrid query 'vitamin d' was degraded \(dense channel skipped"):
+        search("vitamin d", "hybrid", 10)
 
 
 def test_submit_to_a_down_server_never_blocks_the_caller_and_the_future_raises(down: Quarry) -> None:
