@@ -3,9 +3,11 @@
 1. BM25 queries/s: Quarry's BM25 (bm25s snapshot, top-10 with filters compiled away) against
    rank-bm25's BM25Okapi on the same tokens, over the SciFact corpus and test queries.
 2. REST search API (hybrid, no rerank): a real ``quarry serve`` process on loopback, driven
-   with 1 client and with 32 concurrent connections: p50/p99 latency, requests/s, errors. The
-   load comes from ``wrk`` (Debian package ``wrk``: a C event loop that needs ~1% of a core, so
-   the server keeps the machine's 2 cores) when it is installed, else from httpx in this process
+   with 1 client and with 32 concurrent connections: p50/p99 latency, requests/s, errors
+   (transport errors, non-2xx answers, and 200s whose ``degraded`` is not empty: a query answered
+   from BM25 alone is cheaper and must not pass for a hybrid one). The load comes from ``wrk``
+   (Debian package ``wrk``: a C event loop that needs ~1% of a core, so the server keeps the
+   machine's 2 cores) when it is installed, else from httpx in this process
    (``--load httpx``; it competes with the server for the CPUs and lowers its figures).
    Each request sends the next SciFact test query (300, cycled) with ``top_k`` 10.
 
@@ -116,6 +118,8 @@ async def _client(http: httpx.AsyncClient, url: str, queries: list[str], until: 
             r = await http.post(url, json=body)
             if r.status_code != 200:
                 errors.append(str(r.status_code))
+            elif r.json()["degraded"]:  # answered, but not as asked: BM25 alone is cheaper
+                errors.append("degraded")
         except httpx.HTTPError as exc:
             errors.append(type(exc).__name__)
         latencies.append((time.perf_counter() - started) * 1000)
@@ -148,6 +152,17 @@ request = function()
   counter = counter + 1
   return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, queries[(counter %% #queries) + 1])
 end
+local threads = {}
+setup = function(thread) table.insert(threads, thread) end
+degraded = 0
+response = function(status, headers, body)  -- a 200 whose dense channel was skipped is no success
+  if status == 200 and not string.find(body, '"degraded":[]', 1, true) then degraded = degraded + 1 end
+end
+done = function(summary, latency, requests)
+  local n = 0
+  for _, thread in ipairs(threads) do n = n + thread:get("degraded") end
+  io.write(string.format("Degraded responses: %%d\\n", n))
+end
 """
 
 
@@ -163,8 +178,10 @@ def load_wrk(url: str, queries: list[str], clients: int, seconds: float) -> dict
     total = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
     errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    degraded = int(re.search(r"Degraded responses: (\d+)", out).group(1))  # type: ignore[union-attr]
     return {
-        "clients": clients, "requests": total, "errors": errors + (int(non2xx.group(1)) if non2xx else 0),
+        "clients": clients, "requests": total,
+        "errors": errors + (int(non2xx.group(1)) if non2xx else 0) + degraded,
         "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
         "p50_ms": _wrk_ms(re.search(r"50%\s+([\d.]+\w+)", out)),
         "p99_ms": _wrk_ms(re.search(r"99%\s+([\d.]+\w+)", out)),
