@@ -96,10 +96,10 @@ class SearchSettings(BaseModel):
             ANN hits), in seconds. Past it a hybrid query answers BM25-only and says so in
             ``degraded``; a dense query is a retryable 503. (CLI searches and ``quarry eval``
             wait as long as the embedder's and the store's own timeouts.)
-        store_retry_after_s: After the vector store reports itself unavailable, searches skip it
-            for this many seconds (hybrid answers BM25-only at once, dense 503 with
-            ``Retry-After``) instead of each waiting out the outage; then one search tries the
-            store while the others still skip it. 0 turns this off.
+        retry_after_s: After the vector store or the embedding model's server reports itself
+            unavailable, searches skip it for this many seconds (hybrid answers BM25-only at
+            once, dense 503 with ``Retry-After``) instead of each waiting out the outage; then
+            one search tries it while the others still skip it. 0 turns this off.
     """
 
     candidates: int = Field(100, ge=1)
@@ -109,7 +109,7 @@ class SearchSettings(BaseModel):
     ann_max_batch: int = Field(16, ge=1)
     max_query_chars: int = Field(8192, ge=1)
     dense_timeout_s: float = Field(5.0, gt=0)
-    store_retry_after_s: float = Field(2.0, ge=0)
+    retry_after_s: float = Field(2.0, ge=0)
 
 
 class IngestSettings(BaseModel):

@@ -8,22 +8,18 @@ and pgvector all accept. Milvus Lite, top-200 over SciFact's chunks: ~3.6 ms of 
 server) per query alone vs ~1.1 ms per query in a call of 8. A lone query never waits.
 
 When the store reports itself unavailable (``StoreUnavailable``), searches fail fast for
-``retry_after_s`` instead of each waiting out the outage (a pgvector pool waits for a connection
-that cannot come, pymilvus retries for seconds); then one search tries the store while the others
-still fail fast, and its outcome closes or reopens the skip (a circuit breaker, as service meshes
-put in front of a failing upstream: open, then half-open with one trial call).
+``retry_after_s``, then one tries it (:class:`~quarry.breaker.OutageBreaker`).
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from quarry.breaker import OutageBreaker
 from quarry.errors import StoreUnavailable
 from quarry.microbatch import MicroBatcher
 from stores.base import FloatMatrix, ScoredId, VectorStore
@@ -38,51 +34,6 @@ class _Key:
     top_k: int
     flt: Filter | None
     with_payload: bool
-
-
-class OutageBreaker:
-    """Skips a store for ``retry_after_s`` after it raised ``StoreUnavailable``, then lets one call try it.
-
-    Args:
-        retry_after_s: Seconds to skip the store after an outage (0: never skip).
-    """
-
-    def __init__(self, retry_after_s: float) -> None:
-        self._retry_after_s = retry_after_s
-        self._lock = threading.Lock()
-        self._outage: tuple[float, StoreUnavailable] | None = None  # (skip until, monotonic s; cause)
-        self._trial = False  # one call is trying the store after the skip
-
-    def check(self) -> StoreUnavailable | None:
-        """The error to fail a call with at once, or ``None`` to call the store (maybe as the trial).
-
-        A call that gets ``None`` must :meth:`record` its outcome.
-        """
-        with self._lock:
-            if self._outage is None:
-                return None
-            until, cause = self._outage
-            left = until - time.monotonic()
-            if left <= 0 and not self._trial:
-                self._trial = True
-                return None
-            wait = f"retried in {left:.1f} s" if left > 0 else "a retry is in flight"
-            return StoreUnavailable(f"{cause.message} ({wait})", retry_after_s=max(left, 1.0))
-
-    @property
-    def outage(self) -> StoreUnavailable | None:
-        """The error that opened the skip while it lasts (trial included), else ``None``."""
-        with self._lock:
-            return None if self._outage is None else self._outage[1]
-
-    def record(self, error: BaseException | None) -> None:
-        """A store call's outcome: ``StoreUnavailable`` opens the skip, anything else closes it."""
-        with self._lock:
-            self._trial = False
-            if isinstance(error, StoreUnavailable) and self._retry_after_s > 0:
-                self._outage = (time.monotonic() + self._retry_after_s, error)
-            else:
-                self._outage = None
 
 
 class BatchingSearch:
@@ -101,7 +52,7 @@ class BatchingSearch:
     ) -> None:
         self.store = store
         self._workers = workers
-        self._breaker = OutageBreaker(retry_after_s)
+        self._breaker = OutageBreaker(StoreUnavailable, retry_after_s)
         self._batcher: MicroBatcher[tuple[_Key, FloatMatrix], list[ScoredId]] = MicroBatcher(
             self._search_batch, max_batch=max_batch, name="quarry-ann-batcher"
         )

@@ -6,8 +6,9 @@ by document and keeps ``rank_window_size`` hits (as Elasticsearch's RRF retrieve
 the top-``(offset + top_k)`` list. Hits are grouped by document by default (a document's best
 chunk stands for it), since relevance is judged per document. In hybrid mode a failing embedder
 or vector store (or, on the REST path, one slower than ``dense_timeout_s``) degrades the query to
-BM25 only, and the response says so; in dense mode the error propagates (503). The query is
-queued for the embedding model first and BM25 scores while the model runs.
+BM25 only, and the response says so; in dense mode the error propagates (503). After an outage
+of either, queries skip it for ``retry_after_s`` (:class:`~quarry.breaker.OutageBreaker`). The
+query is queued for the embedding model first and BM25 scores while the model runs.
 
 The query is written once, as steps that yield two futures (the query's vector from the batching
 embedder, its ANN hits from :class:`~retrieval.ann_batching.BatchingSearch`): :meth:`Searcher.search`
@@ -31,6 +32,7 @@ from indexing.chunking import document_id_of
 from indexing.collections import CollectionConfig
 from indexing.docstore import DocStore
 from indexing.sources import check_unicode
+from quarry.breaker import OutageBreaker
 from quarry.errors import (
     EmbeddingError,
     EmbeddingUnavailable,
@@ -149,9 +151,8 @@ class Searcher:
         settings: SearchSettings,
         reranker: Reranker | None = None,
     ) -> None:
-        self._ann = BatchingSearch(
-            store, max_batch=settings.ann_max_batch, retry_after_s=settings.store_retry_after_s
-        )
+        self._ann = BatchingSearch(store, max_batch=settings.ann_max_batch, retry_after_s=settings.retry_after_s)
+        self._embed_breaker = OutageBreaker(EmbeddingUnavailable, settings.retry_after_s)
         self._docstore = docstore
         self._embedder = embedder
         self._bm25 = bm25
@@ -272,7 +273,7 @@ class Searcher:
         channels: dict[str, _Channel] = {}
         started = time.perf_counter()
         # The model runs while BM25 scores; submit never blocks (errors come through the future).
-        pending = self._embedder.submit([query]) if mode != "bm25" else None
+        pending = self._submit_query(query) if mode != "bm25" else None
         if mode in ("bm25", "hybrid"):
             channels["bm25"] = self._timed(result, "bm25", lambda: self._bm25_channel(cfg, query, flt, group))
         if pending is not None:
@@ -311,6 +312,17 @@ class Searcher:
         page = fused[offset : offset + top_k]
         result.hits = self._timed(result, "hydrate", lambda: self._hydrate(cfg, page))
         return result
+
+    def _submit_query(self, query: str) -> Future[Embeddings]:
+        """Queue the query for the model, unless the model's server is being skipped after an outage."""
+        skipped = self._embed_breaker.check()
+        if skipped is not None:
+            failed: Future[Embeddings] = Future()
+            failed.set_exception(skipped)
+            return failed
+        pending = self._embedder.submit([query])
+        pending.add_done_callback(lambda done: self._embed_breaker.record(_outcome(done)))
+        return pending
 
     def _late(self) -> str:
         return f"{self._settings.dense_timeout_s:g} s (QUARRY_SEARCH__DENSE_TIMEOUT_S)"
@@ -450,6 +462,11 @@ def _advance(
         return steps.throw(exc) if exc is not None else steps.send(done.result())
     except StopIteration as end:
         return cast(SearchResult, end.value)
+
+
+def _outcome(done: Future[Any]) -> BaseException | None:
+    """A finished future's exception (``None``: it succeeded, or was cancelled: the next call finds out)."""
+    return None if done.cancelled() else done.exception()
 
 
 def _read_outcome(waiting: asyncio.Future[Any]) -> None:

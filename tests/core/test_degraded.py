@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +28,7 @@ def _closed_port() -> int:
 
 @pytest.fixture()
 def down(tmp_path: Path, counting: CountingEmbedder, scifact_docs: list[SourceDocument]) -> Iterator[Quarry]:
-    settings = Settings(data_dir=tmp_path)
+    settings = Settings(data_dir=tmp_path, search={"retry_after_s": 60})
     up = Quarry(settings, embedder=counting)
     up.create_collection("docs")
     up.upsert("docs", scifact_docs[:30])
@@ -58,6 +59,12 @@ def test_search_degrades_to_bm25_or_returns_503(down: Quarry, scifact_docs: list
         dense = client.post(url, json={"query": "anything", "mode": "dense"})
         assert dense.status_code == 503 and dense.json()["error"]["type"] == "EmbeddingUnavailable"
         assert dense.json()["error"]["retryable"] is True
+        # after the outage was seen, queries skip the server for retry_after_s instead of each
+        # waiting out the client's retries
+        assert dense.headers["retry-after"] in {"59", "60"}
+        assert re.search(r"127\.0\.0\.1.*\(retried in (59|60)\.\d s\)$", dense.json()["error"]["message"])
+        again = client.post(url, json={"query": scifact_docs[4].title, "mode": "hybrid"}).json()
+        assert again["degraded"][0].endswith(" s)") and again["hits"][0]["document_id"] == scifact_docs[4].id
         assert client.get("/readyz").status_code == 200  # the store is fine; readiness is about the store
 
 

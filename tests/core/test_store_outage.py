@@ -22,10 +22,10 @@ from fastapi.testclient import TestClient
 
 from indexing.sources import SourceDocument
 from quarry.api import create_app
-from quarry.errors import StoreUnavailable
+from quarry.breaker import OutageBreaker
+from quarry.errors import CollectionNotFound, StoreUnavailable
 from quarry.service import Quarry
 from quarry.settings import Settings
-from retrieval.ann_batching import OutageBreaker
 from tests.core.conftest import CountingEmbedder
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "services" / "postgres.sh"
@@ -62,7 +62,7 @@ def test_hybrid_answers_from_bm25_at_once_while_pgvector_is_down_and_recovers(
     settings = Settings(
         data_dir=tmp_path,
         store={"url": postgres.url},
-        search={"store_retry_after_s": 2.0, "dense_timeout_s": 30},
+        search={"retry_after_s": 2.0, "dense_timeout_s": 30},
     )
     quarry = Quarry(settings, embedder=counting)
     quarry.create_collection("docs")
@@ -87,7 +87,7 @@ def test_hybrid_answers_from_bm25_at_once_while_pgvector_is_down_and_recovers(
                 reasons += body["degraded"]
             assert len(reasons) == 3 and all("dense channel skipped, BM25 only: PostgreSQL" in r for r in reasons)
             # the outage was seen, not waited out: no answer came from the 30 s deadline; after
-            # the first, searches skip the store for store_retry_after_s
+            # the first, searches skip the store for retry_after_s
             assert not any("did not answer within" in r for r in reasons), reasons
             assert all(re.search(r"\((retried in [\d.]+ s|a retry is in flight)\)$", r) for r in reasons[1:]), reasons
             dense = client.post(url, json={**query, "mode": "dense"})
@@ -112,7 +112,7 @@ def test_hybrid_answers_from_bm25_at_once_while_pgvector_is_down_and_recovers(
 
 
 def test_the_breaker_skips_then_lets_one_trial_through() -> None:
-    breaker = OutageBreaker(retry_after_s=0.2)
+    breaker = OutageBreaker(StoreUnavailable, retry_after_s=0.2)
     assert breaker.check() is None
     breaker.record(None)
     breaker.record(StoreUnavailable("PostgreSQL unavailable: refused"))
@@ -129,6 +129,11 @@ def test_the_breaker_skips_then_lets_one_trial_through() -> None:
     assert breaker.check() is None
     breaker.record(None)  # the trial answered
     assert breaker.check() is None and breaker.check() is None
-    off = OutageBreaker(retry_after_s=0)
+    breaker.record(StoreUnavailable("down again"))
+    time.sleep(0.25)
+    assert breaker.check() is None
+    breaker.record(CollectionNotFound("docs"))  # another error: the store answered
+    assert breaker.outage is None and breaker.check() is None
+    off = OutageBreaker(StoreUnavailable, retry_after_s=0)
     off.record(StoreUnavailable("down"))
     assert off.check() is None
