@@ -93,13 +93,16 @@ class SearchSettings(BaseModel):
             query took 65 ms there, a 5 MB one stalled every request for 6 s), while the model
             reads only its first ``max_seq_length`` tokens (256, ~1,000 characters of English).
         dense_timeout_s: Longest a REST query waits for its dense channel (query vector plus
-            ANN hits), in seconds. Past it a hybrid query answers BM25-only and says so in
-            ``degraded``; a dense query is a retryable 503. (CLI searches and ``quarry eval``
-            wait as long as the embedder's and the store's own timeouts.)
+            ANN hits), in seconds (at most 3600). Past it a hybrid query answers BM25-only and
+            says so in ``degraded``; a dense query is a retryable 503; and the late dependency is
+            skipped for ``retry_after_s`` as if it had reported an outage (a hung server, or one
+            too overloaded to answer in time, sheds load instead of holding every request). CLI
+            searches and ``quarry eval`` wait as long as the embedder's and the store's own
+            timeouts.
         retry_after_s: After the vector store or the embedding model's server reports itself
             unavailable, searches skip it for this many seconds (hybrid answers BM25-only at
             once, dense 503 with ``Retry-After``) instead of each waiting out the outage; then
-            one search tries it while the others still skip it. 0 turns this off.
+            one search tries it while the others still skip it. 0 turns this off; at most 3600.
     """
 
     candidates: int = Field(100, ge=1)
@@ -108,8 +111,8 @@ class SearchSettings(BaseModel):
     dense_weight: float = Field(1.0, ge=0)
     ann_max_batch: int = Field(16, ge=1)
     max_query_chars: int = Field(8192, ge=1)
-    dense_timeout_s: float = Field(5.0, gt=0)
-    retry_after_s: float = Field(2.0, ge=0)
+    dense_timeout_s: float = Field(5.0, gt=0, le=3600, allow_inf_nan=False)
+    retry_after_s: float = Field(2.0, ge=0, le=3600, allow_inf_nan=False)
 
 
 class IngestSettings(BaseModel):

@@ -45,6 +45,10 @@ class BatchingSearch:
         workers: Store calls that may run at once.
         retry_after_s: Seconds searches skip the store after it raised ``StoreUnavailable``
             (0: never skip).
+
+    Attributes:
+        breaker: The store's :class:`~quarry.breaker.OutageBreaker` (callers that time out record
+            it there too).
     """
 
     def __init__(
@@ -52,7 +56,7 @@ class BatchingSearch:
     ) -> None:
         self.store = store
         self._workers = workers
-        self._breaker = OutageBreaker(StoreUnavailable, retry_after_s)
+        self.breaker = OutageBreaker(StoreUnavailable, retry_after_s)
         self._batcher: MicroBatcher[tuple[_Key, FloatMatrix], list[ScoredId]] = MicroBatcher(
             self._search_batch, max_batch=max_batch, name="quarry-ann-batcher"
         )
@@ -81,7 +85,7 @@ class BatchingSearch:
         """
         if query.ndim != 2 or query.shape[0] != 1:
             raise ValueError(f"BatchingSearch takes one (1, dim) query, got shape {query.shape}")
-        skipped = self._breaker.check()
+        skipped = self.breaker.check()
         if skipped is not None:
             failed: Future[list[ScoredId]] = Future()
             failed.set_exception(skipped)
@@ -89,11 +93,6 @@ class BatchingSearch:
         if not self._batcher.started:
             self._batcher.start(self._workers)
         return self._batcher.submit((_Key(name, top_k, flt, with_payload), query))
-
-    @property
-    def outage(self) -> StoreUnavailable | None:
-        """The ``StoreUnavailable`` for which searches skip the store now, if any."""
-        return self._breaker.outage
 
     def search(
         self, name: str, query: FloatMatrix, top_k: int, flt: Filter | None = None, *, with_payload: bool = True
@@ -120,7 +119,7 @@ class BatchingSearch:
                 )
             except Exception as exc:  # noqa: BLE001 - raised to each caller of this call
                 found = exc
-            self._breaker.record(found if isinstance(found, BaseException) else None)
+            self.breaker.record(found if isinstance(found, BaseException) else None)
             for j, i in enumerate(members):
                 results[i] = found if isinstance(found, BaseException) else found[j]
         return results

@@ -19,6 +19,7 @@ on the REST API's event loop.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Generator, Sequence
 from concurrent.futures import Future, wait
@@ -162,7 +163,7 @@ class Searcher:
     @property
     def store_outage(self) -> StoreUnavailable | None:
         """The store's last ``StoreUnavailable`` while searches skip the store, else ``None``."""
-        return self._ann.outage
+        return self._ann.breaker.outage
 
     @property
     def window(self) -> int:
@@ -284,7 +285,9 @@ class Searcher:
             except EmbeddingError as exc:
                 _skip_dense(result, exc)
             except _Late:
-                _skip_dense(result, EmbeddingUnavailable(f"no query vector within {self._late()}"))
+                no_vector = EmbeddingUnavailable(f"no query vector within {self._late()}")
+                self._embed_breaker.record(no_vector)  # a hung model server is skipped like a down one
+                _skip_dense(result, no_vector)
             if embeddings is not None and self._embedder.model_id != cfg.embedding_model:
                 _skip_dense(result, ModelMismatch(cfg.name, cfg.embedding_model, self._embedder.model_id))
                 embeddings = None
@@ -299,7 +302,9 @@ class Searcher:
                 except StoreUnavailable as exc:
                     _skip_dense(result, exc)
                 except _Late:
-                    _skip_dense(result, StoreUnavailable(f"the vector store did not answer within {self._late()}"))
+                    no_hits = StoreUnavailable(f"the vector store did not answer within {self._late()}")
+                    self._ann.breaker.record(no_hits)  # a hung store is skipped like a down one
+                    _skip_dense(result, no_hits)
                 else:
                     ended = time.perf_counter()
                     result.timings_ms["ann"] = (ended - ann_started) * 1000
@@ -437,7 +442,8 @@ def _resolve(steps: Generator[Future[Any], Any, SearchResult], deadline: float |
     """Run :meth:`Searcher._steps` in this thread, blocking on each future until ``deadline`` (monotonic s)."""
     step = _advance(steps, None)
     while isinstance(step, Future):
-        done, _ = wait([step], timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        left = None if deadline is None else min(max(0.0, deadline - time.monotonic()), threading.TIMEOUT_MAX)
+        done, _ = wait([step], timeout=left)
         step = _advance(steps, step) if done else _advance(steps, None, _Late())
     return step
 

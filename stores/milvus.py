@@ -77,6 +77,9 @@ from stores.milvus_mapping import (
     BUILT_INDEX,
     EXACT_INDEX,
     METRICS,
+    READ_S,
+    RETRY_S,
+    WRITE_S,
     CollectionInfo,
     hits_from_arrays,
     index_params,
@@ -96,10 +99,6 @@ SERVER_KINDS: frozenset[IndexKind] = frozenset({"FLAT", "HNSW", "IVF_FLAT", "IVF
 _BATCH = 1000
 _MAX_TOP_K = 16384
 _POLL_S = 0.2
-# How long pymilvus retries a failing list or describe, or a search whose fast-path call failed
-# in transport, before the failure is a StoreUnavailable. An int: pymilvus bounds retries by time only
-# for int timeouts; without one it retries 75 times (210 s against a stopped server, measured).
-_RETRY_S = 3
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
 
 
@@ -172,7 +171,7 @@ class MilvusStore:
                 max_dim=32768,
                 notes="Milvus Lite 2.5.1 builds only FLAT and IVF_FLAT (no HNSW, IVF_PQ, DiskANN)",
             )
-        version = self._call("get_server_version", lambda: str(self._client.get_server_version()))
+        version = self._call("get_server_version", lambda: str(self._client.get_server_version(timeout=RETRY_S)))
         return StoreCapabilities(
             engine="milvus",
             version=version,
@@ -196,7 +195,9 @@ class MilvusStore:
         schema = new_schema(dim, metric)
         index = index_params(self._client, EXACT_INDEX, "FLAT", metric)
         with wrapped("create_collection"):
-            self._client.create_collection(name, schema=schema, index_params=index, consistency_level="Strong")
+            self._client.create_collection(
+                name, schema=schema, index_params=index, consistency_level="Strong", timeout=WRITE_S
+            )
         with self._lock:
             self._infos[name] = CollectionInfo(name, dim, metric)
             self._specs[name] = None
@@ -211,7 +212,7 @@ class MilvusStore:
         for alias in self._aliases.of(name):
             self._aliases.remove(alias)
         with wrapped("drop_collection", name):
-            self._client.drop_collection(name)
+            self._client.drop_collection(name, timeout=WRITE_S)
         with self._lock:
             self._infos.pop(name, None)
             self._specs.pop(name, None)
@@ -243,7 +244,7 @@ class MilvusStore:
         rows = to_rows(records, info)
         for start in range(0, len(rows), _BATCH):
             with wrapped("upsert", name):
-                self._client.upsert(info.name, rows[start : start + _BATCH])
+                self._client.upsert(info.name, rows[start : start + _BATCH], timeout=WRITE_S)
 
     def delete(self, name: str, ids: Sequence[str]) -> None:
         """Delete records by id; unknown ids are ignored."""
@@ -251,7 +252,7 @@ class MilvusStore:
         keys = list(dict.fromkeys(encode_id(i) for i in ids))
         for start in range(0, len(keys), _BATCH):
             with wrapped("delete", name):
-                self._client.delete(info.name, filter=ids_expr(keys[start : start + _BATCH]))
+                self._client.delete(info.name, filter=ids_expr(keys[start : start + _BATCH]), timeout=WRITE_S)
         self._deleted(info.name)
 
     def delete_by_filter(self, name: str, flt: Filter) -> None:
@@ -263,7 +264,7 @@ class MilvusStore:
         info = self._info(name)
         expr = compile_filter(flt, lite=self._lite)
         with wrapped("delete", name):
-            self._client.delete(info.name, filter=expr)
+            self._client.delete(info.name, filter=expr, timeout=WRITE_S)
         self._deleted(info.name)
 
     def get(self, name: str, ids: Sequence[str]) -> list[VectorRecord]:
@@ -279,6 +280,7 @@ class MilvusStore:
                     consistency_level=level,
                     filter=ids_expr(keys[start : start + _BATCH]),
                     output_fields=["id", "vector", "payload"],
+                    timeout=READ_S,
                 )
             found.update((row["id"], to_record(row)) for row in rows)
         self._settled(info.name, level)
@@ -290,7 +292,9 @@ class MilvusStore:
         expr = compile_filter(flt, lite=self._lite) if flt is not None else ""
         level = self._level(info.name)
         with wrapped("count", name):
-            rows = self._client.query(info.name, filter=expr, output_fields=["count(*)"], consistency_level=level)
+            rows = self._client.query(
+                info.name, filter=expr, output_fields=["count(*)"], consistency_level=level, timeout=READ_S
+            )
         self._settled(info.name, level)
         return int(rows[0]["count(*)"])
 
@@ -336,14 +340,16 @@ class MilvusStore:
         level = self._level(info.name)
         for start in range(0, matrix.shape[0], _BATCH):
             data = matrix[start : start + _BATCH].tolist()
-            retry_s = None
+            retry_s = READ_S
             if not with_payload and self._fast_ids:
                 with wrapped("search", name):
-                    rows = milvus_fastpath.search_ids(self._client, info.name, data, top_k, expr, params, level)
+                    rows = milvus_fastpath.search_ids(
+                        self._client, info.name, data, top_k, expr, params, level, timeout_s=READ_S
+                    )
                 if rows is not None:
                     hits.extend(hits_from_arrays(ids, scores, info.metric) for ids, scores in rows)
                     continue
-                retry_s = _RETRY_S
+                retry_s = RETRY_S
             with wrapped("search", name):
                 raw = self._client.search(
                     info.name,
@@ -397,16 +403,16 @@ class MilvusStore:
         """The built index, or ``None`` when the collection only has the exact FLAT index."""
         info = self._info(name)
         with wrapped("describe_index", name):
-            if BUILT_INDEX not in self._client.list_indexes(info.name):
+            if BUILT_INDEX not in self._client.list_indexes(info.name, timeout=READ_S):
                 return None
-            raw = self._client.describe_index(info.name, BUILT_INDEX)
+            raw = self._client.describe_index(info.name, BUILT_INDEX, timeout=READ_S)
         return spec_from(raw, info.metric)
 
     def drop_index(self, name: str) -> None:
         """Drop the built index; the collection falls back to exact (FLAT) search."""
         info = self._info(name)
         with wrapped("list_indexes", name):
-            built = BUILT_INDEX in self._client.list_indexes(info.name)
+            built = BUILT_INDEX in self._client.list_indexes(info.name, timeout=READ_S)
         if built:
             self._rollback(info)
 
@@ -456,7 +462,7 @@ class MilvusStore:
             return fn()
 
     def _physical(self) -> set[str]:
-        names = self._call("list_collections", lambda: self._client.list_collections(timeout=_RETRY_S))
+        names = self._call("list_collections", lambda: self._client.list_collections(timeout=RETRY_S))
         return {n for n in names if n != META_COLLECTION}
 
     def _info(self, name: str) -> CollectionInfo:
@@ -468,7 +474,7 @@ class MilvusStore:
         if physical == META_COLLECTION:
             raise CollectionNotFound(name)
         with wrapped("describe_collection", name):
-            info = info_from(self._client.describe_collection(physical, timeout=_RETRY_S))
+            info = info_from(self._client.describe_collection(physical, timeout=RETRY_S))
         with self._lock:
             self._infos[info.name] = info
         return info
@@ -522,9 +528,9 @@ class MilvusStore:
         with self._lock:
             self._specs.pop(info.name, None)
         with wrapped("drop_index", info.name):
-            self._client.release_collection(info.name)
-            for index_name in self._client.list_indexes(info.name):
-                self._client.drop_index(info.name, index_name)
+            self._client.release_collection(info.name, timeout=WRITE_S)
+            for index_name in self._client.list_indexes(info.name, timeout=READ_S):
+                self._client.drop_index(info.name, index_name, timeout=WRITE_S)
 
     def _restore_exact(self, info: CollectionInfo) -> None:
         index = index_params(self._client, EXACT_INDEX, "FLAT", info.metric)
@@ -539,7 +545,7 @@ class MilvusStore:
     def _wait_built(self, info: CollectionInfo, kind: str, deadline: float) -> None:
         while True:
             with wrapped("describe_index", info.name):
-                raw = self._client.describe_index(info.name, BUILT_INDEX)
+                raw = self._client.describe_index(info.name, BUILT_INDEX, timeout=READ_S)
             state = str(raw.get("state", ""))
             if state == "Failed":
                 reason = raw.get("index_state_fail_reason", "")

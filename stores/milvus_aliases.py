@@ -16,7 +16,7 @@ from pymilvus import DataType, MilvusClient, MilvusException
 
 from quarry.errors import StoreUnavailable
 from stores.milvus_expr import decode_id, encode_id, ids_expr
-from stores.milvus_mapping import EXACT_INDEX, MAX_ID_LEN, index_params, wrapped
+from stores.milvus_mapping import EXACT_INDEX, MAX_ID_LEN, READ_S, WRITE_S, index_params, wrapped
 
 META_COLLECTION = "_quarry_meta"
 
@@ -51,7 +51,7 @@ class ServerAliases:
     def target(self, alias: str) -> str | None:
         """The collection of ``alias`` (``describe_alias``), ``None`` when unknown."""
         try:
-            desc = self._client.describe_alias(alias)
+            desc = self._client.describe_alias(alias, timeout=READ_S)
         except MilvusException:
             return None
         except Exception as exc:
@@ -62,19 +62,19 @@ class ServerAliases:
         """``create_alias``, or ``alter_alias`` (atomic swap) when it exists."""
         with wrapped("set_alias"):
             if self.target(alias) is None:
-                self._client.create_alias(collection, alias)
+                self._client.create_alias(collection, alias, timeout=WRITE_S)
             else:
-                self._client.alter_alias(collection, alias)
+                self._client.alter_alias(collection, alias, timeout=WRITE_S)
 
     def remove(self, alias: str) -> None:
         """``drop_alias``."""
         with wrapped("drop_alias"):
-            self._client.drop_alias(alias)
+            self._client.drop_alias(alias, timeout=WRITE_S)
 
     def of(self, collection: str) -> list[str]:
         """``list_aliases`` of ``collection``."""
         with wrapped("list_aliases", collection):
-            res = self._client.list_aliases(collection_name=collection)
+            res = self._client.list_aliases(collection_name=collection, timeout=READ_S)
         return list(res.get("aliases", []))
 
 
@@ -86,9 +86,9 @@ class LiteAliases:
         self._client = client
         self._lock = threading.Lock()
         with wrapped("load aliases"):
-            if not client.has_collection(META_COLLECTION):
+            if not client.has_collection(META_COLLECTION, timeout=READ_S):
                 self._create_table()
-            rows = client.query(META_COLLECTION, filter='id != ""', output_fields=["id", "target"])
+            rows = client.query(META_COLLECTION, filter='id != ""', output_fields=["id", "target"], timeout=READ_S)
         self._table = {decode_id(r["id"]): str(r["target"]) for r in rows}
 
     def _create_table(self) -> None:
@@ -97,7 +97,9 @@ class LiteAliases:
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=2)  # Milvus needs a vector field
         schema.add_field("target", DataType.VARCHAR, max_length=MAX_ID_LEN)
         index = index_params(self._client, EXACT_INDEX, "FLAT", "l2")
-        self._client.create_collection(META_COLLECTION, schema=schema, index_params=index, consistency_level="Strong")
+        self._client.create_collection(
+            META_COLLECTION, schema=schema, index_params=index, consistency_level="Strong", timeout=WRITE_S
+        )
 
     def target(self, alias: str) -> str | None:
         """The collection of ``alias`` from the in-process table."""
@@ -108,13 +110,13 @@ class LiteAliases:
         """Upsert the alias row, then update the table."""
         row = {"id": encode_id(alias), "vector": [0.0, 0.0], "target": collection}
         with self._lock, wrapped("set_alias"):
-            self._client.upsert(META_COLLECTION, [row])
+            self._client.upsert(META_COLLECTION, [row], timeout=WRITE_S)
             self._table[alias] = collection
 
     def remove(self, alias: str) -> None:
         """Delete the alias row, then update the table."""
         with self._lock, wrapped("drop_alias"):
-            self._client.delete(META_COLLECTION, filter=ids_expr([encode_id(alias)]))
+            self._client.delete(META_COLLECTION, filter=ids_expr([encode_id(alias)]), timeout=WRITE_S)
             self._table.pop(alias, None)
 
     def of(self, collection: str) -> list[str]:

@@ -39,6 +39,12 @@ METRICS: dict[str, str] = {"cosine": "COSINE", "ip": "IP", "l2": "L2"}
 EXACT_INDEX, BUILT_INDEX = "exact", "vector_idx"
 SEARCH_KEY = "quarry_search"
 MAX_ID_LEN = 512
+# Every pymilvus call names a timeout, in whole seconds: pymilvus bounds its retries by time only
+# for an int timeout (also each attempt's gRPC deadline); without one it retries a failing call 75
+# times, which took 210 s against a stopped server before the failure became a StoreUnavailable.
+RETRY_S = 3  # the query path's metadata reads (list, describe) and a search's fallback
+READ_S = 10  # queries, counts, index and alias reads
+WRITE_S = 60  # upserts, deletes, DDL
 _STATUS_KEYS = {"total_rows", "indexed_rows", "pending_index_rows", "state", "index_state_fail_reason"}
 _NAME_KEYS = {"index_type", "metric_type", "field_name", "index_name", "dim", SEARCH_KEY}
 

@@ -24,6 +24,7 @@ bound parameter (see :mod:`stores.pgvector_sql`). Start a local server with
 
 from __future__ import annotations
 
+import select
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -158,17 +159,39 @@ class PgVectorStore:
         if self._unreachable:
             self._probe()
         try:
-            with self._pool.connection() as conn:
+            with self._checked_out() as conn:
                 yield conn
         except QuarryError:
             raise
         except psycopg.errors.UndefinedTable as exc:
             raise CollectionNotFound(name or "?") from exc
         except (psycopg.OperationalError, PoolTimeout) as exc:
-            self._unreachable = True
+            if _connection_lost(exc):
+                self._unreachable = True
             raise StoreUnavailable(f"PostgreSQL unavailable: {exc}") from exc
         except (psycopg.Error, PoolClosed) as exc:
             raise StoreError(f"PostgreSQL error: {exc}") from exc
+
+    @contextmanager
+    def _checked_out(self) -> Iterator[Conn]:
+        """A pooled connection; one the server ended while it sat idle is replaced first.
+
+        A restart ends every idle connection (``FATAL: terminating connection``), and the pool
+        would hand them out one by one, each failing its query. Such a connection has something
+        to read while idle: it is then checked with a round trip, and when dead it is closed (the
+        pool drops it) and :meth:`_probe` runs: refused at once while the server is down, else
+        the pool reconnects now. A healthy idle connection costs one ``select``, not a round
+        trip (psycopg_pool's ``check_connection`` at every checkout).
+        """
+        with self._pool.connection() as conn:
+            if not _ended_while_idle(conn):
+                yield conn
+                return
+            conn.close()
+        self._unreachable = True
+        self._probe()
+        with self._pool.connection() as conn:
+            yield conn
 
     def _probe(self) -> None:
         """After a lost connection, try a fresh one before waiting on the pool.
@@ -591,6 +614,30 @@ class PgVectorStore:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+def _ended_while_idle(conn: Conn) -> bool:
+    """Whether an idle connection was ended by the server (it has something to read, and a round trip fails)."""
+    if not select.select([conn.fileno()], [], [], 0)[0]:
+        return False
+    try:
+        ConnectionPool.check_connection(conn)
+    except psycopg.Error:
+        return True
+    return False
+
+
+def _connection_lost(exc: Exception) -> bool:
+    """Whether an error means the connection or the server is gone (not a query's own failure).
+
+    SQLSTATE class 08 (connection exception), 57P01-57P03 (shutdown, crash, cannot connect now) and
+    errors without a SQLSTATE (libpq's own: refused, closed unexpectedly) are; a query cancelled
+    by ``statement_timeout`` (57014), a deadlock or a full disk is not.
+    """
+    if isinstance(exc, PoolTimeout):
+        return True
+    state = getattr(exc, "sqlstate", None)
+    return state is None or state.startswith("08") or state in {"57P01", "57P02", "57P03"}
 
 
 def _configure(conn: Conn) -> None:

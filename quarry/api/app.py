@@ -1,8 +1,10 @@
 """FastAPI application: collections, documents, search, health and metrics.
 
-Endpoints are plain ``def`` functions, so FastAPI runs them in its thread pool: model inference
-and store calls never block the event loop, and the single :class:`~quarry.service.Quarry`
-(one embedded store handle, one model) is shared safely by those threads.
+Endpoints that call the model or the store directly are plain ``def`` functions, so FastAPI runs
+them in its thread pool and they never block the event loop; the single
+:class:`~quarry.service.Quarry` (one store handle, one model) is shared safely by those threads.
+Search (without rerank) and the probes are ``async``: they await futures of the model's, the
+store's or the probe's threads and hold no worker thread.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from quarry.api.models import (
     SearchOut,
     UpsertDocuments,
 )
-from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, QuarryError, StoreUnavailable
+from quarry.api.probe import StoreProbe
+from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, QuarryError
 from quarry.service import Quarry
 from retrieval.search import RerankOptions
 
@@ -62,6 +65,7 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service = quarry if isinstance(quarry, Quarry) else await run_in_threadpool(quarry)
         app.state.quarry = service
+        app.state.store_probe = StoreProbe(service.store.list_collections)
         try:
             await run_in_threadpool(service.warm_up)
         except EmbeddingUnavailable as exc:  # serve BM25 meanwhile; dense retries per request
@@ -69,6 +73,7 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
         app.state.ready = True
         yield
         app.state.ready = False
+        app.state.store_probe.close()
         if not isinstance(quarry, Quarry):
             service.close()
 
@@ -113,32 +118,35 @@ class MetricsMiddleware:
 
 
 @router.get("/healthz", tags=["ops"])
-def healthz() -> dict[str, str]:
-    """Liveness: the process answers."""
+async def healthz() -> dict[str, str]:
+    """Liveness: the process answers.
+
+    Served on the event loop: no worker thread needed, so busy or stuck threads cannot make a
+    live server look dead.
+    """
     return {"status": "ok"}
 
 
 @router.get("/readyz", tags=["ops"])
-def readyz(request: Request, response: Response) -> dict[str, Any]:
+async def readyz(request: Request, response: Response) -> dict[str, Any]:
     """Readiness: the model is loaded and queries can be answered.
 
     A vector store that cannot be reached leaves the server ready but ``degraded`` (200), as a
     remote embedder that is down does: hybrid search still answers from BM25 and says so, and
     every replica shares the store, so taking them all out of rotation would turn degraded
-    answers into none. While searches skip the store after an outage it is not asked again here.
-    Any other store error is 503.
+    answers into none. While searches skip the store after an outage it is not asked again here;
+    otherwise the check waits at most 2 s (:class:`~quarry.api.probe.StoreProbe`). Any other
+    store error is 503.
     """
     if not request.app.state.ready:
         response.status_code = 503
         return {"status": "starting"}
     service: Quarry = request.app.state.quarry
     ready = {"status": "ready", "embedding_model": service.embedder.model_id}
+    outage = service.searcher.store_outage
     try:
-        outage = service.searcher.store_outage
         if outage is None:
-            service.store.list_collections()
-    except StoreUnavailable as exc:
-        outage = exc
+            outage = await request.app.state.store_probe()
     except QuarryError as exc:
         response.status_code = 503
         return {"status": "store error", "message": exc.message}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -45,6 +46,13 @@ class PrivatePostgres:
 
     def run(self, action: str) -> None:
         subprocess.run(["bash", str(SCRIPT), action], env=self.env, check=True, capture_output=True, timeout=120)
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the server and its backends (SIGSTOP: a hung server that still accepts TCP)."""
+        postmaster = int((self.root / "svc" / "postgres" / "data" / "postmaster.pid").read_text().split()[0])
+        children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
+        for pid in [postmaster, *map(int, children)]:
+            os.kill(pid, signum)
 
 
 @pytest.fixture()
@@ -107,6 +115,13 @@ def test_hybrid_answers_from_bm25_at_once_while_pgvector_is_down_and_recovers(
             assert body["degraded"] == [] and {"bm25", "dense"} <= set(body["hits"][0]["explain"])
             assert client.post(url, json={**query, "mode": "dense"}).status_code == 200
             assert client.get("/readyz").json()["status"] == "ready"
+
+            # a restart while idle: the pooled connections it ended are replaced at checkout, so
+            # the first query after it is not an outage
+            postgres.run("stop")
+            postgres.run("start")
+            after = client.post(url, json=query).json()
+            assert after["degraded"] == [] and {"bm25", "dense"} <= set(after["hits"][0]["explain"]), after
     finally:
         quarry.close()
 
@@ -137,3 +152,39 @@ def test_the_breaker_skips_then_lets_one_trial_through() -> None:
     off = OutageBreaker(StoreUnavailable, retry_after_s=0)
     off.record(StoreUnavailable("down"))
     assert off.check() is None
+
+
+def test_a_hung_store_is_skipped_after_one_deadline_and_readyz_answers_in_time(
+    postgres: PrivatePostgres, tmp_path: Path, counting: CountingEmbedder, scifact_docs: list[SourceDocument]
+) -> None:
+    settings = Settings(
+        data_dir=tmp_path, store={"url": postgres.url}, search={"retry_after_s": 60, "dense_timeout_s": 1}
+    )
+    quarry = Quarry(settings, embedder=counting)
+    quarry.create_collection("docs")
+    quarry.upsert("docs", scifact_docs[:30])
+    url = "/v1/collections/docs/search"
+    query = {"query": scifact_docs[4].title, "mode": "hybrid"}
+    try:
+        with TestClient(create_app(quarry), raise_server_exceptions=False) as client:
+            assert client.post(url, json=query).json()["degraded"] == []
+            postgres.signal(signal.SIGSTOP)
+            try:
+                ready = client.get("/readyz").json()  # bounded even though the store never answers
+                assert ready["status"] == "degraded", ready
+                assert ready["degraded"] == [
+                    "vector store unavailable, BM25 only: the vector store did not answer within 2 s"
+                ]
+                late = client.post(url, json=query).json()
+                assert late["degraded"] == [
+                    "dense channel skipped, BM25 only: the vector store did not answer within 1 s "
+                    "(QUARRY_SEARCH__DENSE_TIMEOUT_S)"
+                ]
+                assert late["hits"][0]["document_id"] == scifact_docs[4].id
+                skipped = client.post(url, json=query).json()["degraded"][0]  # no second 1 s wait
+                assert re.search(r"1 s \(QUARRY_SEARCH__DENSE_TIMEOUT_S\) \(retried in (59|60)\.\d s\)$", skipped)
+                assert client.get("/healthz").json() == {"status": "ok"}
+            finally:
+                postgres.signal(signal.SIGCONT)
+    finally:
+        quarry.close()

@@ -1,0 +1,58 @@
+"""The store check behind ``/readyz``: one call at a time, answered within a bound.
+
+A probe must answer quickly even when the store hangs (a paused server, a black-holed network):
+orchestrators give a probe ~1-10 s, and a handler waiting on the store would hold a worker
+thread per probe until the store's own timeouts. :class:`StoreProbe` runs the check on one
+thread of its own, lets concurrent probes share the call in flight, and awaits it on the event
+loop for at most ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from quarry.errors import StoreUnavailable
+
+
+class StoreProbe:
+    """Checks that the vector store answers.
+
+    Args:
+        check: A cheap store call (``list_collections``); raises ``StoreUnavailable`` on an outage.
+        timeout_s: Longest a probe waits for it, in seconds.
+    """
+
+    def __init__(self, check: Callable[[], object], timeout_s: float = 2.0) -> None:
+        self._check = check
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._inflight: Future[object] | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quarry-readyz")
+
+    async def __call__(self) -> StoreUnavailable | None:
+        """``None`` when the store answered; the outage when it failed so or did not answer in time.
+
+        Raises:
+            QuarryError: The store answered with another error.
+        """
+        with self._lock:
+            if self._inflight is None or self._inflight.done():
+                self._inflight = self._pool.submit(self._check)
+            inflight = self._inflight
+        waiting = asyncio.wrap_future(inflight)
+        waiting.add_done_callback(lambda done: done.cancelled() or done.exception())  # read, if late
+        finished, _ = await asyncio.wait({waiting}, timeout=self._timeout_s)
+        if not finished:
+            return StoreUnavailable(f"the vector store did not answer within {self._timeout_s:g} s")
+        try:
+            inflight.result()
+        except StoreUnavailable as exc:
+            return exc
+        return None
+
+    def close(self) -> None:
+        """Stop the probe's thread (a check in flight is left to finish on its own)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
