@@ -197,7 +197,13 @@ def upsert_documents(name: str, body: UpsertDocuments, q: Service) -> IngestOut:
 
 @router.post("/v1/collections/{name}/documents/delete", tags=["documents"])
 def delete_documents(name: str, body: DeleteDocuments, q: Service) -> IngestOut:
-    """Delete documents (all their chunks, in both channels) by id."""
+    """Delete documents (all their chunks, in both channels) by id.
+
+    The docstore commits first, so the documents leave search (BM25, and dense hits are read
+    back through the docstore) before the vector store is asked. A 503 from the vector store
+    after that commit leaves the vector deletes recorded as pending: the next write to the
+    collection retries them, and a retried delete reports ``deleted: 0``.
+    """
     return IngestOut(**_report(q.delete_documents(name, body.ids)))
 
 

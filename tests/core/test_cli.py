@@ -105,6 +105,9 @@ def test_bad_settings_and_stores_are_one_error_line_not_a_traceback(tmp_path: Pa
     bad = _quarry(["search", "x", "-c", "c"], tmp_path, QUARRY_SEARCH__CANDIDATES="abc")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "QUARRY_SEARCH__CANDIDATES" in bad.stderr and "'abc'" in bad.stderr
+    for value in ("inf", "1e10", "nan"):  # a wait past threading's TIMEOUT_MAX failed every rerank request
+        late = _quarry(["search", "x", "-c", "c"], tmp_path, QUARRY_SEARCH__DENSE_TIMEOUT_S=value)
+        assert late.returncode == 2 and "QUARRY_SEARCH__DENSE_TIMEOUT_S" in late.stderr, late.stderr
     scheme = _quarry(["collections", "list"], tmp_path, QUARRY_STORE__URL="nosuch://x")
     assert scheme.returncode == 2 and "Traceback" not in scheme.stderr
     assert "unsupported store URL scheme 'nosuch'" in scheme.stderr
