@@ -180,7 +180,7 @@ class PgVectorStore:
         would hand them out one by one, each failing its query. Such a connection has something
         to read while idle: it is then checked with a round trip, and when dead it is closed (the
         pool drops it) and :meth:`_probe` runs: refused at once while the server is down, else
-        the pool reconnects now. A healthy idle connection costs one ``select``, not a round
+        the pool reconnects now. A healthy idle connection costs one ``poll``, not a round
         trip (psycopg_pool's ``check_connection`` at every checkout).
         """
         with self._pool.connection() as conn:
@@ -617,8 +617,13 @@ class PgVectorStore:
 
 
 def _ended_while_idle(conn: Conn) -> bool:
-    """Whether an idle connection was ended by the server (it has something to read, and a round trip fails)."""
-    if not select.select([conn.fileno()], [], [], 0)[0]:
+    """Whether an idle connection was ended by the server (it has something to read, and a round trip fails).
+
+    ``poll``, not ``select``: a server process may hold more than ``FD_SETSIZE`` (1024) files.
+    """
+    readable = select.poll()
+    readable.register(conn.fileno(), select.POLLIN)
+    if not readable.poll(0):
         return False
     try:
         ConnectionPool.check_connection(conn)
