@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Generic, TypeVar
+from concurrent.futures import Future
+from typing import Any, Generic, TypeVar
 
 from quarry.errors import QuarryError
 
 E = TypeVar("E", bound=QuarryError)
+
+
+def failed(error: BaseException) -> Future[Any]:
+    """A future that already holds ``error``: what a skipped call hands its caller."""
+    future: Future[Any] = Future()
+    future.set_exception(error)
+    return future
 
 
 class OutageBreaker(Generic[E]):

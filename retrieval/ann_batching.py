@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from quarry.breaker import OutageBreaker
+from quarry.breaker import OutageBreaker, failed
 from quarry.errors import StoreUnavailable
 from quarry.microbatch import MicroBatcher
 from stores.base import FloatMatrix, ScoredId, VectorStore
@@ -87,9 +87,7 @@ class BatchingSearch:
             raise ValueError(f"BatchingSearch takes one (1, dim) query, got shape {query.shape}")
         skipped = self.breaker.check()
         if skipped is not None:
-            failed: Future[list[ScoredId]] = Future()
-            failed.set_exception(skipped)
-            return failed
+            return failed(skipped)
         if not self._batcher.started:
             self._batcher.start(self._workers)
         return self._batcher.submit((_Key(name, top_k, flt, with_payload), query))

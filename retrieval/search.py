@@ -33,7 +33,7 @@ from indexing.chunking import document_id_of
 from indexing.collections import CollectionConfig
 from indexing.docstore import DocStore
 from indexing.sources import check_unicode
-from quarry.breaker import OutageBreaker
+from quarry.breaker import OutageBreaker, failed
 from quarry.errors import (
     EmbeddingError,
     EmbeddingUnavailable,
@@ -322,9 +322,7 @@ class Searcher:
         """Queue the query for the model, unless the model's server is being skipped after an outage."""
         skipped = self._embed_breaker.check()
         if skipped is not None:
-            failed: Future[Embeddings] = Future()
-            failed.set_exception(skipped)
-            return failed
+            return failed(skipped)
         pending = self._embedder.submit([query])
         pending.add_done_callback(lambda done: self._embed_breaker.record(_outcome(done)))
         return pending

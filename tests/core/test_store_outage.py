@@ -64,22 +64,26 @@ def postgres() -> Iterator[PrivatePostgres]:
     shutil.rmtree(server.root, ignore_errors=True)
 
 
+URL = "/v1/collections/docs/search"
+
+
+def _serving(postgres: PrivatePostgres, data: Path, counting: CountingEmbedder, docs: list[SourceDocument],
+             **search: float) -> Quarry:
+    """A Quarry on the private server holding collection ``docs`` (30 SciFact documents)."""
+    quarry = Quarry(Settings(data_dir=data, store={"url": postgres.url}, search=search), embedder=counting)
+    quarry.create_collection("docs")
+    quarry.upsert("docs", docs[:30])
+    return quarry
+
+
 def test_hybrid_answers_from_bm25_at_once_while_pgvector_is_down_and_recovers(
     postgres: PrivatePostgres, tmp_path: Path, counting: CountingEmbedder, scifact_docs: list[SourceDocument]
 ) -> None:
-    settings = Settings(
-        data_dir=tmp_path,
-        store={"url": postgres.url},
-        search={"retry_after_s": 2.0, "dense_timeout_s": 30},
-    )
-    quarry = Quarry(settings, embedder=counting)
-    quarry.create_collection("docs")
-    quarry.upsert("docs", scifact_docs[:30])
-    url = "/v1/collections/docs/search"
+    quarry = _serving(postgres, tmp_path, counting, scifact_docs, retry_after_s=2.0, dense_timeout_s=30)
     query = {"query": scifact_docs[4].title, "mode": "hybrid"}
     try:
         with TestClient(create_app(quarry), raise_server_exceptions=False) as client:
-            up = client.post(url, json=query).json()
+            up = client.post(URL, json=query).json()
             assert up["degraded"] == [] and {"bm25", "dense"} <= set(up["hits"][0]["explain"])
 
             postgres.run("stop")
@@ -87,7 +91,7 @@ def test_hybrid_answers_from_bm25_at_once_while_pgvector_is_down_and_recovers(
             assert first["status"] == "degraded" and "PostgreSQL" in first["degraded"][0], first
             reasons = []
             for _ in range(3):
-                r = client.post(url, json=query)
+                r = client.post(URL, json=query)
                 assert r.status_code == 200, r.text
                 body = r.json()
                 assert body["hits"][0]["document_id"] == scifact_docs[4].id  # BM25 still finds it
@@ -98,7 +102,7 @@ def test_hybrid_answers_from_bm25_at_once_while_pgvector_is_down_and_recovers(
             # the first, searches skip the store for retry_after_s
             assert not any("did not answer within" in r for r in reasons), reasons
             assert all(re.search(r"\((retried in [\d.]+ s|a retry is in flight)\)$", r) for r in reasons[1:]), reasons
-            dense = client.post(url, json={**query, "mode": "dense"})
+            dense = client.post(URL, json={**query, "mode": "dense"})
             assert dense.status_code == 503, dense.text
             assert dense.json()["error"]["type"] == "StoreUnavailable" and dense.json()["error"]["retryable"]
             assert dense.headers["retry-after"] in {"1", "2"}
@@ -108,19 +112,19 @@ def test_hybrid_answers_from_bm25_at_once_while_pgvector_is_down_and_recovers(
 
             postgres.run("start")
             for _ in range(200):  # the breaker's 2 s, then the pool reconnects
-                body = client.post(url, json=query).json()
+                body = client.post(URL, json=query).json()
                 if not body["degraded"]:
                     break
                 time.sleep(0.1)
             assert body["degraded"] == [] and {"bm25", "dense"} <= set(body["hits"][0]["explain"])
-            assert client.post(url, json={**query, "mode": "dense"}).status_code == 200
+            assert client.post(URL, json={**query, "mode": "dense"}).status_code == 200
             assert client.get("/readyz").json()["status"] == "ready"
 
             # a restart while idle: the pooled connections it ended are replaced at checkout, so
             # the first query after it is not an outage
             postgres.run("stop")
             postgres.run("start")
-            after = client.post(url, json=query).json()
+            after = client.post(URL, json=query).json()
             assert after["degraded"] == [] and {"bm25", "dense"} <= set(after["hits"][0]["explain"]), after
     finally:
         quarry.close()
@@ -157,17 +161,11 @@ def test_the_breaker_skips_then_lets_one_trial_through() -> None:
 def test_a_hung_store_is_skipped_after_one_deadline_and_readyz_answers_in_time(
     postgres: PrivatePostgres, tmp_path: Path, counting: CountingEmbedder, scifact_docs: list[SourceDocument]
 ) -> None:
-    settings = Settings(
-        data_dir=tmp_path, store={"url": postgres.url}, search={"retry_after_s": 60, "dense_timeout_s": 1}
-    )
-    quarry = Quarry(settings, embedder=counting)
-    quarry.create_collection("docs")
-    quarry.upsert("docs", scifact_docs[:30])
-    url = "/v1/collections/docs/search"
+    quarry = _serving(postgres, tmp_path, counting, scifact_docs, retry_after_s=60, dense_timeout_s=1)
     query = {"query": scifact_docs[4].title, "mode": "hybrid"}
     try:
         with TestClient(create_app(quarry), raise_server_exceptions=False) as client:
-            assert client.post(url, json=query).json()["degraded"] == []
+            assert client.post(URL, json=query).json()["degraded"] == []
             postgres.signal(signal.SIGSTOP)
             try:
                 ready = client.get("/readyz").json()  # bounded even though the store never answers
@@ -175,13 +173,13 @@ def test_a_hung_store_is_skipped_after_one_deadline_and_readyz_answers_in_time(
                 assert ready["degraded"] == [
                     "vector store unavailable, BM25 only: the vector store did not answer within 2 s"
                 ]
-                late = client.post(url, json=query).json()
+                late = client.post(URL, json=query).json()
                 assert late["degraded"] == [
                     "dense channel skipped, BM25 only: the vector store did not answer within 1 s "
                     "(QUARRY_SEARCH__DENSE_TIMEOUT_S)"
                 ]
                 assert late["hits"][0]["document_id"] == scifact_docs[4].id
-                skipped = client.post(url, json=query).json()["degraded"][0]  # no second 1 s wait
+                skipped = client.post(URL, json=query).json()["degraded"][0]  # no second 1 s wait
                 assert re.search(r"1 s \(QUARRY_SEARCH__DENSE_TIMEOUT_S\) \(retried in (59|60)\.\d s\)$", skipped)
                 assert client.get("/healthz").json() == {"status": "ok"}
             finally:
