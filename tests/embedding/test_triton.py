@@ -135,26 +135,37 @@ def test_same_vectors_as_the_in_process_model(
     embedder.close()
 
 
+def settled_counts(url: str, at_least: float = 0.0, timeout_s: float = 10.0) -> tuple[float, float]:
+    """``(nv_inference_count, nv_inference_exec_count)`` once the count is ``>= at_least`` and
+    two reads 0.3 s apart agree: Triton records a request's statistics just after its response,
+    so a read right after a call can still miss the call's last batch."""
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        text = get(url)
+        now = metric(text, "nv_inference_count"), metric(text, "nv_inference_exec_count")
+        if (now == last and now[0] >= at_least) or time.monotonic() > deadline:
+            return now
+        last = now
+        time.sleep(0.3)
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("wire", ["grpc", "http"])
 def test_many_threads_share_one_embedder_and_get_batched(
     triton: TritonServer, wire: str, scifact_subset: list[str]
 ) -> None:
     embedder = TritonEmbedder.from_url(triton.url(wire), timeout_s=30)
+    metrics = f"http://127.0.0.1:{triton.metrics}/metrics"
     texts = [t[:200] for t in scifact_subset[:48]]
-    expected = embedder.embed(texts).vectors
-    before = get(f"http://127.0.0.1:{triton.metrics}/metrics")
+    start, _ = settled_counts(metrics)
+    expected = embedder.embed(texts).vectors  # client-side batches of MAX_BATCH
+    before = settled_counts(metrics, at_least=start + len(texts))
     with ThreadPoolExecutor(8) as pool:  # one text per request, 8 at a time: Triton batches them
         rows = list(pool.map(lambda t: embedder.embed([t]).vectors[0], texts))
     np.testing.assert_allclose(np.vstack(rows), expected, atol=1e-5)
-    deadline = time.monotonic() + 10
-    while True:  # Triton reports a request's statistics just after its response: let them land
-        after = get(f"http://127.0.0.1:{triton.metrics}/metrics")
-        requests = metric(after, "nv_inference_count") - metric(before, "nv_inference_count")
-        executions = metric(after, "nv_inference_exec_count") - metric(before, "nv_inference_exec_count")
-        if requests >= len(texts) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    after = settled_counts(metrics, at_least=before[0] + len(texts))
+    requests, executions = after[0] - before[0], after[1] - before[1]
     assert requests == len(texts) and executions < requests, (requests, executions)
     embedder.close()
 
