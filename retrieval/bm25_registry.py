@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from indexing.docstore import DocStore
@@ -18,12 +19,18 @@ from retrieval.bm25 import BM25Index
 
 
 class BM25Registry:
-    """Per-collection BM25 snapshots, rebuilt lazily when the docstore moved on."""
+    """Per-collection BM25 snapshots, rebuilt lazily when the docstore moved on.
+
+    Attributes:
+        on_swap: Called (no arguments) after a snapshot was loaded or rebuilt and swapped in,
+            in the thread that did it; the server sets :func:`quarry.heap.settle` there.
+    """
 
     def __init__(self, docstore: DocStore, folder: Path, params: BM25Settings) -> None:
         self._docstore = docstore
         self._folder = folder
         self._params = params
+        self.on_swap: Callable[[], object] | None = None
         self._live: dict[str, BM25Index] = {}
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
@@ -39,6 +46,8 @@ class BM25Registry:
             if snap is None or snap.version != version:
                 snap = self._load_or_build(collection)
                 self._live[collection] = snap
+                if self.on_swap is not None:
+                    self.on_swap()
         return snap
 
     def invalidate(self, collection: str) -> None:

@@ -24,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from indexing.sources import SourceDocument, parse_document
+from quarry import heap
 from quarry.api import errors
 from quarry.api.models import (
     CreateCollection,
@@ -70,9 +71,14 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
             await run_in_threadpool(service.warm_up)
         except EmbeddingUnavailable as exc:  # serve BM25 meanwhile; dense retries per request
             log.warning("embedding server unavailable at startup: %s", exc.message)
+        # What startup loaded, and each BM25 snapshot swapped in later, stays: out of the GC's walks.
+        heap.settle()
+        service.bm25.on_swap = heap.settle
         app.state.ready = True
         yield
         app.state.ready = False
+        service.bm25.on_swap = None
+        heap.release()
         app.state.store_probe.close()
         if not isinstance(quarry, Quarry):
             service.close()
