@@ -1,4 +1,4 @@
-"""Keep the long-lived heap out of the cyclic garbage collector's walks.
+"""Keep a server's long-lived heap out of the cyclic garbage collector's walks.
 
 CPython's cyclic GC walks every tracked container of a generation when it collects it. A
 serving process holds a large, mostly static heap (modules, FastAPI's routes and pydantic
@@ -6,18 +6,22 @@ models, the model's Python objects, BM25 snapshots with a payload dict per chunk
 garbage that survives a young collection keeps promoting objects, so full (generation-2)
 collections come often and each walks that whole heap while holding the GIL. Measured on the
 REST benchmark (SciFact, 32 clients, ONNX int8 query encoder in a child process, 2 cores): 139k
-tracked objects, one full collection 47-73 ms, 26 of them in 15 s: 1.9 s, plus 0.7 s of young
-collections, i.e. ~0.57 ms of every request's ~2.3 ms in the server process. After
-:func:`settle` the full collections took ~2 ms each (0.05 s in 15 s) and the server answered 342
-instead of 297 requests/s.
+tracked objects; one full collection took 47 ms on an idle server and 73 ms on average under
+load, where 26 of them ran in 17 s (1.9 s) beside 0.7 s of young collections: ~0.57 ms of every
+request's ~2.3 ms in the server process. With the heap settled the full collections took ~2 ms
+each and the server answered 342 instead of 297 requests/s.
 
-:func:`settle` runs a full collection over everything, frozen before or not (so cyclic garbage of
-a replaced snapshot is freed, not kept), then moves the survivors to the permanent generation
-(:func:`gc.freeze`, the Python docs' recipe for long-lived heaps; Instagram's "Dismissing Python
-Garbage Collection at Instagram" measured the same walks). Frozen objects are still freed by
-reference counting as soon as nothing refers to them. Call it once the process holds what it
-will keep (after warm-up, after a BM25 snapshot is swapped in); it costs one full collection,
-which is small beside what it follows (loading the models; rebuilding a BM25 snapshot).
+:func:`settle` runs a full collection over everything, frozen before or not, then moves the
+survivors to the permanent generation (:func:`gc.freeze`, the Python docs' recipe for long-lived
+heaps; Instagram's "Dismissing Python Garbage Collection at Instagram" measured the same walks).
+Frozen objects are still freed by reference counting as soon as nothing refers to them; a
+reference cycle that was alive (or not yet found) when one settle froze it is collected by the
+next one, which unfreezes first.
+
+A server calls :func:`retain` once it has warmed up (one settle), :func:`settle_soon` after each
+BM25 snapshot swap (at most one settle per ``SETTLE_EVERY_S``, on a timer thread: a full
+collection per write would cost a small collection's writes far more than its BM25 rebuild), and
+:func:`release` when it stops; the last release unfreezes.
 """
 
 from __future__ import annotations
@@ -26,7 +30,12 @@ import gc
 import threading
 import time
 
-_lock = threading.Lock()
+SETTLE_EVERY_S = 2.0  # at most one settle per this many seconds after snapshot swaps
+
+_lock = threading.Lock()  # serialises settles (each walks the whole heap); taken before _state
+_state = threading.Lock()  # guards _holders and _timer
+_holders = 0
+_timer: threading.Timer | None = None
 
 
 def settle() -> float:
@@ -35,15 +44,63 @@ def settle() -> float:
     Returns:
         Seconds the collection took (the GIL is held meanwhile).
     """
-    with _lock:  # two callers at once would each walk the whole heap
-        started = time.perf_counter()
-        gc.unfreeze()
-        gc.collect()
-        gc.freeze()
-        return time.perf_counter() - started
+    with _lock:
+        return _settle_locked()
+
+
+def _settle_locked() -> float:
+    started = time.perf_counter()
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    return time.perf_counter() - started
+
+
+def retain() -> float:
+    """A server starts holding the heap settled: settle now (see the module doc).
+
+    Returns:
+        Seconds the settle took.
+    """
+    global _holders
+    with _state:
+        _holders += 1
+    return settle()
+
+
+def settle_soon(delay_s: float | None = None) -> None:
+    """Settle on a timer thread ``delay_s`` (default ``SETTLE_EVERY_S``) from now, unless one is pending.
+
+    Requests that come while one is pending ride on it, so writes in a burst cost one settle.
+    Does nothing while no server holds the heap (:func:`retain`).
+    """
+    global _timer
+    with _state:
+        if _holders == 0 or _timer is not None:
+            return
+        _timer = threading.Timer(SETTLE_EVERY_S if delay_s is None else delay_s, _settle_from_timer)
+        _timer.name, _timer.daemon = "quarry-heap-settle", True
+        _timer.start()
 
 
 def release() -> None:
-    """Give the frozen objects back to the collector (a process that stops serving but goes on)."""
+    """A server stops holding the heap; the last one cancels a pending settle and unfreezes."""
+    global _holders, _timer
+    with _state:
+        _holders = max(0, _holders - 1)
+        if _holders == 0 and _timer is not None:
+            _timer.cancel()
+            _timer = None
+    with _lock, _state:  # lock order everywhere: _lock, then _state
+        if _holders == 0:
+            gc.unfreeze()
+
+
+def _settle_from_timer() -> None:
+    global _timer
     with _lock:
-        gc.unfreeze()
+        with _state:
+            _timer = None
+            if _holders == 0:  # released meanwhile: stay unfrozen
+                return
+        _settle_locked()

@@ -23,7 +23,8 @@ class BM25Registry:
 
     Attributes:
         on_swap: Called (no arguments) after a snapshot was loaded or rebuilt and swapped in,
-            in the thread that did it; the server sets :func:`quarry.heap.settle` there.
+            in the thread that did it, outside the collection's lock; the server sets
+            :func:`quarry.heap.settle_soon` there.
     """
 
     def __init__(self, docstore: DocStore, folder: Path, params: BM25Settings) -> None:
@@ -41,13 +42,16 @@ class BM25Registry:
         snap = self._live.get(collection)
         if snap is not None and snap.version == version:
             return snap
+        swapped = False
         with self._lock_for(collection):
             snap = self._live.get(collection)
             if snap is None or snap.version != version:
                 snap = self._load_or_build(collection)
                 self._live[collection] = snap
-                if self.on_swap is not None:
-                    self.on_swap()
+                swapped = True
+        hook = self.on_swap
+        if swapped and hook is not None:
+            hook()
         return snap
 
     def invalidate(self, collection: str) -> None:

@@ -72,16 +72,18 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
         except EmbeddingUnavailable as exc:  # serve BM25 meanwhile; dense retries per request
             log.warning("embedding server unavailable at startup: %s", exc.message)
         # What startup loaded, and each BM25 snapshot swapped in later, stays: out of the GC's walks.
-        heap.settle()
-        service.bm25.on_swap = heap.settle
+        heap.retain()
+        previous_hook, service.bm25.on_swap = service.bm25.on_swap, heap.settle_soon
         app.state.ready = True
-        yield
-        app.state.ready = False
-        service.bm25.on_swap = None
-        heap.release()
-        app.state.store_probe.close()
-        if not isinstance(quarry, Quarry):
-            service.close()
+        try:
+            yield
+        finally:
+            app.state.ready = False
+            service.bm25.on_swap = previous_hook
+            heap.release()
+            app.state.store_probe.close()
+            if not isinstance(quarry, Quarry):
+                service.close()
 
     app = FastAPI(title="Quarry", version="0.1.0", lifespan=lifespan, summary="Hybrid retrieval service")
     app.state.ready = False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 import weakref
 from collections.abc import Iterator
 
@@ -21,12 +22,27 @@ class Node:
 
 
 @pytest.fixture()
-def released() -> Iterator[None]:
-    yield
-    heap.release()
+def no_auto_gc() -> Iterator[None]:
+    """Only explicit collections here (an automatic one could free a cycle before the test looks)."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        while gc.get_freeze_count():
+            heap.release()
 
 
-@pytest.mark.usefixtures("released")
+def wait_for(condition: object, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.usefixtures("no_auto_gc")
 def test_settle_frees_garbage_cycles_and_freezes_the_survivors() -> None:
     garbage = weakref.ref(Node())
     kept = [Node()]
@@ -38,17 +54,37 @@ def test_settle_frees_garbage_cycles_and_freezes_the_survivors() -> None:
     assert survivor() is not None
     heap.settle()
     assert survivor() is None
-    heap.release()
+
+
+@pytest.mark.usefixtures("no_auto_gc")
+def test_settle_soon_settles_once_per_burst_and_only_while_retained() -> None:
+    heap.settle_soon(0.01)  # nobody retains the heap: nothing happens
+    time.sleep(0.1)
     assert gc.get_freeze_count() == 0
+    heap.retain()
+    try:
+        garbage = weakref.ref(Node())  # made after the retain's settle
+        for _ in range(3):
+            heap.settle_soon(0.2)  # a burst of swaps rides on one settle
+        assert garbage() is not None
+        assert wait_for(lambda: garbage() is None)  # the timer's settle collected it
+        heap.retain()  # a second server in the same process
+        heap.release()
+        assert gc.get_freeze_count() > 0  # the first still holds the heap frozen
+    finally:
+        heap.release()
+    assert gc.get_freeze_count() == 0  # the last release unfreezes
 
 
 def test_the_server_settles_the_heap_and_each_bm25_snapshot(
     service: Quarry, collection: str, scifact_docs: list[SourceDocument]
 ) -> None:
     swaps: list[int] = []
+    service.bm25.on_swap = None
     with TestClient(create_app(service)):
-        assert service.bm25.on_swap is heap.settle and gc.get_freeze_count() > 0
+        assert service.bm25.on_swap is heap.settle_soon and gc.get_freeze_count() > 0
         service.bm25.on_swap = lambda: swaps.append(gc.get_freeze_count())
         service.upsert(collection, scifact_docs[:3])  # the write rebuilds the collection's snapshot
         assert swaps
+        service.bm25.on_swap = heap.settle_soon
     assert service.bm25.on_swap is None and gc.get_freeze_count() == 0  # a stopped server gives them back
