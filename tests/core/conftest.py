@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,15 @@ from embedding.sentence_transformers import SentenceTransformerEmbedder
 from indexing.sources import SourceDocument, iter_jsonl
 from quarry.service import Quarry
 from quarry.settings import Settings
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    """Poll ``condition`` every millisecond; fail the test if it is not true within 10 s."""
+    for _ in range(10_000):
+        if condition():
+            return
+        time.sleep(0.001)
+    raise AssertionError("condition not reached in 10 s")
 
 
 class CountingEmbedder:

@@ -14,6 +14,7 @@ from indexing.sources import SourceDocument
 from quarry import heap
 from quarry.api import create_app
 from quarry.service import Quarry
+from tests.core.conftest import wait_until
 
 
 class Node:
@@ -31,15 +32,6 @@ def no_auto_gc() -> Iterator[None]:
         gc.enable()
         while gc.get_freeze_count():
             heap.release()
-
-
-def wait_for(condition: object, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 @pytest.mark.usefixtures("no_auto_gc")
@@ -67,7 +59,7 @@ def test_settle_soon_settles_once_per_burst_and_only_while_retained() -> None:
         for _ in range(3):
             heap.settle_soon(0.2)  # a burst of swaps rides on one settle
         assert garbage() is not None
-        assert wait_for(lambda: garbage() is None)  # the timer's settle collected it
+        wait_until(lambda: garbage() is None)  # the timer's settle collected it
         heap.retain()  # a second server in the same process
         heap.release()
         assert gc.get_freeze_count() > 0  # the first still holds the heap frozen
@@ -86,5 +78,4 @@ def test_the_server_settles_the_heap_and_each_bm25_snapshot(
         service.bm25.on_swap = lambda: swaps.append(gc.get_freeze_count())
         service.upsert(collection, scifact_docs[:3])  # the write rebuilds the collection's snapshot
         assert swaps
-        service.bm25.on_swap = heap.settle_soon
     assert service.bm25.on_swap is None and gc.get_freeze_count() == 0  # a stopped server gives them back

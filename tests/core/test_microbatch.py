@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
 import pytest
 
 from quarry.microbatch import MicroBatcher
+from tests.core.conftest import wait_until
 
 
 def _gated(log: list[list[int]], gate: threading.Event) -> Callable[[list[int]], list[int | BaseException]]:
@@ -25,14 +25,6 @@ def _gated(log: list[list[int]], gate: threading.Event) -> Callable[[list[int]],
     return process
 
 
-def _wait_until(condition: Callable[[], bool]) -> None:
-    for _ in range(10_000):
-        if condition():
-            return
-        time.sleep(0.001)
-    raise AssertionError("condition not reached in 10 s")
-
-
 def _busy(first_item: int) -> tuple[MicroBatcher[int, int], list[list[int]], threading.Event, Future[int]]:
     """A started batcher (``max_batch`` 4) whose worker holds ``first_item`` until the gate opens."""
     log: list[list[int]] = []
@@ -40,7 +32,7 @@ def _busy(first_item: int) -> tuple[MicroBatcher[int, int], list[list[int]], thr
     batcher: MicroBatcher[int, int] = MicroBatcher(_gated(log, gate), max_batch=4)
     batcher.start(1)
     first = batcher.submit(first_item)
-    _wait_until(lambda: bool(log))  # the worker has taken the item and waits on the gate
+    wait_until(lambda: bool(log))  # the worker has taken the item and waits on the gate
     return batcher, log, gate, first
 
 
@@ -108,7 +100,7 @@ def test_a_result_count_mismatch_fails_the_batch_instead_of_shifting_answers() -
     batcher: MicroBatcher[int, int] = MicroBatcher(process, max_batch=8)
     batcher.start(1)
     first = batcher.submit(1)
-    _wait_until(lambda: bool(log))
+    wait_until(lambda: bool(log))
     pair = [batcher.submit(2), batcher.submit(3)]
     gate.set()
     assert first.result(10) == 0
@@ -130,7 +122,7 @@ def test_weight_caps_a_batch_and_a_heavy_item_runs_alone() -> None:
     batcher: MicroBatcher[str, int] = MicroBatcher(process, max_batch=4, weight=len)
     batcher.start(1)
     first = batcher.submit("a")
-    _wait_until(lambda: bool(log))
+    wait_until(lambda: bool(log))
     futures = [batcher.submit(s) for s in ("bb", "cc", "dddddd", "e")]
     gate.set()
     assert [f.result(10) for f in (first, *futures)] == [1, 2, 2, 6, 1]
