@@ -75,12 +75,13 @@ from stores.base import VectorStore
 from stores.qdrant_common import abs_path
 from stores.qdrant_edge import QdrantEdgeStore, optimize_child
 from stores.qdrant_remote import QdrantClientStore
+from stores.routing import FilterRouter
 
 __all__ = ["QdrantClientStore", "QdrantEdgeStore", "open_qdrant", "optimize_child"]
 
 
-def open_qdrant(url: str) -> VectorStore:
-    """Open the Qdrant store a URL names (see the module table).
+def open_qdrant(url: str, router: FilterRouter | None = None) -> VectorStore:
+    """Open the Qdrant store a URL names (see the module table); ``router`` routes filtered searches.
 
     Raises:
         ConfigError: The URL names neither an absolute path nor a host, or an extra is missing.
@@ -92,8 +93,8 @@ def open_qdrant(url: str) -> VectorStore:
             raise ConfigError(f"{url!r}: local mode takes a path, e.g. qdrant+local:///abs/dir")
         return QdrantClientStore.local(abs_path(parts.path, url))
     if parts.hostname:
-        return QdrantClientStore.remote(parts.hostname, parts.port or 6333, parts.password)
-    return QdrantEdgeStore(abs_path(parts.path, url), search_threads=_search_threads(url, parts.query))
+        return QdrantClientStore.remote(parts.hostname, parts.port or 6333, parts.password, router)
+    return QdrantEdgeStore(abs_path(parts.path, url), search_threads=_search_threads(url, parts.query), router=router)
 
 
 def _search_threads(url: str, query: str) -> int | None:
