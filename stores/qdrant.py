@@ -28,6 +28,17 @@ index); the build sets the indexing threshold to the same value, so no graph is 
 would never be walked. Pass a smaller ``full_scan_threshold_kb`` (>= 10) to walk the graph on
 small collections.
 
+Filtered searches (issue 20): Qdrant plans a filtered search from its own cardinality estimate,
+which depends on the filter's form (a ``$in`` on numbers is a ``should`` of ranges, a range is
+estimated from a histogram). The store routes by an exact count of the matching points instead
+(the payload indexes answer it; :class:`stores.routing.FilterRouter`, cached per filter), the
+same for every form: at most the limit (``StoreSettings.exact_filter_rows``, by default
+``max(1000, sqrt(13 * top_k * n))``), ``exact=True``, which scores only the matching points;
+above it, the graph with the filter and ACORN. An ``$or`` of equalities on one field is one
+``MatchAny`` (:func:`stores.filters.canonical`). On 20k x 32 with a walked graph, 1 % selected
+as a 100-value ``$in``: 27 ms and recall 0.982 before, 0.8 ms and 1.0 after (an equality:
+0.8 ms before, 0.08 ms after). qdrant-client's local mode is exact anyway and is not routed.
+
 Payload indexes: every filterable payload field gets one on first sight (keyword for strings,
 float for numbers, bool for booleans), built with ``enable_hnsw=False``. Qdrant's default adds
 payload-aware graph links for every value held by more points than the full-scan threshold;
