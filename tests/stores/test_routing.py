@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
-from stores.filters import And, Eq, In, Or, Range, canonical, matches
+from stores.filters import And, Eq, Filter, In, Or, Range, canonical, matches
 from stores.routing import FilterRouter, exact_row_limit
 
 
@@ -74,3 +75,25 @@ def test_canonical_keeps_the_semantics() -> None:
         flt = Or(tuple(leaves)) if rnd.random() < 0.7 else And((Or(tuple(leaves)), Eq("c", 0)))
         for p in payloads:
             assert matches(canonical(flt), p) == matches(flt, p), (flt, p)
+
+
+def test_qdrant_knobs_follow_the_route() -> None:
+    """Both Qdrant backends share these knobs (the server one has no server in the test run)."""
+    from stores.base import IndexSpec
+    from stores.qdrant_filters import Knobs, routed_knobs
+
+    spec = IndexSpec("HNSW", "cosine", {"quantization": "int8"}, {"ef": 64})
+    router = FilterRouter()
+    few = Eq("t", "rare")
+
+    def counts(n: int) -> Callable[[Filter | None], int]:
+        return lambda flt: 20_000 if flt is None else n
+
+    assert routed_knobs(spec, None, None, 10, router, "c", counts(0)) == Knobs(64, False, {"rescore": True}, False)
+    assert routed_knobs(spec, None, few, 10, router, "c", counts(200)) == Knobs(64, True, None, False)
+    broad = Range("n", lt=9)
+    assert routed_knobs(spec, None, broad, 10, router, "c", counts(10_000)) == Knobs(64, False, {"rescore": True}, True)
+    forced = routed_knobs(spec, {"exact": False}, Eq("t", "x"), 10, router, "c", counts(5))
+    assert forced.exact is False and forced.acorn is True
+    assert router.routes == {"exact": 1, "index": 1}
+    assert routed_knobs(None, None, few, 10, router, "c", counts(5)) == Knobs(None, True, None, False)
