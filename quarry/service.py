@@ -29,6 +29,7 @@ from retrieval.text import LANGUAGES, Language
 from stores.base import VectorStore, redact_url
 from stores.factory import open_store
 from stores.filters import Filter, parse_filter
+from stores.routing import FilterRouter
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,8 @@ class Quarry:
     ) -> None:
         self.settings = settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        self.store = store or open_store(settings.store_url)
+        router = FilterRouter(settings.store.exact_filter_rows or None, settings.store.filter_count_ttl_s)
+        self.store = store or open_store(settings.store_url, router)
         self.embedder = embedder or open_embedder(settings.embedding.url, settings)
         self.reranker = reranker if reranker is not None else _open_reranker(settings)
         self.docstore = DocStore(settings.data_dir / "docstore.sqlite")

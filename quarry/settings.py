@@ -25,11 +25,19 @@ class StoreSettings(BaseModel):
             Empty means Milvus Lite at ``<data_dir>/quarry.db``.
         memory_budget_gib: RAM the vector index may use; drives the index planner.
         index_build_timeout_s: Longest an index build may take before it is rolled back.
+        exact_filter_rows: A filtered search whose filter matches at most this many rows is
+            answered by an exact scan of them, a broader one by the ANN index with the filter,
+            whatever the filter's form (:mod:`stores.routing`). ``0`` (default): automatic,
+            ``max(1000, sqrt(13 * top_k * rows))``, about 3,600 rows of 100k for ``top_k`` 10.
+        filter_count_ttl_s: Seconds a count of a filter's matching rows is reused for routing
+            (this process's writes to the collection drop it at once).
     """
 
     url: str = ""
     memory_budget_gib: float = Field(16.0, gt=0)
     index_build_timeout_s: float = Field(600.0, gt=0)
+    exact_filter_rows: int = Field(0, ge=0)
+    filter_count_ttl_s: float = Field(10.0, ge=0)
 
 
 class EmbeddingSettings(BaseModel):

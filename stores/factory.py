@@ -18,15 +18,18 @@ from urllib.parse import urlsplit
 
 from quarry.errors import ConfigError
 from stores.base import VectorStore
+from stores.routing import FilterRouter
 
 SCHEMES = ("milvus", "qdrant", "qdrant+local", "postgresql", "postgres")
 
 
-def open_store(url: str) -> VectorStore:
+def open_store(url: str, router: FilterRouter | None = None) -> VectorStore:
     """Open the store a URL names.
 
     Args:
         url: See the module table.
+        router: Routes filtered searches by the rows they match (:mod:`stores.routing`);
+            ``None``: a router with the default limit and TTL.
 
     Returns:
         A connected store.
@@ -39,15 +42,15 @@ def open_store(url: str) -> VectorStore:
     if scheme == "milvus":
         from stores.milvus import MilvusStore
 
-        return MilvusStore.from_url(url)
+        return MilvusStore.from_url(url, router)
     if scheme in ("qdrant", "qdrant+local"):
         from stores.qdrant import open_qdrant
 
-        return open_qdrant(url)
+        return open_qdrant(url, router)
     if scheme in ("postgresql", "postgres"):
         from stores.pgvector import PgVectorStore
 
-        return PgVectorStore.from_url(url)
+        return PgVectorStore.from_url(url, router)
     raise ConfigError(
         f"unsupported store URL scheme {scheme!r} in {url!r}; supported: {', '.join(SCHEMES)}"
     )

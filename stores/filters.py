@@ -221,3 +221,40 @@ def _in_range(flt: Range, value: Any) -> bool:
         and (flt.lt is None or value < flt.lt)
         and (flt.lte is None or value <= flt.lte)
     )
+
+
+def canonical(flt: Filter) -> Filter:
+    """The same filter in one canonical form, so that every way of writing it runs alike.
+
+    Nested ``$or``/``$and`` are flattened, a one-item ``$or``/``$and`` is its item, and in an
+    ``$or`` the equalities and ``$in`` lists on one field merge into one ``$in`` (first
+    occurrence order, duplicates dropped; an ``$or`` of ten equalities otherwise compiles to ten
+    index lookups or ten JSON tests per row). Semantics are unchanged (see :func:`matches`).
+    """
+    if not isinstance(flt, And | Or):
+        return flt
+    kind = type(flt)
+    items: list[Filter] = []
+    for sub in (canonical(s) for s in flt.items):
+        items.extend(sub.items if isinstance(sub, kind) else (sub,))
+    if isinstance(flt, Or):
+        items = _merge_values(items)
+    return items[0] if len(items) == 1 else kind(tuple(items))
+
+
+def _merge_values(items: list[Filter]) -> list[Filter]:
+    values: dict[str, list[Scalar]] = {}
+    for sub in items:
+        if isinstance(sub, Eq | In):
+            found = values.setdefault(sub.field, [])
+            for v in (sub.value,) if isinstance(sub, Eq) else sub.values:
+                if not any(type(v) is type(w) and v == w for w in found):  # keep 1, 1.0, True apart
+                    found.append(v)
+    out: list[Filter] = []
+    for sub in items:
+        if not isinstance(sub, Eq | In):
+            out.append(sub)
+        elif sub.field in values:
+            merged = values.pop(sub.field)
+            out.append(Eq(sub.field, merged[0]) if len(merged) == 1 else In(sub.field, tuple(merged)))
+    return out

@@ -94,6 +94,37 @@ def index_params(
     return index
 
 
+EXHAUSTIVE_EF_MAX = 32768  # HNSW ef and DiskANN search_list bound here (Milvus accepts up to int32)
+
+
+def exhaustive_params(spec: IndexSpec, params: dict[str, Any], top_k: int, rows: int = 1000) -> dict[str, Any] | None:
+    """Query-time parameters with which the index scores every row the filter lets through.
+
+    IVF kinds probe every list (``nprobe = nlist``: exact for IVF_FLAT, exact up to the codes for
+    IVF_PQ). HNSW raises ``ef`` to the rows that match (at most 32,768), so that the walk can
+    hold every one of them; below 7 % of rows passing the filter, knowhere answers HNSW by
+    brute force over them anyway (its ``kHnswSearchKnnBFFilterThreshold``: 0.93 of the rows
+    filtered out). DiskANN raises ``search_list`` likewise.
+
+    Args:
+        spec: The built index.
+        params: The search's parameters (the index's, with the call's overrides).
+        top_k: Hits per query.
+        rows: Rows the filter matches (the router's count).
+
+    Returns:
+        The parameters, or ``None`` for a kind without such a setting.
+    """
+    if spec.kind in ("IVF_FLAT", "IVF_PQ", "IVF_SQ8"):
+        return {**params, "nprobe": int(spec.params.get("nlist", params.get("nprobe", 1)))}
+    wide = min(max(rows, top_k), EXHAUSTIVE_EF_MAX)
+    if spec.kind == "HNSW":
+        return {**params, "ef": max(int(params.get("ef", 0)), wide)}
+    if spec.kind == "DISKANN":
+        return {**params, "search_list": max(int(params.get("search_list", 0)), wide)}
+    return None
+
+
 def info_from(desc: dict[str, Any]) -> CollectionInfo:
     """Read dim and metric from a ``describe_collection`` answer (metric defaults to cosine)."""
     dim = 0

@@ -18,7 +18,6 @@ Filter semantics follow :func:`stores.filters.matches` over a ``payload jsonb`` 
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +28,7 @@ from psycopg.types.json import Jsonb
 from quarry.errors import InvalidFilter, InvalidQuery, InvalidRequest, UnsupportedIndex
 from stores.base import IndexSpec, Metric
 from stores.filters import FIELD_NAME, And, Eq, Filter, In, Or, Range
+from stores.routing import exact_row_limit as exact_row_limit  # shared by every backend
 
 COLLECTION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,47}$")
 """Collection and alias names: 1-48 characters, so that derived index names fit in 63 bytes."""
@@ -180,32 +180,6 @@ def index_served(flt: Filter) -> bool:
     if isinstance(flt, Or):
         return all(index_served(sub) for sub in flt.items)
     return False
-
-
-ITERATIVE_TO_EXACT_COST = 13.0
-"""Cost of one tuple visited by a filtered HNSW iterative scan over one row of an exact scan.
-
-Measured on glove-50 100k with pgvector 0.8.6: at 1 % selectivity an iterative scan took 35 ms
-(about ``k / s`` = 1000 visits), the exact bitmap scan of the 1000 matching rows 2.7 ms.
-"""
-EXACT_ROWS_MIN = 1000
-
-
-def exact_row_limit(top_k: int, n_rows: float) -> int:
-    """Most matching rows for which an exact scan of them beats the filtered index scan.
-
-    An iterative scan visits about ``top_k * n_rows / m`` tuples to find ``top_k`` of ``m``
-    matches, an exact scan reads the ``m`` rows; they cost the same at
-    ``m = sqrt(ITERATIVE_TO_EXACT_COST * top_k * n_rows)`` (3600 rows for k = 10, n = 100k).
-
-    Args:
-        top_k: Hits per query.
-        n_rows: Rows in the table (``pg_class.reltuples``; negative or 0 when unknown).
-
-    Returns:
-        The row limit, at least :data:`EXACT_ROWS_MIN`.
-    """
-    return max(EXACT_ROWS_MIN, int(math.sqrt(ITERATIVE_TO_EXACT_COST * top_k * max(n_rows, 0.0))))
 
 
 # ---------------------------------------------------------------------------- indexes

@@ -28,6 +28,17 @@ index); the build sets the indexing threshold to the same value, so no graph is 
 would never be walked. Pass a smaller ``full_scan_threshold_kb`` (>= 10) to walk the graph on
 small collections.
 
+Filtered searches (issue 20): Qdrant plans a filtered search from its own cardinality estimate,
+which depends on the filter's form (a ``$in`` on numbers is a ``should`` of ranges, a range is
+estimated from a histogram). The store routes by an exact count of the matching points instead
+(the payload indexes answer it; :class:`stores.routing.FilterRouter`, cached per filter), the
+same for every form: at most the limit (``StoreSettings.exact_filter_rows``, by default
+``max(1000, sqrt(13 * top_k * n))``), ``exact=True``, which scores only the matching points;
+above it, the graph with the filter and ACORN. An ``$or`` of equalities on one field is one
+``MatchAny`` (:func:`stores.filters.canonical`). On 20k x 32 with a walked graph, 1 % selected
+as a 100-value ``$in``: 27 ms and recall 0.982 before, 0.8 ms and 1.0 after (an equality:
+0.8 ms before, 0.08 ms after). qdrant-client's local mode is exact anyway and is not routed.
+
 Payload indexes: every filterable payload field gets one on first sight (keyword for strings,
 float for numbers, bool for booleans), built with ``enable_hnsw=False``. Qdrant's default adds
 payload-aware graph links for every value held by more points than the full-scan threshold;
@@ -75,12 +86,13 @@ from stores.base import VectorStore
 from stores.qdrant_common import abs_path
 from stores.qdrant_edge import QdrantEdgeStore, optimize_child
 from stores.qdrant_remote import QdrantClientStore
+from stores.routing import FilterRouter
 
 __all__ = ["QdrantClientStore", "QdrantEdgeStore", "open_qdrant", "optimize_child"]
 
 
-def open_qdrant(url: str) -> VectorStore:
-    """Open the Qdrant store a URL names (see the module table).
+def open_qdrant(url: str, router: FilterRouter | None = None) -> VectorStore:
+    """Open the Qdrant store a URL names (see the module table); ``router`` routes filtered searches.
 
     Raises:
         ConfigError: The URL names neither an absolute path nor a host, or an extra is missing.
@@ -92,8 +104,8 @@ def open_qdrant(url: str) -> VectorStore:
             raise ConfigError(f"{url!r}: local mode takes a path, e.g. qdrant+local:///abs/dir")
         return QdrantClientStore.local(abs_path(parts.path, url))
     if parts.hostname:
-        return QdrantClientStore.remote(parts.hostname, parts.port or 6333, parts.password)
-    return QdrantEdgeStore(abs_path(parts.path, url), search_threads=_search_threads(url, parts.query))
+        return QdrantClientStore.remote(parts.hostname, parts.port or 6333, parts.password, router)
+    return QdrantEdgeStore(abs_path(parts.path, url), search_threads=_search_threads(url, parts.query), router=router)
 
 
 def _search_threads(url: str, query: str) -> int | None:

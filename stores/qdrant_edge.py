@@ -35,7 +35,7 @@ from stores.base import (
     StoreCapabilities,
     VectorRecord,
 )
-from stores.filters import Filter
+from stores.filters import Filter, canonical
 from stores.qdrant_common import (
     BATCH,
     KINDS,
@@ -49,6 +49,7 @@ from stores.qdrant_common import (
     check_vectors,
     package_version,
 )
+from stores.routing import FilterRouter
 
 
 def _import_edge() -> Any:
@@ -190,18 +191,23 @@ class QdrantEdgeStore:
     exclusive lock.
     """
 
-    def __init__(self, root: Path, *, search_threads: int | None = None) -> None:
+    def __init__(
+        self, root: Path, *, search_threads: int | None = None, router: FilterRouter | None = None
+    ) -> None:
         """Open (or create) the store directory ``root``.
 
         Args:
             root: The store directory.
             search_threads: Qdrant's ``max_search_threads`` per shard (see :func:`edge_config`);
                 ``None`` keeps the engine's default (one per CPU).
+            router: Routes filtered searches by the points they match
+                (:func:`stores.qdrant_filters.routed_knobs`; default: a default router).
 
         Raises:
             ConfigError: ``qdrant-edge-py`` is missing or ``root`` cannot be created.
         """
         self._search_threads = search_threads
+        self.router = router or FilterRouter()
         self._qe = _import_edge()
         self._dialect = _edge_dialect(self._qe)
         qe = self._qe  # payload indexes without payload-aware graph links (module notes)
@@ -333,6 +339,7 @@ class QdrantEdgeStore:
             self._set_aliases({a: t for a, t in self._aliases.items() if t != name})
             (self._dir(name) / "meta.json").unlink()
             shutil.rmtree(self._dir(name), ignore_errors=True)
+        self.router.forget(name)
 
     def has_collection(self, name: str) -> bool:
         """Whether a collection or an alias with this name exists."""
@@ -372,6 +379,7 @@ class QdrantEdgeStore:
             ]
             for start in range(0, len(points), BATCH):
                 coll.shard.update(qe.UpdateOperation.upsert_points(points[start : start + BATCH]))
+        self.router.forget(coll.name)
 
     def delete(self, name: str, ids: Sequence[str]) -> None:
         """Delete records by id; unknown ids are ignored."""
@@ -380,12 +388,14 @@ class QdrantEdgeStore:
             if ids:
                 op = self._qe.UpdateOperation.delete_points([qf.point_id(i) for i in ids])
                 coll.shard.update(op)
+        self.router.forget(coll.name)
 
     def delete_by_filter(self, name: str, flt: Filter) -> None:
         """Delete every record whose payload matches ``flt``."""
         with self._guard("delete"):
             coll = self._coll(name)
             coll.shard.update(self._qe.UpdateOperation.delete_points_by_filter(self._filter(flt)))
+        self.router.forget(coll.name)
 
     def get(self, name: str, ids: Sequence[str]) -> list[VectorRecord]:
         """Fetch records by id (missing ids are skipped), in the order of ``ids``."""
@@ -420,11 +430,17 @@ class QdrantEdgeStore:
         with self._guard("search"):
             coll = self._coll(name)
             arr = check_queries(queries, top_k, coll.dim, coll.name)
-            ef, exact, quant = qf.search_knobs(coll.index, search_params)
-            quantization = qe.QuantizationSearchParams(**quant) if quant else None
-            acorn = qe.AcornSearchParams(enable=True) if flt is not None else None
-            params = qe.SearchParams(hnsw_ef=ef, exact=exact, quantization=quantization, acorn=acorn)
+            flt = canonical(flt) if flt is not None else None
             compiled = self._filter(flt)
+
+            def count(which: Filter | None) -> int:
+                request = qe.CountRequest(exact=True, filter=compiled if which is not None else None)
+                return int(coll.shard.count(request))
+
+            knobs = qf.routed_knobs(coll.index, search_params, flt, top_k, self.router, coll.name, count)
+            quantization = qe.QuantizationSearchParams(**knobs.quantization) if knobs.quantization else None
+            acorn = qe.AcornSearchParams(enable=True) if knobs.acorn else None
+            params = qe.SearchParams(hnsw_ef=knobs.ef, exact=knobs.exact, quantization=quantization, acorn=acorn)
             requests = [
                 qe.QueryRequest(
                     limit=top_k,

@@ -31,6 +31,7 @@ import numpy as np
 from quarry.errors import InvalidRequest, UnsupportedIndex
 from stores.base import IndexSpec, Metric, Payload, ScoredId, VectorRecord
 from stores.filters import FIELD_NAME, And, Eq, Filter, Or, Range, Scalar
+from stores.routing import FilterRouter
 
 ID_NAMESPACE = uuid.UUID("6f1c3a52-9d0e-4b8e-a1c4-51a7e0b2d9f3")
 ID_KEY = "_id"
@@ -291,6 +292,60 @@ def search_knobs(
         if merged.get("oversampling") is not None:
             quant["oversampling"] = float(merged["oversampling"])
     return (int(ef) if ef is not None else None), exact, quant
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Query-time settings of one search.
+
+    Attributes:
+        ef: HNSW ``ef`` (``None``: the engine's).
+        exact: Exact search (of the points the filter matches).
+        quantization: Quantization search params, or ``None``.
+        acorn: Ask for ACORN (filtered graph walks).
+    """
+
+    ef: int | None
+    exact: bool
+    quantization: dict[str, Any] | None
+    acorn: bool
+
+
+def routed_knobs(  # noqa: PLR0913 - the search's parts
+    spec: IndexSpec | None,
+    overrides: Mapping[str, Any] | None,
+    flt: Filter | None,
+    top_k: int,
+    router: FilterRouter,
+    collection: str,
+    count: Callable[[Filter | None], int],
+) -> Knobs:
+    """:func:`search_knobs`, with a filtered search routed by the points the filter matches.
+
+    Qdrant plans a filtered search from its own cardinality estimate, which depends on how the
+    filter is written (a ``$in`` on numbers is a ``should`` of ranges, a range is estimated
+    from its histogram): the router counts the matching points instead (an exact count through
+    the payload indexes, cached per filter), whatever the form. At most the router's limit:
+    ``exact=True``, which scores only the matching points (found through the payload index).
+    Above: the graph with the filter and ACORN. An explicit ``exact`` search parameter wins.
+
+    Args:
+        spec: The collection's index (``None``: exact search).
+        overrides: The call's ``search_params``.
+        flt: The filter, if any.
+        top_k: Hits per query.
+        router: The store's router.
+        collection: The physical collection.
+        count: ``count(filter or None)``: exact number of matching points (all with ``None``).
+    """
+    ef, exact, quant = search_knobs(spec, overrides)
+    forced = "exact" in {**(spec.search_params if spec else {}), **(overrides or {})}
+    if flt is None or exact or forced:
+        return Knobs(ef, exact, quant, flt is not None and not exact)
+    decision = router.decide(collection, flt, top_k, lambda: count(None), lambda _cap: count(flt))
+    if decision.route == "exact":
+        return Knobs(ef, True, None, False)
+    return Knobs(ef, False, quant, True)
 
 
 def new_index_fields(

@@ -32,7 +32,7 @@ from stores.base import (
     StoreCapabilities,
     VectorRecord,
 )
-from stores.filters import Filter
+from stores.filters import Filter, canonical
 from stores.qdrant_common import (
     BATCH,
     KINDS,
@@ -44,6 +44,7 @@ from stores.qdrant_common import (
     check_vectors,
     package_version,
 )
+from stores.routing import FilterRouter
 
 if TYPE_CHECKING:
     from qdrant_client import QdrantClient
@@ -62,9 +63,17 @@ def _client_models() -> Any:
 class QdrantClientStore:
     """:class:`~stores.base.VectorStore` through ``qdrant-client``: a server or local mode."""
 
-    def __init__(self, client: QdrantClient, *, local: bool, version: str) -> None:
-        """Wrap a connected client; use :meth:`remote` or :meth:`local`."""
+    def __init__(
+        self, client: QdrantClient, *, local: bool, version: str, router: FilterRouter | None = None
+    ) -> None:
+        """Wrap a connected client; use :meth:`remote` or :meth:`local`.
+
+        ``router`` routes a server's filtered searches by the points they match
+        (:func:`stores.qdrant_filters.routed_knobs`); local mode searches exactly anyway.
+        Counts are kept per name as given (an alias swap is seen after the router's ``ttl_s``).
+        """
         self._m = _client_models()
+        self.router = router or FilterRouter()
         self._client = client
         self._local = local
         self._version = version
@@ -91,7 +100,9 @@ class QdrantClientStore:
         }
 
     @classmethod
-    def remote(cls, host: str, port: int, api_key: str | None = None) -> QdrantClientStore:
+    def remote(
+        cls, host: str, port: int, api_key: str | None = None, router: FilterRouter | None = None
+    ) -> QdrantClientStore:
         """Connect to a Qdrant server over REST.
 
         Raises:
@@ -107,7 +118,7 @@ class QdrantClientStore:
             version = client.info().version
         except Exception as exc:
             raise StoreUnavailable(f"no Qdrant server at {host}:{port}: {exc}") from exc
-        return cls(client, local=False, version=version)
+        return cls(client, local=False, version=version, router=router)
 
     @classmethod
     def local(cls, path: Path) -> QdrantClientStore:
@@ -219,6 +230,7 @@ class QdrantClientStore:
             if ops:
                 self._client.update_collection_aliases(ops)
             self._client.delete_collection(name)
+        self.router.forget(name)
 
     def has_collection(self, name: str) -> bool:
         """Whether a collection or an alias with this name exists."""
@@ -262,6 +274,7 @@ class QdrantClientStore:
             ]
             for start in range(0, len(points), BATCH):
                 self._client.upsert(name, points[start : start + BATCH], wait=True)
+        self.router.forget(name)
 
     def delete(self, name: str, ids: Sequence[str]) -> None:
         """Delete records by id; unknown ids are ignored."""
@@ -270,6 +283,7 @@ class QdrantClientStore:
             if ids:
                 selector = self._m.PointIdsList(points=[qf.point_id(i) for i in ids])
                 self._client.delete(name, points_selector=selector, wait=True)
+        self.router.forget(name)
 
     def delete_by_filter(self, name: str, flt: Filter) -> None:
         """Delete every record whose payload matches ``flt``."""
@@ -277,6 +291,7 @@ class QdrantClientStore:
             self._info(name)
             selector = self._m.FilterSelector(filter=self._filter(flt))
             self._client.delete(name, points_selector=selector, wait=True)
+        self.router.forget(name)
 
     def get(self, name: str, ids: Sequence[str]) -> list[VectorRecord]:
         """Fetch records by id (missing ids are skipped), in the order of ``ids``."""
@@ -313,13 +328,20 @@ class QdrantClientStore:
         with self._call("search", name):
             dim, metric, spec, _ = self._info(name)
             arr = check_queries(queries, top_k, dim, name)
-            ef, exact, quant = qf.search_knobs(spec, search_params)
-            quantization = m.QuantizationSearchParams(**quant) if quant else None
-            acorn = m.AcornSearchParams(enable=True) if flt is not None else None
-            params = m.SearchParams(hnsw_ef=ef, exact=exact, quantization=quantization, acorn=acorn)
-            if self._local:  # local mode is exact anyway and warns about search params
-                params = None
+            flt = canonical(flt) if flt is not None else None
             compiled = self._filter(flt)
+            params = None  # local mode is exact anyway and warns about search params
+            if not self._local:
+
+                def count(which: Filter | None) -> int:
+                    if which is None:
+                        return int(self._client.count(name, None, exact=False).count)
+                    return int(self._client.count(name, compiled, exact=True).count)
+
+                knobs = qf.routed_knobs(spec, search_params, flt, top_k, self.router, name, count)
+                quantization = m.QuantizationSearchParams(**knobs.quantization) if knobs.quantization else None
+                acorn = m.AcornSearchParams(enable=True) if knobs.acorn else None
+                params = m.SearchParams(hnsw_ef=knobs.ef, exact=knobs.exact, quantization=quantization, acorn=acorn)
             requests = [
                 m.QueryRequest(
                     query=row.tolist(),
