@@ -95,6 +95,10 @@ class UnsupportedIndex(InvalidRequest):
     """The engine cannot build the requested index type or parameters."""
 
 
+class PayloadTooLarge(InvalidRequest):
+    """The request body, or a document in it, is larger than the server accepts (HTTP 413)."""
+
+
 class NotFound(QuarryError):
     """A named resource does not exist."""
 
