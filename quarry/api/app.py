@@ -143,11 +143,9 @@ _WRITE = (*_NAMED, e.InvalidDocument, e.ModelMismatch, e.DimensionMismatch, e.Em
 
 @router.get("/healthz", tags=["ops"], response_model=HealthOut)
 async def healthz() -> dict[str, str]:
-    """Liveness: the process answers.
-
-    Served on the event loop: no worker thread needed, so busy or stuck threads cannot make a
-    live server look dead.
-    """
+    """Liveness: the process answers, however busy its searches and writes are."""
+    # Served on the event loop: no worker thread needed, so busy or stuck threads cannot make a
+    # live server look dead.
     return {"status": "ok"}
 
 
@@ -245,11 +243,12 @@ def upsert_documents(name: str, body: UpsertDocuments, q: Service) -> IngestOut:
 def delete_documents(name: str, body: DeleteDocuments, q: Service) -> IngestOut:
     """Delete documents (all their chunks, in both channels) by id.
 
-    The docstore commits first, so the documents leave search (BM25, and dense hits are read
-    back through the docstore) before the vector store is asked. A 503 from the vector store
-    after that commit leaves the vector deletes recorded as pending: the next write to the
-    collection retries them, and a retried delete reports ``deleted: 0``.
+    The documents leave search at once. A 503 from the vector store after that leaves their
+    vectors' deletes pending: the next write to the collection retries them, and a retried
+    delete reports ``deleted: 0``.
     """
+    # The docstore commits first (BM25, and dense hits are read back through the docstore), then
+    # the vector store is asked; the pending deletes are recorded in that commit.
     return IngestOut(**_report(q.delete_documents(name, body.ids)))
 
 

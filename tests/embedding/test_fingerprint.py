@@ -59,3 +59,17 @@ def test_an_unwritable_cache_only_costs_a_rehash(tmp_path: Path) -> None:
     blocked = tmp_path / "file-not-dir"
     blocked.write_text("")
     assert fp.folder_fingerprint(folder, blocked) == fp.folder_fingerprint(folder)
+
+
+def test_a_served_model_is_known_by_the_fingerprint_it_publishes_else_by_name_version_and_config() -> None:
+    from embedding.triton import parse_triton_url, served_fingerprint
+    from embedding.triton_protocol import ModelSpec
+
+    spec = ModelSpec("text", "embedding", "truncated", 384, 64, {"model_id": "all-MiniLM-L6-v2"})
+    latest, v2 = parse_triton_url("triton+grpc://h:8001/minilm"), parse_triton_url("triton+grpc://h:8001/minilm/2")
+    assert served_fingerprint(latest, spec).startswith("triton:sha256:")
+    assert served_fingerprint(latest, spec) != served_fingerprint(v2, spec)
+    other_config = ModelSpec("text", "embedding", "truncated", 384, 64, {"model_id": "all-MiniLM-L6-v2", "x": "1"})
+    assert served_fingerprint(latest, other_config) != served_fingerprint(latest, spec)
+    published = ModelSpec("text", "embedding", None, 384, 64, {"fingerprint": "sha256:abc"})
+    assert served_fingerprint(latest, published) == served_fingerprint(v2, published) == "sha256:abc"
