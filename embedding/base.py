@@ -37,14 +37,22 @@ class Embedder(Protocol):
     """Contract of an embedding backend.
 
     Attributes:
-        model_id: Stable name of the model (vectors from different ids are not comparable).
+        model_id: The model's friendly name, for display (``all-MiniLM-L6-v2``).
+        fingerprint: What the model computes, as a digest (valid after ``warm_up``): vectors of
+            two models are comparable when their fingerprints are equal, whatever their names
+            (:mod:`embedding.fingerprint`).
         dim: Output dimension.
         max_seq_length: Inputs are truncated to this many model tokens.
     """
 
     @property
     def model_id(self) -> str:
-        """Stable model name."""
+        """Friendly model name."""
+        ...
+
+    @property
+    def fingerprint(self) -> str:
+        """Digest of what the model computes (valid after :meth:`warm_up`)."""
         ...
 
     @property
@@ -87,7 +95,12 @@ class QueryEncoder(Protocol):
 
     @property
     def model_id(self) -> str:
-        """Stable model name."""
+        """Friendly model name."""
+        ...
+
+    @property
+    def fingerprint(self) -> str:
+        """Digest of what the model computes (valid after :meth:`warm_up`)."""
         ...
 
     def warm_up(self) -> None:

@@ -51,6 +51,11 @@ class BatchingEmbedder:
         return self.inner.model_id
 
     @property
+    def fingerprint(self) -> str:
+        """The wrapped model's fingerprint (after :meth:`warm_up`)."""
+        return self.inner.fingerprint
+
+    @property
     def dim(self) -> int:
         """The wrapped model's output dimension."""
         return self.inner.dim

@@ -35,7 +35,7 @@ def open_embedder(url: str, settings: Settings) -> Embedder:
         from embedding.sentence_transformers import SentenceTransformerEmbedder
 
         return SentenceTransformerEmbedder(
-            parts.netloc + parts.path, batch_size=cfg.batch_size, device=cfg.device
+            parts.netloc + parts.path, batch_size=cfg.batch_size, device=cfg.device, cache_dir=settings.model_cache_dir
         )
     if scheme == "onnx":
         try:

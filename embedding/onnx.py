@@ -34,7 +34,7 @@ import numpy.typing as npt
 from embedding.base import Embeddings
 from embedding.length_batches import plan_batches
 from embedding.onnx_export import Quantize, ensure_onnx
-from embedding.sentence_transformers import model_id_for, resolve_model_path
+from embedding.sentence_transformers import fingerprint_of, model_id_for, resolve_model_path
 from embedding.st_layout import StLayout, read_layout
 from quarry.errors import ConfigError, EmbeddingError
 
@@ -88,6 +88,7 @@ class OnnxEmbedder:
         threads: int | None = None,
     ) -> None:
         self.model_id = model_id_for(model)
+        self.fingerprint = ""  # of the sentence-transformers folder, as torch:// has it (set by warm_up)
         self.quantize: Quantize = quantize
         self._path = resolve_model_path(model)
         self._cache_dir = cache_dir
@@ -126,6 +127,7 @@ class OnnxEmbedder:
             from tokenizers import Tokenizer
 
             layout = read_layout(self._path)
+            self.fingerprint = fingerprint_of(self._path, self._cache_dir)
             path = ensure_onnx(layout, self._cache_dir, self.model_id, self.quantize)
             try:
                 session = ort.InferenceSession(

@@ -96,6 +96,7 @@ class ProcessEmbedder:
         # created now, so that submit() never waits on _lock (held while a child loads)
         self._starter = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quarry-query-encoder-start")
         self.model_id = url
+        self.fingerprint = ""  # the child's model's, once it is up
         self.dim = 0
         self.max_seq_length = 0
 
@@ -134,7 +135,7 @@ class ProcessEmbedder:
             if kind != "ready":
                 _stop(process, conn)
                 raise EmbeddingUnavailable(f"query encoder process could not load {self._url}: {info[0]}")
-            self.dim, self.max_seq_length, self.model_id = info
+            self.dim, self.max_seq_length, self.model_id, self.fingerprint = info
             child = self._child = _Child(process, conn)
             receiver = threading.Thread(target=self._receive, args=(child,), name="quarry-query-encoder-recv")
             receiver.daemon = True
@@ -311,7 +312,7 @@ def _serve(conn: Connection) -> None:
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it typed
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    conn.send(("ready", embedder.dim, embedder.max_seq_length, embedder.model_id))
+    conn.send(("ready", embedder.dim, embedder.max_seq_length, embedder.model_id, embedder.fingerprint))
     stop = False
     while not stop:
         batch: list[tuple[int, list[str]]] = []

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embedding.base import Embeddings
+from embedding.fingerprint import folder_fingerprint
 from embedding.length_batches import plan_batches
 from quarry.errors import ConfigError, EmbeddingError
 
@@ -82,6 +83,18 @@ def resolve_model_path(name: str) -> Path:
     )
 
 
+def fingerprint_of(path: Path, cache_dir: Path | None) -> str:
+    """:func:`~embedding.fingerprint.folder_fingerprint` of a model folder.
+
+    Raises:
+        ConfigError: A model file cannot be read.
+    """
+    try:
+        return folder_fingerprint(path, cache_dir)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the model files of {path}: {exc}") from exc
+
+
 def pick_device(device: str) -> str:
     """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``."""
     if device != "auto":
@@ -94,9 +107,13 @@ def pick_device(device: str) -> str:
 class SentenceTransformerEmbedder:
     """sentence-transformers model in this process; thread-safe (one forward at a time)."""
 
-    def __init__(self, model: str, *, batch_size: int = 64, device: str = "auto") -> None:
+    def __init__(
+        self, model: str, *, batch_size: int = 64, device: str = "auto", cache_dir: Path | None = None
+    ) -> None:
         self.model_id = model_id_for(model)
+        self.fingerprint = ""  # set by warm_up
         self._path = resolve_model_path(model)
+        self._cache_dir = cache_dir
         self._batch_size = batch_size
         self._device = device
         self._model: Any = None
@@ -109,7 +126,11 @@ class SentenceTransformerEmbedder:
         self.max_seq_length = 0
 
     def warm_up(self) -> None:
-        """Load the weights (once)."""
+        """Fingerprint the model folder and load the weights (once).
+
+        Raises:
+            ConfigError: A model file cannot be read.
+        """
         if self._model is not None:  # fast path: embed() holds the lock while the model runs
             return
         with self._lock:
@@ -117,6 +138,7 @@ class SentenceTransformerEmbedder:
                 return
             from sentence_transformers import SentenceTransformer
 
+            self.fingerprint = fingerprint_of(self._path, self._cache_dir)
             device = pick_device(self._device)
             model = SentenceTransformer(str(self._path), device=device, local_files_only=True)
             if device == "cuda":

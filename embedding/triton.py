@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -26,6 +26,7 @@ import numpy as np
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from embedding.base import Embeddings
+from embedding.fingerprint import spec_fingerprint
 from embedding.triton_protocol import ModelSpec, Protocol, Wire
 from quarry.errors import ConfigError, EmbeddingError, EmbeddingUnavailable
 
@@ -122,6 +123,7 @@ class TritonEmbedder:
     ) -> None:
         self.target = target
         self.model_id = target.model_id or target.model
+        self.fingerprint = ""  # set by warm_up, from what the server reports
         self.dim = 0
         self.max_seq_length = 0
         self._protocol = Protocol(target.wire, target.address, timeout_s)
@@ -155,6 +157,7 @@ class TritonEmbedder:
                 return
             spec = self._call("checking the model", self._check)
             self.model_id = self.target.model_id or spec.parameters.get("model_id") or self.target.model
+            self.fingerprint = served_fingerprint(self.target, spec)
             self.max_seq_length = int(spec.parameters.get("max_seq_length") or 0)
             self.dim = spec.dim
             self._spec = spec
@@ -243,6 +246,19 @@ class TritonEmbedder:
                     retry_after_s=1.0,
                 ) from exc
             raise EmbeddingError(f"Triton at {self.target.url} failed {what}: {_describe(exc)}") from exc
+
+
+def served_fingerprint(target: TritonTarget, spec: ModelSpec) -> str:
+    """The served model's fingerprint, from what the server reports.
+
+    The ``fingerprint`` parameter of its config when the server publishes one (``quarry triton
+    serve`` publishes the model folder's, as ``torch://`` has it), else a digest of the model's
+    name, the version asked for and its config.
+    """
+    published = spec.parameters.get("fingerprint")
+    if published:
+        return published
+    return spec_fingerprint("triton", {"model": target.model, "version": target.version, "config": asdict(spec)})
 
 
 def _describe(exc: BaseException) -> str:

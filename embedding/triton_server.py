@@ -324,7 +324,10 @@ def _run(config: ServeConfig, embedder: Embedder) -> None:
             config=ModelConfig(max_batch_size=config.max_batch_size, batcher=batcher),
             strict=True,
         )
-        _publish_parameters(triton, {"model_id": embedder.model_id, "max_seq_length": str(embedder.max_seq_length)})
+        _publish_parameters(triton, {
+            "model_id": embedder.model_id, "max_seq_length": str(embedder.max_seq_length),
+            "fingerprint": embedder.fingerprint,
+        })
         LOG.info(
             "starting Triton for %s as model %r: http %s:%d, grpc %s:%d, metrics %s:%d/metrics",
             embedder.model_id, config.model_name, config.address, config.http_port,

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from quarry.errors import ModelMismatch
 from retrieval.text import Language
 from stores.base import Metric
 from stores.filters import FieldType
@@ -27,7 +28,10 @@ class CollectionConfig(BaseModel):
     Attributes:
         name: Collection name (letters, digits, ``_``; starts with a letter; ≤ 63 chars).
         language: BM25 analysis (``en``, ``zh`` or ``auto``).
-        embedding_model: ``model_id`` of the embedder the vectors came from.
+        embedding_model: ``model_id`` of the embedder the vectors came from (its friendly name).
+        embedding_fingerprint: The embedder's fingerprint (:mod:`embedding.fingerprint`): what
+            identifies the model. ``None`` in collections made before fingerprints; their first
+            upsert records it (see :func:`model_mismatch`).
         dim: Vector dimension.
         metric: Vector similarity.
         chunk_size: Chunk cap in text tokens.
@@ -40,6 +44,7 @@ class CollectionConfig(BaseModel):
     name: str
     language: Language = "auto"
     embedding_model: str
+    embedding_fingerprint: str | None = None
     dim: int = Field(gt=0)
     metric: Metric = "cosine"
     chunk_size: int = Field(gt=0)
@@ -53,3 +58,27 @@ class CollectionConfig(BaseModel):
     def to_json(self) -> dict[str, Any]:
         """Plain JSON form (as stored and as the API shows it)."""
         return self.model_dump(by_alias=True)
+
+
+def model_mismatch(cfg: CollectionConfig, model_id: str, fingerprint: str) -> ModelMismatch | None:
+    """Whether an embedder's vectors can go into (or be compared with) a collection's.
+
+    Args:
+        cfg: The collection.
+        model_id: The embedder's friendly name.
+        fingerprint: The embedder's fingerprint (after its ``warm_up``).
+
+    Returns:
+        ``None`` when the collection's fingerprint is the embedder's, or, for a collection that
+        recorded only a name (made before fingerprints), when the names match; else the
+        :class:`~quarry.errors.ModelMismatch` to raise (409) or to degrade with.
+    """
+    if cfg.embedding_fingerprint is not None:
+        if cfg.embedding_fingerprint == fingerprint:
+            return None
+    elif cfg.embedding_model == model_id:
+        return None
+    return ModelMismatch(
+        cfg.name, cfg.embedding_model, model_id,
+        stored_fingerprint=cfg.embedding_fingerprint, current_fingerprint=fingerprint,
+    )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,15 +26,16 @@ import numpy.typing as npt
 
 from embedding.base import Embedder
 from indexing.chunking import chunk_text, make_chunk_id
-from indexing.collections import CollectionConfig
+from indexing.collections import CollectionConfig, model_mismatch
 from indexing.docstore import DocStore, StoredChunk
 from indexing.sources import SourceDocument
-from quarry.errors import DimensionMismatch, InvalidDocument, ModelMismatch
+from quarry.errors import DimensionMismatch, InvalidDocument
 from retrieval.bm25_registry import BM25Registry
 from retrieval.text import tokenize
 from stores.base import VectorRecord, VectorStore
 from stores.filters import FieldType, field_type
 
+log = logging.getLogger(__name__)
 FloatVector = npt.NDArray[np.float32]
 
 Progress = Callable[[int], None]
@@ -256,8 +258,7 @@ class Ingestor:
         out: list[FloatVector] = []
         if texts:
             self._embedder.warm_up()  # a remote model's id is known once it answered
-            if self._embedder.model_id != cfg.embedding_model:
-                raise ModelMismatch(cfg.name, cfg.embedding_model, self._embedder.model_id)
+            self._check_model(cfg)
         for i in range(0, len(texts), self._embed_batch_size):
             result = self._embedder.embed(texts[i : i + self._embed_batch_size])
             if result.vectors.shape[1] != cfg.dim:
@@ -266,6 +267,23 @@ class Ingestor:
             report.embedded += len(result.vectors)
             report.truncated += int(result.truncated.sum())
         return out
+
+    def _check_model(self, cfg: CollectionConfig) -> None:
+        """Refuse another model's vectors; record the fingerprint of a collection that had none.
+
+        Raises:
+            ModelMismatch: The embedder is not the collection's model (409).
+        """
+        fingerprint = self._embedder.fingerprint
+        mismatch = model_mismatch(cfg, self._embedder.model_id, fingerprint)
+        if mismatch is not None:
+            raise mismatch
+        if cfg.embedding_fingerprint is None and fingerprint:  # made before fingerprints: adopt
+            stored = self._docstore.collection_config(cfg.name)
+            if stored is not None:
+                self._docstore.put_collection(cfg.name, {**stored, "embedding_fingerprint": fingerprint})
+            cfg.embedding_fingerprint = fingerprint  # a config this batch writes keeps it
+            log.info("collection %r: recorded model %r's fingerprint %s", cfg.name, cfg.embedding_model, fingerprint)
 
     def _existing_vectors(self, cfg: CollectionConfig, ids: list[str]) -> dict[str, FloatVector]:
         """Vectors already stored for unchanged chunks (re-used instead of re-embedded)."""

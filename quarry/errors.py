@@ -95,6 +95,10 @@ class UnsupportedIndex(InvalidRequest):
     """The engine cannot build the requested index type or parameters."""
 
 
+class PayloadTooLarge(InvalidRequest):
+    """The request body, or a document in it, is larger than the server accepts (HTTP 413)."""
+
+
 class NotFound(QuarryError):
     """A named resource does not exist."""
 
@@ -125,15 +129,43 @@ class CollectionExists(Conflict):
 
 
 class ModelMismatch(Conflict):
-    """The collection's vectors come from another embedding model than the configured one."""
+    """The collection's vectors come from another embedding model than the configured one.
 
-    def __init__(self, collection: str, stored: str, current: str) -> None:
-        super().__init__(
-            f"collection {collection!r} holds vectors of model {stored!r}; this server embeds with "
-            f"{current!r}, whose vectors are not comparable: set QUARRY_EMBEDDING__URL to {stored!r}, "
-            "or ingest into a new collection"
-        )
+    Models are told apart by fingerprint (a digest of what they compute); the names are shown.
+    """
+
+    def __init__(
+        self,
+        collection: str,
+        stored: str,
+        current: str,
+        *,
+        stored_fingerprint: str | None = None,
+        current_fingerprint: str | None = None,
+    ) -> None:
+        if stored == current and stored_fingerprint and current_fingerprint:
+            message = (
+                f"collection {collection!r} holds vectors of model {stored!r} (fingerprint "
+                f"{_short(stored_fingerprint)}); this server's model is also named {current!r} but computes "
+                f"other vectors (fingerprint {_short(current_fingerprint)}): a model saved under the same "
+                "name is not the same model. Serve the model the collection was built with, or ingest into "
+                "a new collection"
+            )
+        else:
+            message = (
+                f"collection {collection!r} holds vectors of model {stored!r}; this server embeds with "
+                f"{current!r}, whose vectors are not comparable: set QUARRY_EMBEDDING__URL to {stored!r}, "
+                "or ingest into a new collection"
+            )
+        super().__init__(message)
         self.collection, self.stored, self.current = collection, stored, current
+        self.stored_fingerprint, self.current_fingerprint = stored_fingerprint, current_fingerprint
+
+
+def _short(fingerprint: str) -> str:
+    """A fingerprint cut for messages: kind and 12 hex digits."""
+    head, _, digest = fingerprint.rpartition(":")
+    return f"{head}:{digest[:12]}" if head else fingerprint[:12]
 
 
 class ConfigError(QuarryError):

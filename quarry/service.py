@@ -165,6 +165,7 @@ class Quarry:
         self.embedder.warm_up()
         cfg = CollectionConfig(
             name=name, language=language, embedding_model=self.embedder.model_id,
+            embedding_fingerprint=self.embedder.fingerprint or None,
             dim=self.embedder.dim, chunk_size=size, chunk_overlap=overlap,
         )
         self.store.create_collection(name, cfg.dim, cfg.metric)

@@ -30,7 +30,7 @@ import numpy as np
 
 from embedding.base import Embeddings, QueryEncoder
 from indexing.chunking import document_id_of
-from indexing.collections import CollectionConfig
+from indexing.collections import CollectionConfig, model_mismatch
 from indexing.docstore import DocStore
 from indexing.sources import check_unicode
 from quarry.breaker import OutageBreaker, failed
@@ -288,8 +288,9 @@ class Searcher:
                 no_vector = EmbeddingUnavailable(f"no query vector within {self._late()}")
                 self._embed_breaker.record(no_vector)  # a hung model server is skipped like a down one
                 _skip_dense(result, no_vector)
-            if embeddings is not None and self._embedder.model_id != cfg.embedding_model:
-                _skip_dense(result, ModelMismatch(cfg.name, cfg.embedding_model, self._embedder.model_id))
+            mismatch = None if embeddings is None else self._model_mismatch(cfg)
+            if mismatch is not None:
+                _skip_dense(result, mismatch)
                 embeddings = None
             if embeddings is not None:
                 ann_started = time.perf_counter()
@@ -427,6 +428,9 @@ class Searcher:
             metadata = {k: v for k, v in stored.payload.items() if k != "document_id"}
             hits.append(Hit(stored.document_id, stored.chunk_id, float(score), stored.text, metadata, explain))
         return hits
+
+    def _model_mismatch(self, cfg: CollectionConfig) -> ModelMismatch | None:
+        return model_mismatch(cfg, self._embedder.model_id, self._embedder.fingerprint)
 
     @staticmethod
     def _timed(result: SearchResult, name: str, fn: Any) -> Any:

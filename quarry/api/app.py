@@ -20,16 +20,25 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from indexing.collections import CollectionConfig
 from indexing.sources import SourceDocument, parse_document
+from quarry import errors as e
 from quarry import heap
 from quarry.api import errors
+from quarry.api.errors import error_responses
 from quarry.api.models import (
+    CollectionOut,
+    CollectionsOut,
     CreateCollection,
     DeleteDocuments,
+    DroppedOut,
+    HealthOut,
     IngestOut,
+    ReadyOut,
     SearchIn,
     SearchOut,
     UpsertDocuments,
@@ -85,7 +94,8 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
             if not isinstance(quarry, Quarry):
                 service.close()
 
-    app = FastAPI(title="Quarry", version="0.1.0", lifespan=lifespan, summary="Hybrid retrieval service")
+    # Swagger UI and ReDoc from the assets fastapi-offline ships: /docs works offline.
+    app = FastAPIOffline(title="Quarry", version="0.1.0", lifespan=lifespan, summary="Hybrid retrieval service")
     app.state.ready = False
     errors.install(app)
     app.add_middleware(MetricsMiddleware)
@@ -125,17 +135,24 @@ class MetricsMiddleware:
             REQUESTS.labels(path, str(status)).inc()
 
 
-@router.get("/healthz", tags=["ops"])
-async def healthz() -> dict[str, str]:
-    """Liveness: the process answers.
+# The errors each kind of route can raise, documented through quarry.api.errors.STATUS.
+_STORE = (e.StoreUnavailable, e.StoreError)
+_NAMED = (e.InvalidRequest, e.CollectionNotFound, *_STORE)
+_WRITE = (*_NAMED, e.InvalidDocument, e.ModelMismatch, e.DimensionMismatch, e.EmbeddingUnavailable, e.EmbeddingError)
 
-    Served on the event loop: no worker thread needed, so busy or stuck threads cannot make a
-    live server look dead.
-    """
+
+@router.get("/healthz", tags=["ops"], response_model=HealthOut)
+async def healthz() -> dict[str, str]:
+    """Liveness: the process answers, however busy its searches and writes are."""
+    # Served on the event loop: no worker thread needed, so busy or stuck threads cannot make a
+    # live server look dead.
     return {"status": "ok"}
 
 
-@router.get("/readyz", tags=["ops"])
+@router.get(
+    "/readyz", tags=["ops"], response_model=ReadyOut, response_model_exclude_none=True,
+    responses={503: {"model": ReadyOut, "description": "Starting, or the vector store failed (not an outage)."}},
+)
 async def readyz(request: Request, response: Response) -> dict[str, Any]:
     """Readiness: the model is loaded and queries can be answered.
 
@@ -143,8 +160,7 @@ async def readyz(request: Request, response: Response) -> dict[str, Any]:
     remote embedder that is down does: hybrid search still answers from BM25 and says so, and
     every replica shares the store, so taking them all out of rotation would turn degraded
     answers into none. While searches skip the store after an outage it is not asked again here;
-    otherwise the check waits at most 2 s (:class:`~quarry.api.probe.StoreProbe`). Any other
-    store error is 503.
+    otherwise the check waits at most 2 s. Any other store error is 503.
     """
     if not request.app.state.ready:
         response.status_code = 503
@@ -169,13 +185,21 @@ def prometheus() -> Response:
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/collections", tags=["collections"])
+@router.get(
+    "/v1/collections", tags=["collections"], response_model=CollectionsOut,
+)
 def list_collections(q: Service) -> dict[str, Any]:
     """All collections with their configuration."""
     return {"collections": [c.to_json() for c in q.list_collections()]}
 
 
-@router.post("/v1/collections", status_code=201, tags=["collections"])
+@router.post(
+    "/v1/collections", status_code=201, tags=["collections"], response_model=CollectionConfig,
+    responses=error_responses(
+        e.InvalidRequest, e.CollectionExists, e.Conflict, e.UnsupportedIndex, e.IndexBuildFailed, *_STORE,
+        e.EmbeddingUnavailable, e.EmbeddingError, body=True,
+    ),
+)
 def create_collection(body: CreateCollection, q: Service) -> dict[str, Any]:
     """Create a collection (409 if the name is taken)."""
     cfg = q.create_collection(
@@ -184,52 +208,79 @@ def create_collection(body: CreateCollection, q: Service) -> dict[str, Any]:
     return cfg.to_json()
 
 
-@router.get("/v1/collections/{name}", tags=["collections"])
+@router.get(
+    "/v1/collections/{name}", tags=["collections"], response_model=CollectionOut,
+    responses=error_responses(e.CollectionNotFound, *_STORE),
+)
 def describe_collection(name: str, q: Service) -> dict[str, Any]:
     """Configuration, metadata schema, index and counts of a collection."""
     return q.describe(name)
 
 
-@router.delete("/v1/collections/{name}", tags=["collections"])
+@router.delete(
+    "/v1/collections/{name}", tags=["collections"], response_model=DroppedOut,
+    responses=error_responses(e.CollectionNotFound, *_STORE),
+)
 def drop_collection(name: str, q: Service) -> dict[str, str]:
     """Drop a collection with all its data."""
     q.drop_collection(name)
     return {"deleted": name}
 
 
-@router.post("/v1/collections/{name}/documents", tags=["documents"])
+@router.post(
+    "/v1/collections/{name}/documents", tags=["documents"], response_model=IngestOut,
+    responses=error_responses(*_WRITE, e.IndexBuildFailed, body=True),
+)
 def upsert_documents(name: str, body: UpsertDocuments, q: Service) -> IngestOut:
     """Insert or replace a batch of documents, atomically (nothing is written on error)."""
     return IngestOut(**_report(q.upsert(name, _documents(body), atomic=True)))
 
 
-@router.post("/v1/collections/{name}/documents/delete", tags=["documents"])
+@router.post(
+    "/v1/collections/{name}/documents/delete", tags=["documents"], response_model=IngestOut,
+    responses=error_responses(*_NAMED, body=True),
+)
 def delete_documents(name: str, body: DeleteDocuments, q: Service) -> IngestOut:
     """Delete documents (all their chunks, in both channels) by id.
 
-    The docstore commits first, so the documents leave search (BM25, and dense hits are read
-    back through the docstore) before the vector store is asked. A 503 from the vector store
-    after that commit leaves the vector deletes recorded as pending: the next write to the
-    collection retries them, and a retried delete reports ``deleted: 0``.
+    The documents leave search at once. A 503 from the vector store after that leaves their
+    vectors' deletes pending: the next write to the collection retries them, and a retried
+    delete reports ``deleted: 0``.
     """
+    # The docstore commits first (BM25, and dense hits are read back through the docstore), then
+    # the vector store is asked; the pending deletes are recorded in that commit.
     return IngestOut(**_report(q.delete_documents(name, body.ids)))
 
 
-@router.delete("/v1/collections/{name}/documents/{document_id:path}", tags=["documents"])
+@router.delete(
+    "/v1/collections/{name}/documents/{document_id:path}", tags=["documents"], response_model=IngestOut,
+    responses=error_responses(*_NAMED),
+)
 def delete_document(name: str, document_id: str, q: Service) -> IngestOut:
     """Delete one document by id."""
     return IngestOut(**_report(q.delete_documents(name, [document_id])))
 
 
-@router.post("/v1/collections/{name}/search", tags=["search"], response_model=SearchOut)
+@router.post(
+    "/v1/collections/{name}/search", tags=["search"], response_model=SearchOut,
+    responses=error_responses(
+        e.InvalidQuery, e.InvalidFilter, e.InvalidRequest, e.CollectionNotFound, e.ModelMismatch,
+        e.DimensionMismatch, *_STORE, e.EmbeddingUnavailable, e.EmbeddingError, e.RerankError, body=True,
+    ),
+)
 async def search(name: str, body: SearchIn, q: Service) -> Response:
     """Hybrid (BM25 + dense, RRF), BM25-only or dense-only search with filters and paging.
 
+    Hybrid search answers from BM25 alone when the dense channel cannot (the store or the model
+    is down, the collection's vectors come from another model) and says why in ``degraded``;
+    dense-only search answers those with the error instead.
+
+    \f
     The body is :class:`SearchOut`, serialised by orjson straight from the result's dataclasses
     (the hot path: no second validation pass over hits the service built itself). The query runs
     on the event loop and awaits the model and the store; a rerank (a cross-encoder, CPU-bound)
-    runs in a worker thread.
-    """
+    runs in a worker thread. (FastAPI shows the text above the form feed as the description.)
+    """  # noqa: D301 - the form feed is FastAPI's cut
     started = time.perf_counter()
     rerank = _rerank_options(q, body)
     if rerank is None:

@@ -1,28 +1,37 @@
-"""The one place where Quarry's errors become HTTP responses.
+"""The one place where Quarry's errors become HTTP responses, and where the OpenAPI says so.
 
-Body of every error response::
+Body of every error response (:class:`~quarry.api.models.ErrorOut`)::
 
     {"error": {"type": "InvalidFilter", "message": "unknown filter field 'yeer'; ...",
                "retryable": false}}
+
+:func:`error_responses` turns the errors a route can raise into its OpenAPI ``responses`` through
+the same :data:`STATUS` table the handler uses, so the schema cannot drift from the answers.
+The router's own answers carry the methods a path allows: a 405 has an ``Allow`` header naming
+every method of that path, and ``OPTIONS`` on a known path answers 204 with that header.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fastapi import FastAPI, Request
+import fastapi.routing
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import BaseRoute, Match
 
 from quarry import errors as e
+from quarry.api.models import ErrorOut
 
 log = logging.getLogger(__name__)
 
 STATUS: dict[type[e.QuarryError], int] = {
+    e.PayloadTooLarge: 413,
     e.InvalidRequest: 400,
     e.NotFound: 404,
     e.Conflict: 409,
@@ -32,12 +41,55 @@ STATUS: dict[type[e.QuarryError], int] = {
 }
 
 
-def status_of(exc: e.QuarryError) -> int:
-    """HTTP status for an error: the entry of its nearest ancestor in :data:`STATUS`."""
-    for cls in type(exc).__mro__:
-        if cls in STATUS:
-            return STATUS[cls]
+# What the request-validation handler (422) and the router answer, for the OpenAPI.
+_VALIDATION = ("RequestValidationError", "the body or a parameter does not match the schema")
+_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}}
+
+
+def status_of(exc: e.QuarryError | type[e.QuarryError]) -> int:
+    """HTTP status for an error (or error class): the entry of its nearest ancestor in :data:`STATUS`."""
+    cls: type[e.QuarryError] = exc if isinstance(exc, type) else type(exc)
+    for parent in cls.__mro__:
+        if parent in STATUS:
+            return STATUS[parent]
     return 500
+
+
+def error_responses(*raised: type[e.QuarryError], body: bool = False, validated: bool = True) -> dict[int | str, Any]:
+    """OpenAPI ``responses`` of a route, from the error classes it can raise.
+
+    Args:
+        raised: Error classes the route may raise; each is documented under its :data:`STATUS`.
+        body: The route takes a JSON body: adds :class:`~quarry.errors.PayloadTooLarge` (413).
+        validated: The route has a body or parameters FastAPI validates: adds the 422 envelope
+            (FastAPI would otherwise document its own ``HTTPValidationError``, which we never send).
+
+    Returns:
+        ``{status: {"model": ErrorOut, "description": ...}}``, one entry per status; the
+        description lists each error type with the first line of its docstring; a status with a
+        retryable error documents ``Retry-After``.
+    """
+    by_status: dict[int, list[tuple[str, str]]] = {}
+    retryable: set[int] = set()
+    classes: tuple[type[e.QuarryError], ...] = (*raised, e.PayloadTooLarge) if body else raised
+    for cls in classes:
+        status = status_of(cls)
+        doc = (cls.__doc__ or "").strip().splitlines()[0]
+        if (cls.__name__, doc) not in by_status.setdefault(status, []):
+            by_status[status].append((cls.__name__, doc))
+        if cls.retryable:
+            retryable.add(status)
+    if validated:
+        by_status.setdefault(422, []).append(_VALIDATION)
+    out: dict[int | str, Any] = {}
+    for status in sorted(by_status):
+        entry: dict[str, Any] = {
+            "model": ErrorOut, "description": "\n".join(f"- `{name}`: {doc}" for name, doc in by_status[status]),
+        }
+        if status in retryable:
+            entry["headers"] = _RETRY_AFTER
+        out[status] = entry
+    return out
 
 
 def error_body(kind: str, message: str, retryable: bool = False) -> dict[str, object]:
@@ -80,11 +132,45 @@ def _json_error(err: Mapping[str, Any], body: object) -> str:
     return f"request body is not valid JSON: {reason} at line {line}, column {column} (char {pos}), near {near!r}"
 
 
-async def http_error(_: Request, exc: Exception) -> JSONResponse:
-    """Render the router's own errors (unknown path 404, wrong method 405) in the same envelope."""
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Render the router's own errors (unknown path 404, wrong method 405) in the same envelope.
+
+    A 405 names every method of the path in ``Allow`` (the router names only those of the first
+    route that matched the path); ``OPTIONS`` on a known path is answered here: 204 with ``Allow``.
+    """
     assert isinstance(exc, HTTPException)
+    headers, message = dict(exc.headers or {}), str(exc.detail)
+    if exc.status_code == 405:
+        allow = headers["Allow"] = allowed_methods(request)
+        if request.method == "OPTIONS":
+            return Response(status_code=204, headers={"Allow": allow})
+        message = f"method {request.method} is not allowed on {request.url.path}; allowed: {allow}"
     kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
-    return JSONResponse(error_body(kind, str(exc.detail)), status_code=exc.status_code, headers=exc.headers)
+    return JSONResponse(error_body(kind, message), status_code=exc.status_code, headers=headers or None)
+
+
+def allowed_methods(request: Request) -> str:
+    """The ``Allow`` header of the request's path: OPTIONS and the methods of its route template.
+
+    The template is that of the first route (in the router's order) matching the path, as the
+    OpenAPI lists it: ``/v1/collections/c/documents/delete`` is the batch-delete endpoint (POST),
+    although the ``DELETE .../documents/{document_id}`` route would also take it.
+    """
+    template, methods = None, {"OPTIONS"}
+    for route in _flat_routes(request.app.router.routes):
+        path, route_methods = getattr(route, "path", None), getattr(route, "methods", None)
+        if not route_methods or (template is not None and path != template):
+            continue
+        if route.matches(request.scope)[0] != Match.NONE:
+            template = path
+            methods.update(route_methods)
+    return ", ".join(sorted(methods))
+
+
+def _flat_routes(routes: Sequence[BaseRoute]) -> Iterable[Any]:
+    """The app's routes, included routers flattened (FastAPI >= 0.13x nests them)."""
+    flatten = getattr(fastapi.routing, "iter_route_contexts", None)
+    return routes if flatten is None else flatten(routes)
 
 
 async def internal_error(request: Request, exc: Exception) -> JSONResponse:

@@ -2,38 +2,64 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
 
+from indexing.collections import CollectionConfig
+from indexing.sources import RESERVED_FIELDS
 from quarry.settings import SearchSettings
 from retrieval.text import Language
+from stores.filters import FIELD_NAME
 
 _MAX_QUERY_CHARS = SearchSettings.model_fields["max_query_chars"].default
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a JSON false is not 0 and 1 is not true; what the schema says is what is taken
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class CreateCollection(_Body):
     """``POST /v1/collections``."""
 
-    name: str = Field(description="Letters, digits and '_'; starts with a letter; at most 63 characters.")
+    name: str = Field(
+        description="Letters, digits and '_'; starts with a letter; at most 63 characters.",
+        json_schema_extra={"pattern": "^[A-Za-z][A-Za-z0-9_]{0,62}$"},  # checked by the service (400)
+    )
     language: Language = Field("auto", description="BM25 analysis: en (Snowball), zh (jieba) or auto (both).")
     chunk_size: int | None = Field(None, ge=8, le=4096, description="Chunk cap in text tokens.")
     chunk_overlap: int | None = Field(None, ge=0, description="Tokens shared by consecutive chunks (< chunk_size).")
 
 
-class DocumentIn(BaseModel):
-    """A document to upsert; same fields as a JSONL line."""
+# What the service checks itself (400 InvalidDocument, naming the document), told to the OpenAPI.
+_TEXTS = ("text", "title")
+_METADATA_SCHEMA = cast("JsonDict", {
+    "propertyNames": {"pattern": FIELD_NAME.pattern, "not": {"enum": sorted(RESERVED_FIELDS)}},
+    "additionalProperties": {
+        "anyOf": [{"type": t} for t in ("string", "integer", "number", "boolean")]
+        + [{"type": "array", "items": {"type": "string"}}]
+    },
+})
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+class DocumentIn(BaseModel):
+    """A document to upsert; same fields as a JSONL line. ``text`` or ``title`` must not be blank."""
+
+    model_config = ConfigDict(
+        extra="forbid", populate_by_name=True, strict=True,
+        json_schema_extra={"anyOf": [{"required": [f], "properties": {f: {"minLength": 1}}} for f in _TEXTS]},
+    )
 
     id: str = Field(min_length=1, max_length=256)
     text: str = ""
     title: str = ""
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Flat fields: identifier names; string, number, boolean or list-of-string values.",
+        json_schema_extra=_METADATA_SCHEMA,
+    )
 
 
 class UpsertDocuments(_Body):
@@ -64,7 +90,8 @@ class SearchIn(_Body):
 
     query: str = Field(
         description=f"Query text; must not be blank; at most QUARRY_SEARCH__MAX_QUERY_CHARS "
-        f"({_MAX_QUERY_CHARS:,} by default) characters."
+        f"({_MAX_QUERY_CHARS:,} by default) characters.",
+        json_schema_extra={"minLength": 1},  # checked by the service (400 InvalidQuery)
     )
     top_k: int = Field(10, ge=1, description="Hits per page; offset + top_k <= rank_window_size.")
     mode: Literal["bm25", "dense", "hybrid"] = "hybrid"
@@ -76,6 +103,49 @@ class SearchIn(_Body):
     rerank: RerankIn | None = None
 
 
+class ChannelExplain(BaseModel):
+    """Where one channel (``bm25`` or ``dense``) ranked the hit."""
+
+    rank: int = Field(ge=1, description="1-based position in that channel's list.")
+    score: float = Field(description="The channel's own score (BM25, or cosine similarity).")
+    chunk_id: str = Field(description="The chunk the channel matched.")
+
+
+class FusionExplain(BaseModel):
+    """How the channels' ranks were fused (hybrid search)."""
+
+    method: Literal["rrf"]
+    k: int = Field(description="RRF constant: a hit scores sum(weight / (k + rank)) over the channels.")
+    score: float
+
+
+class RerankExplain(BaseModel):
+    """The cross-encoder's score and the hit's rank before the rerank."""
+
+    score: float
+    rank_before: int = Field(ge=1)
+
+
+class ExplainOut(BaseModel):
+    """Why a hit is where it is: each channel that found it, the fusion, the rerank."""
+
+    bm25: ChannelExplain | None = None
+    dense: ChannelExplain | None = None
+    fusion: FusionExplain | None = None
+    rerank: RerankExplain | None = None
+
+
+class TimingsOut(BaseModel):
+    """Milliseconds spent per stage; a stage that did not run is absent."""
+
+    bm25: float | None = Field(None, description="BM25 scoring.")
+    embed: float | None = Field(None, description="Query queued until its vector came back (beside BM25).")
+    ann: float | None = Field(None, description="Vector store search.")
+    dense: float | None = Field(None, description="The whole dense channel (embed + ann).")
+    rerank: float | None = Field(None, description="Cross-encoder rerank.")
+    hydrate: float | None = Field(None, description="Reading the hits' texts and metadata.")
+
+
 class HitOut(BaseModel):
     """One hit; ``explain`` gives each channel's rank and score, the fusion and the rerank."""
 
@@ -84,7 +154,7 @@ class HitOut(BaseModel):
     score: float
     text: str
     metadata: dict[str, Any]
-    explain: dict[str, Any]
+    explain: ExplainOut
 
 
 class SearchOut(BaseModel):
@@ -99,7 +169,7 @@ class SearchOut(BaseModel):
     reranked: bool | None = None
     rerank_reason: str | None = None
     took_ms: float
-    timings_ms: dict[str, float]
+    timings_ms: TimingsOut
 
 
 class IngestOut(BaseModel):
@@ -115,3 +185,52 @@ class IngestOut(BaseModel):
     embedded: int
     truncated: int
     elapsed_s: float
+
+
+class ErrorBody(BaseModel):
+    """What went wrong (the ``error`` member of every error response)."""
+
+    type: str = Field(description="The error's type, e.g. InvalidFilter, CollectionNotFound, StoreUnavailable.")
+    message: str = Field(description="What was wrong, for a person.")
+    retryable: bool = Field(description="Whether the same request may succeed later.")
+
+
+class ErrorOut(BaseModel):
+    """The envelope of every error response (4xx and 5xx)."""
+
+    error: ErrorBody
+
+
+class CollectionOut(CollectionConfig):
+    """A collection's configuration and counts."""
+
+    documents: int = Field(description="Documents stored.")
+    chunks: int = Field(description="Chunks stored.")
+    vectors: int = Field(description="Vectors in the vector store.")
+
+
+class CollectionsOut(BaseModel):
+    """All collections, each with its configuration."""
+
+    collections: list[CollectionConfig]
+
+
+class DroppedOut(BaseModel):
+    """A dropped collection."""
+
+    deleted: str
+
+
+class HealthOut(BaseModel):
+    """Liveness."""
+
+    status: Literal["ok"]
+
+
+class ReadyOut(BaseModel):
+    """Readiness (200 ``ready`` or ``degraded``; 503 ``starting`` or ``store error``)."""
+
+    status: Literal["starting", "ready", "degraded", "store error"]
+    embedding_model: str | None = None
+    degraded: list[str] | None = Field(None, description="What is skipped and why.")
+    message: str | None = Field(None, description="The store's error (``store error``).")

@@ -39,6 +39,10 @@ class CountingEmbedder:
         return self.inner.model_id
 
     @property
+    def fingerprint(self) -> str:
+        return self.inner.fingerprint
+
+    @property
     def dim(self) -> int:
         return self.inner.dim
 

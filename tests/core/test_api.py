@@ -1,4 +1,5 @@
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -232,3 +233,54 @@ def test_router_and_unexpected_errors_use_the_error_envelope(
             assert "internal error (ProgrammingError)" in _error(c.get("/v1/collections/anything"), 500)
     finally:
         broken.store.close()
+
+
+def test_the_openapi_documents_each_routes_errors_in_the_envelope(client: TestClient) -> None:
+    from quarry.api.errors import STATUS
+
+    schema = client.get("/openapi.json").json()
+    assert set(schema["components"]["schemas"]["ErrorOut"]["properties"]) == {"error"}
+    assert "HTTPValidationError" not in schema["components"]["schemas"]  # FastAPI's 422 body: never sent
+    search = schema["paths"]["/v1/collections/{name}/search"]["post"]
+    assert {"400", "404", "409", "413", "422", "503"} <= set(search["responses"])
+    for status, response in search["responses"].items():
+        if status.startswith(("4", "5")):
+            assert response["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorOut"}
+    assert "`ModelMismatch`" in search["responses"]["409"]["description"]
+    assert "Retry-After" in search["responses"]["503"]["headers"]
+    assert STATUS[next(iter(STATUS))] == 413  # the most specific InvalidRequest comes first
+    for path, method in [("/v1/collections", "post"), ("/v1/collections/{name}/documents", "post")]:
+        assert "413" in schema["paths"][path][method]["responses"]  # every route that takes a body
+    assert "413" not in schema["paths"]["/v1/collections/{name}"]["get"]["responses"]
+
+
+def test_the_openapi_types_explain_and_timings_and_keeps_implementation_notes_out(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    schemas = schema["components"]["schemas"]
+    assert schemas["HitOut"]["properties"]["explain"] == {"$ref": "#/components/schemas/ExplainOut"}
+    assert {"bm25", "dense", "fusion", "rerank"} <= set(schemas["ExplainOut"]["properties"])
+    assert schemas["SearchOut"]["properties"]["timings_ms"] == {"$ref": "#/components/schemas/TimingsOut"}
+    text = str(schema)
+    for note in ("orjson", "dataclass", "hot path", ":class:", "thread", "docstore", "event loop"):
+        assert note not in text, note
+
+
+def test_options_and_405_name_the_paths_methods(client: TestClient) -> None:
+    r = client.options("/v1/collections/anything")
+    assert r.status_code == 204 and r.headers["allow"] == "DELETE, GET, OPTIONS"
+    assert client.options("/v1/collections").headers["allow"] == "GET, OPTIONS, POST"
+    r = client.put("/v1/collections/anything")
+    assert r.headers["allow"] == "DELETE, GET, OPTIONS"
+    assert "allowed: DELETE, GET, OPTIONS" in _error(r, 405)
+    # the batch-delete path is its own resource, though the document route's template also fits it
+    assert client.options("/v1/collections/c/documents/delete").headers["allow"] == "OPTIONS, POST"
+    assert client.options("/v1/collections/c/documents/a/b").headers["allow"] == "DELETE, OPTIONS"
+    assert client.options("/v1/nowhere").status_code == 404
+
+
+def test_the_docs_page_loads_its_assets_from_this_server(client: TestClient) -> None:
+    page = client.get("/docs").text
+    assert "cdn" not in page.lower() and "https://" not in page
+    for asset in re.findall(r'(?:src|href)="(/[^"]+\.(?:js|css))"', page):
+        assert client.get(asset).status_code == 200, asset
+    assert client.get("/redoc").status_code == 200 and "https://" not in client.get("/redoc").text

@@ -329,10 +329,14 @@ def test_a_failed_commit_puts_back_the_metadata_of_reused_vectors(service: Quarr
     assert _ids(service.search(collection, "bee", mode="dense", filters={"k": 2})) == []
 
 
-def test_a_collection_of_another_models_vectors_refuses_to_mix_them(service: Quarry, collection: str) -> None:
+@pytest.mark.parametrize("fingerprint", ["sha256:" + "e5" * 32, None], ids=["fingerprinted", "nameonly"])
+def test_a_collection_of_another_models_vectors_refuses_to_mix_them(
+    service: Quarry, collection: str, fingerprint: str | None
+) -> None:
     service.upsert(collection, [SourceDocument("a", "ant text about colonies")])
     raw = service.get_collection(collection).to_json()
-    service.docstore.put_collection(collection, {**raw, "embedding_model": "e5-small"})  # as if made with it
+    made_with = {"embedding_model": "e5-small", "embedding_fingerprint": fingerprint}
+    service.docstore.put_collection(collection, {**raw, **made_with})  # as if made with it
     with pytest.raises(ModelMismatch, match="holds vectors of model 'e5-small'; this server embeds with"):
         service.upsert(collection, [SourceDocument("b", "bee text")])
     assert service.describe(collection)["documents"] == 1

@@ -113,6 +113,7 @@ def test_health_endpoints_metrics_and_batching_config(triton: TritonServer) -> N
     config = get(f"{base}/v2/models/minilm/config")
     assert '"max_batch_size":16' in config and '"max_queue_delay_microseconds":2000' in config
     assert '"model_id":{"string_value":"all-MiniLM-L6-v2"}' in config
+    assert '"fingerprint":{"string_value":"sha256:' in config
     assert "nv_inference_request_success" in get(f"http://127.0.0.1:{triton.metrics}/metrics")
 
 
@@ -125,6 +126,8 @@ def test_same_vectors_as_the_in_process_model(
     embedder.warm_up()
     assert isinstance(embedder, Embedder)
     assert (embedder.model_id, embedder.dim, embedder.max_seq_length) == ("all-MiniLM-L6-v2", 384, 256)
+    torch_embedder.warm_up()  # the server publishes the model folder's fingerprint: the same model as torch://
+    assert embedder.fingerprint == torch_embedder.fingerprint and embedder.fingerprint.startswith("sha256:")
     texts = [*scifact_subset, "", "a short query about cells"]
     got, want = embedder.embed(texts), torch_embedder.embed(texts)
     assert got.vectors.shape == (len(texts), 384) and got.vectors.dtype == np.float32
