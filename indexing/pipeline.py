@@ -27,7 +27,7 @@ from embedding.base import Embedder
 from indexing.chunking import chunk_text, make_chunk_id
 from indexing.collections import CollectionConfig
 from indexing.docstore import DocStore, StoredChunk
-from indexing.sources import SourceDocument
+from indexing.sources import SourceDocument, check_sizes
 from quarry.errors import DimensionMismatch, InvalidDocument, ModelMismatch
 from retrieval.bm25_registry import BM25Registry
 from retrieval.text import tokenize
@@ -114,6 +114,8 @@ class Ingestor:
         *,
         batch_size: int = 512,
         embed_batch_size: int = 64,
+        max_document_chars: int = 1_000_000,
+        max_token_chars: int = 1024,
     ) -> None:
         self._store = store
         self._docstore = docstore
@@ -121,6 +123,8 @@ class Ingestor:
         self._bm25 = bm25
         self._batch_size = batch_size
         self._embed_batch_size = embed_batch_size
+        self._max_document_chars = max_document_chars
+        self._max_token_chars = max_token_chars
 
     def upsert(
         self,
@@ -142,12 +146,15 @@ class Ingestor:
             Counts of what was added, updated, skipped and embedded.
 
         Raises:
-            InvalidDocument: A metadata type conflicts with the collection (nothing written).
+            InvalidDocument: A metadata type conflicts with the collection, or a document holds a
+                word over ``max_token_chars`` (nothing written).
+            PayloadTooLarge: A document is over ``max_document_chars`` (nothing written).
             EmbeddingError: The model failed (the failing batch wrote nothing).
             StoreError: The vector store failed (the failing batch is rolled back).
         """
         started = time.perf_counter()
         report = IngestReport(documents=len(docs))
+        check_sizes(docs, max_document_chars=self._max_document_chars, max_token_chars=self._max_token_chars)
         self._flush_pending(cfg.name)
         schema = merge_schema(cfg, docs)
         if schema is not None:

@@ -12,7 +12,8 @@ their message. Driver errors are wrapped with ``raise ... from exc``, never swal
     │   ├── InvalidFilter                  400  unknown field, wrong type, bad operator
     │   ├── InvalidDocument                400  malformed input line or document (names the line)
     │   ├── DimensionMismatch              400  vector of the wrong dimension
-    │   └── UnsupportedIndex               400  index type/params the engine cannot build
+    │   ├── UnsupportedIndex               400  index type/params the engine cannot build
+    │   ├── PayloadTooLarge                413  body or document over the server's limits
     ├── NotFound                           404
     │   └── CollectionNotFound             404
     ├── Conflict                           409
@@ -93,6 +94,10 @@ class DimensionMismatch(InvalidRequest):
 
 class UnsupportedIndex(InvalidRequest):
     """The engine cannot build the requested index type or parameters."""
+
+
+class PayloadTooLarge(InvalidRequest):
+    """The request body, or a document in it, is larger than the server accepts (HTTP 413)."""
 
 
 class NotFound(QuarryError):

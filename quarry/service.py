@@ -57,6 +57,7 @@ class Quarry:
         self.ingestor = Ingestor(
             self.store, self.docstore, self.embedder, self.bm25,
             batch_size=settings.ingest.batch_size, embed_batch_size=settings.embedding.batch_size,
+            max_document_chars=settings.ingest.max_document_chars, max_token_chars=settings.ingest.max_token_chars,
         )
         # queries from concurrent requests share model calls (dynamic batching), in a child
         # process if asked (and the model is ours to run: not one injected by the caller)
@@ -124,7 +125,7 @@ class Quarry:
             InvalidRequest: Bad name, language or chunking.
             CollectionExists: The name is taken (unless ``exist_ok``).
         """
-        if not NAME.match(name):
+        if not NAME.fullmatch(name):
             raise InvalidRequest(
                 f"invalid collection name {name!r}: start with a letter; letters, digits and '_' only; at most 63"
             )

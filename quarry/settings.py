@@ -65,14 +65,15 @@ class RerankSettings(BaseModel):
         model: Local path (or hub name where the network allows) of a cross-encoder, e.g.
             ``cross-encoder/ms-marco-MiniLM-L-6-v2``; empty disables reranking.
         top_n: Fused candidates rescored by default.
-        budget_ms: Time budget for the rerank step; past it the fused order is returned.
+        budget_ms: Time budget for the rerank step; past it the fused order is returned. Also
+            the most a request's ``rerank.budget_ms`` may ask for (a larger one is clamped to it).
         batch_size: Pairs per model call.
         device: ``auto`` (CUDA fp16 when present), ``cpu`` or ``cuda``.
     """
 
     model: str = ""
     top_n: int = Field(50, ge=1, le=1000)
-    budget_ms: float = Field(2000.0, gt=0)
+    budget_ms: float = Field(2000.0, gt=0, allow_inf_nan=False)
     batch_size: int = Field(32, ge=1, le=1024)
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
@@ -122,11 +123,22 @@ class IngestSettings(BaseModel):
         chunk_size: Hard cap on chunk length, in text tokens (words; one per CJK character).
         chunk_overlap: Tokens shared by consecutive chunks; must be below ``chunk_size``.
         batch_size: Documents written per atomic batch.
+        max_document_chars: Longest document (text plus title), in characters; a longer one is
+            refused (``PayloadTooLarge``, 413 over REST) before anything of its request or
+            source is written. 1,000,000 characters is about 500 pages of English.
+        max_token_chars: Longest word, in characters (a run of letters and digits, as BM25
+            tokenises text; CJK is cut into words of its own). A document holding a longer one is
+            refused (``InvalidDocument``, 400): such a "word" is a blob (base16, a sequence), not
+            text, and each one would stay in the collection's BM25 vocabulary, which is rewritten
+            on every rebuild. Lucene refuses terms over 32,766 bytes, and its standard tokenizer
+            cuts words at 255 characters.
     """
 
     chunk_size: int = Field(256, ge=8)
     chunk_overlap: int = Field(32, ge=0)
     batch_size: int = Field(512, ge=1)
+    max_document_chars: int = Field(1_000_000, ge=1)
+    max_token_chars: int = Field(1024, ge=1)
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> IngestSettings:
@@ -156,10 +168,14 @@ class ApiSettings(BaseModel):
     Attributes:
         host: Bind address.
         port: TCP port.
+        max_body_bytes: Largest request body, in bytes (32 MiB, Qdrant's default); a larger
+            one is refused with 413 ``PayloadTooLarge`` as soon as its ``Content-Length``, or the
+            bytes streamed in, pass the limit (:mod:`quarry.api.guard`).
     """
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1)
 
 
 class Settings(BaseSettings):

@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from indexing.sources import SourceDocument, parse_document
 from quarry import heap
 from quarry.api import errors
+from quarry.api.guard import RequestGuard
 from quarry.api.models import (
     CreateCollection,
     DeleteDocuments,
@@ -88,6 +89,7 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     app = FastAPI(title="Quarry", version="0.1.0", lifespan=lifespan, summary="Hybrid retrieval service")
     app.state.ready = False
     errors.install(app)
+    app.add_middleware(RequestGuard)
     app.add_middleware(MetricsMiddleware)
     app.include_router(router)
     return app
@@ -215,7 +217,7 @@ def delete_documents(name: str, body: DeleteDocuments, q: Service) -> IngestOut:
     return IngestOut(**_report(q.delete_documents(name, body.ids)))
 
 
-@router.delete("/v1/collections/{name}/documents/{document_id:path}", tags=["documents"])
+@router.delete("/v1/collections/{name}/documents/{document_id:whole}", tags=["documents"])
 def delete_document(name: str, document_id: str, q: Service) -> IngestOut:
     """Delete one document by id."""
     return IngestOut(**_report(q.delete_documents(name, [document_id])))
@@ -283,6 +285,6 @@ def _rerank_options(service: Quarry, body: SearchIn) -> RerankOptions | None:
         serves = f"reranks with {loaded!r}" if loaded else "has no reranker (QUARRY_RERANK__MODEL)"
         raise InvalidRequest(f"rerank model {body.rerank.model!r} is not loaded; this server {serves}")
     return RerankOptions(
-        top_n=body.rerank.top_n or cfg.top_n, budget_ms=body.rerank.budget_ms or cfg.budget_ms,
+        top_n=body.rerank.top_n or cfg.top_n, budget_ms=min(body.rerank.budget_ms or cfg.budget_ms, cfg.budget_ms),
         batch_size=cfg.batch_size,
     )

@@ -17,12 +17,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY
 
 from quarry import errors as e
 
 log = logging.getLogger(__name__)
 
 STATUS: dict[type[e.QuarryError], int] = {
+    e.PayloadTooLarge: 413,
     e.InvalidRequest: 400,
     e.NotFound: 404,
     e.Conflict: 409,
@@ -80,9 +82,18 @@ def _json_error(err: Mapping[str, Any], body: object) -> str:
     return f"request body is not valid JSON: {reason} at line {line}, column {column} (char {pos}), near {near!r}"
 
 
-async def http_error(_: Request, exc: Exception) -> JSONResponse:
-    """Render the router's own errors (unknown path 404, wrong method 405) in the same envelope."""
+async def http_error(request: Request, exc: Exception) -> JSONResponse:
+    """Render the router's own errors (unknown path 404, wrong method 405) in the same envelope.
+
+    A 413 is the body limit of :class:`~quarry.api.guard.RequestGuard`, met while the body
+    streamed in: rendered as :class:`~quarry.errors.PayloadTooLarge`.
+    """
     assert isinstance(exc, HTTPException)
+    limit = request.scope.get(MAX_BODY_SIZE_SCOPE_KEY)
+    if exc.status_code == 413 and isinstance(limit, int):
+        from quarry.api.guard import body_too_large
+
+        return await quarry_error(request, body_too_large(limit))
     kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
     return JSONResponse(error_body(kind, str(exc.detail)), status_code=exc.status_code, headers=exc.headers)
 

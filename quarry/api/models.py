@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -45,7 +45,7 @@ class UpsertDocuments(_Body):
 class DeleteDocuments(_Body):
     """``POST /v1/collections/{name}/documents/delete``."""
 
-    ids: list[str] = Field(min_length=1, max_length=10000)
+    ids: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(min_length=1, max_length=10000)
 
 
 class RerankIn(_Body):
@@ -55,7 +55,10 @@ class RerankIn(_Body):
         None, ge=1, le=1000,
         description="Fused candidates rescored; offset + top_k <= top_n. Default: QUARRY_RERANK__TOP_N.",
     )
-    budget_ms: float | None = Field(None, gt=0, description="Default: QUARRY_RERANK__BUDGET_MS.")
+    budget_ms: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="Default and most: QUARRY_RERANK__BUDGET_MS (a larger budget is clamped to it).",
+    )
     model: str | None = Field(None, description="Must match the configured reranker (one model per server).")
 
 
