@@ -8,9 +8,12 @@ configuration at all: Milvus Lite under ``./data`` and the packaged all-MiniLM-L
 
 from __future__ import annotations
 
+import difflib
+import os
+from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -215,3 +218,70 @@ class Settings(BaseSettings):
 def get_settings() -> Settings:
     """The process-wide settings, read once from the environment."""
     return Settings()
+
+
+ENV_PREFIX = "QUARRY_"
+TOOLING_ENV = frozenset({
+    # read by scripts/, model_repository/ and the test suite, not by the service
+    "QUARRY_SERVICES_DIR", "QUARRY_PG_PORT", "QUARRY_PG_START_TIMEOUT_S", "QUARRY_MILVUS_KEEP_DATA",
+    "QUARRY_MILVUS_START_TIMEOUT_S", "QUARRY_MILVUS_STOP_TIMEOUT_S", "QUARRY_DEMO_DETACH", "QUARRY_DEMO_QUERY",
+    "QUARRY_TORCH_SPEC", "QUARRY_MODEL_PATH", "QUARRY_TRITON_SERVE_PID",
+})
+"""``QUARRY_*`` variables that are not settings but are known (``QUARRY_TEST_*`` too)."""
+
+
+def setting_fields(
+    model: type[BaseModel] = Settings, prefix: str = ENV_PREFIX
+) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """Every setting's environment variable and its path in :class:`Settings`, nested ones included.
+
+    A nested model is itself a variable (its value JSON, as pydantic-settings reads it) and so is
+    each of its fields, ``__``-separated: ``QUARRY_STORE``, ``QUARRY_STORE__URL``...
+
+    Yields:
+        ``(variable, path)``, e.g. ``("QUARRY_STORE__URL", ("store", "url"))``.
+    """
+    for name, info in model.model_fields.items():
+        variable, path = f"{prefix}{name.upper()}", (name,)
+        yield variable, path
+        kind = info.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            for sub, sub_path in setting_fields(kind, variable + "__"):
+                yield sub, path + sub_path
+
+
+def unknown_env(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """``QUARRY_*`` variables that set nothing (pydantic-settings ignores them silently).
+
+    Args:
+        environ: The environment to check (default ``os.environ``).
+
+    Returns:
+        ``(variable, closest known variable or None)`` per unknown variable, sorted, e.g.
+        ``("QUARRY_STORE_URL", "QUARRY_STORE__URL")``.
+    """
+    environ = os.environ if environ is None else environ
+    known = {variable for variable, _ in setting_fields()}
+    unknown = []
+    for variable in sorted(environ):
+        upper = variable.upper()  # pydantic-settings reads names case-insensitively
+        if not upper.startswith(ENV_PREFIX) or upper in known or upper in TOOLING_ENV:
+            continue
+        if upper.startswith(ENV_PREFIX + "TEST_"):
+            continue
+        close = difflib.get_close_matches(upper, known, n=1, cutoff=0.8)
+        unknown.append((variable, close[0] if close else None))
+    return unknown
+
+
+def effective(settings: Settings) -> dict[str, Any]:
+    """Every leaf setting by its environment variable, as JSON values (the effective configuration)."""
+    dumped = settings.model_dump(mode="json")
+    out: dict[str, Any] = {}
+    for variable, path in setting_fields():
+        value: Any = dumped
+        for part in path:
+            value = value[part]
+        if not isinstance(value, dict):
+            out[variable] = value
+    return out
