@@ -28,7 +28,7 @@ from indexing.chunking import chunk_text, make_chunk_id
 from indexing.collections import CollectionConfig
 from indexing.docstore import DocStore, StoredChunk
 from indexing.sources import SourceDocument, check_sizes
-from quarry.errors import DimensionMismatch, InvalidDocument, ModelMismatch
+from quarry.errors import InvalidDocument, ModelDimensionMismatch, ModelMismatch
 from retrieval.bm25_registry import BM25Registry
 from retrieval.text import tokenize
 from stores.base import VectorRecord, VectorStore
@@ -149,6 +149,8 @@ class Ingestor:
             InvalidDocument: A metadata type conflicts with the collection, or a document holds a
                 word over ``max_token_chars`` (nothing written).
             PayloadTooLarge: A document is over ``max_document_chars`` (nothing written).
+            ModelMismatch: The collection's vectors come from another model, or one of another
+                dimension (``ModelDimensionMismatch``); nothing written.
             EmbeddingError: The model failed (the failing batch wrote nothing).
             StoreError: The vector store failed (the failing batch is rolled back).
         """
@@ -265,10 +267,15 @@ class Ingestor:
             self._embedder.warm_up()  # a remote model's id is known once it answered
             if self._embedder.model_id != cfg.embedding_model:
                 raise ModelMismatch(cfg.name, cfg.embedding_model, self._embedder.model_id)
+            if self._embedder.dim != cfg.dim:
+                dims = {"expected": cfg.dim, "got": self._embedder.dim}
+                raise ModelDimensionMismatch(cfg.name, self._embedder.model_id, **dims)
         for i in range(0, len(texts), self._embed_batch_size):
             result = self._embedder.embed(texts[i : i + self._embed_batch_size])
             if result.vectors.shape[1] != cfg.dim:
-                raise DimensionMismatch(expected=cfg.dim, got=result.vectors.shape[1], collection=cfg.name)
+                raise ModelDimensionMismatch(
+                    cfg.name, self._embedder.model_id, expected=cfg.dim, got=result.vectors.shape[1]
+                )
             out.extend(result.vectors)
             report.embedded += len(result.vectors)
             report.truncated += int(result.truncated.sum())

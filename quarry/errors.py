@@ -17,7 +17,9 @@ their message. Driver errors are wrapped with ``raise ... from exc``, never swal
     ├── NotFound                           404
     │   └── CollectionNotFound             404
     ├── Conflict                           409
-    │   └── CollectionExists               409
+    │   ├── CollectionExists               409
+    │   └── ModelMismatch                  409  the collection's vectors come from another model
+    │       └── ModelDimensionMismatch     409  ... of another dimension than the configured one
     ├── ConfigError                        500  bad settings, unknown URL scheme, missing extra
     ├── StoreError                         500  a vector store operation failed
     │   ├── StoreUnavailable               503  the store cannot be reached (retryable)
@@ -139,6 +141,28 @@ class ModelMismatch(Conflict):
             "or ingest into a new collection"
         )
         self.collection, self.stored, self.current = collection, stored, current
+
+
+class ModelDimensionMismatch(ModelMismatch):
+    """The configured model's vectors have another dimension than the collection's.
+
+    A conflict of the collection with the server's model (409), not a bad request: hybrid search
+    answers from BM25 alone and says why, as for any :class:`ModelMismatch`.
+
+    Attributes:
+        expected: The collection's dimension.
+        got: The configured model's dimension.
+    """
+
+    def __init__(self, collection: str, model: str, *, expected: int, got: int) -> None:
+        Conflict.__init__(
+            self,
+            f"collection {collection!r} holds {expected}-dimensional vectors; this server's model {model!r} "
+            f"gives {got}-dimensional ones, which cannot be compared: set QUARRY_EMBEDDING__URL to the "
+            "collection's model, or ingest into a new collection",
+        )
+        self.collection, self.stored, self.current = collection, model, model
+        self.expected, self.got = expected, got
 
 
 class ConfigError(QuarryError):

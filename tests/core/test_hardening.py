@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.routing import Match, Route
 
+from embedding.sentence_transformers import SentenceTransformerEmbedder, resolve_model_path
 from indexing.collections import NAME
 from indexing.sources import SourceDocument, parse_document
 from quarry.api import create_app
@@ -211,3 +212,45 @@ def test_a_client_rerank_budget_is_clamped_to_the_servers(service: Quarry) -> No
     assert options is not None and options.budget_ms == service.settings.rerank.budget_ms == 2000
     lower = _rerank_options(service, SearchIn.model_validate({"query": "x", "rerank": {"budget_ms": 50}}))
     assert lower is not None and lower.budget_ms == 50
+
+
+# --- finding 7: a model of another dimension ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def other_dim_model(tmp_path_factory: pytest.TempPathFactory) -> SentenceTransformerEmbedder:
+    """A real model of 128 dimensions saved under the packaged model's name (MiniLM plus a Dense layer)."""
+    from sentence_transformers import SentenceTransformer, models
+
+    base = SentenceTransformer(str(resolve_model_path("all-MiniLM-L6-v2")), device="cpu")
+    base.append(models.Dense(384, 128))
+    folder = tmp_path_factory.mktemp("models") / "all-MiniLM-L6-v2"
+    base.save(str(folder))
+    model = SentenceTransformerEmbedder(str(folder), device="cpu")
+    model.warm_up()
+    assert (model.model_id, model.dim) == ("all-MiniLM-L6-v2", 128)
+    return model
+
+
+def test_a_model_of_another_dimension_is_a_conflict_and_hybrid_degrades(
+    service: Quarry, collection: str, other_dim_model: SentenceTransformerEmbedder
+) -> None:
+    """Issue 20, finding 7: every hybrid query was a 400 DimensionMismatch, the upsert a 400."""
+    service.upsert(collection, [SourceDocument("ant", "ants live in colonies")])
+    other = Quarry(service.settings, store=service.store, embedder=other_dim_model)
+    try:
+        with TestClient(create_app(other)) as client:
+            url = f"/v1/collections/{collection}"
+            r = client.post(f"{url}/search", json={"query": "ant colonies", "mode": "hybrid"})
+            assert r.status_code == 200, r.text
+            assert [h["document_id"] for h in r.json()["hits"]] == ["ant"]
+            [why] = r.json()["degraded"]
+            assert "holds 384-dimensional vectors; this server's model 'all-MiniLM-L6-v2' gives 128" in why
+            said = _error(client.post(f"{url}/search", json={"query": "ant colonies", "mode": "dense"}), 409)
+            assert said["type"] == "ModelDimensionMismatch"
+            doc = {"id": "bee", "text": "bees make honey"}
+            said = _error(client.post(f"{url}/documents", json={"documents": [doc]}), 409)
+            assert said["type"] == "ModelDimensionMismatch" and "384" in said["message"]
+            assert client.get(url).json()["documents"] == 1
+    finally:
+        other.docstore.close()
