@@ -87,8 +87,10 @@ class Quarry:
             yield
 
     def warm_up(self) -> None:
-        """Load the models (reranker, then embedder) so that the first request pays nothing.
+        """Load the BM25 indexes, then the models (reranker, embedder): the first request pays nothing.
 
+        A BM25 snapshot that is damaged or disagrees with the docstore is rebuilt here (logged);
+        a collection whose index cannot be rebuilt is left in ``bm25.failures`` (``/readyz``).
         The reranker loads first: a remote embedder that is down (``EmbeddingUnavailable``, which
         a server tolerates by degrading to BM25) must not hide a reranker that cannot load.
 
@@ -96,6 +98,7 @@ class Quarry:
             ConfigError, RerankError: The reranker's model cannot be loaded.
             EmbeddingError: The embedder cannot load (``EmbeddingUnavailable``: its server is down).
         """
+        self.bm25.load(self.docstore.list_collections())
         if self.reranker is not None:
             self.reranker.warm_up()
         self.query_embedder.warm_up()

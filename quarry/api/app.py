@@ -146,12 +146,16 @@ async def readyz(request: Request, response: Response) -> dict[str, Any]:
     every replica shares the store, so taking them all out of rotation would turn degraded
     answers into none. While searches skip the store after an outage it is not asked again here;
     otherwise the check waits at most 2 s (:class:`~quarry.api.probe.StoreProbe`). Any other
-    store error is 503.
+    store error is 503, and so is a collection whose BM25 index can be neither loaded nor rebuilt
+    from the docstore (this server's own state: it cannot answer that collection).
     """
     if not request.app.state.ready:
         response.status_code = 503
         return {"status": "starting"}
     service: Quarry = request.app.state.quarry
+    if service.bm25.failures:
+        response.status_code = 503
+        return {"status": "collection error", "collections": dict(service.bm25.failures)}
     ready = {"status": "ready", "embedding_model": service.embedder.model_id}
     outage = service.searcher.store_outage
     try:

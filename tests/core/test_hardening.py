@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import json
 import re
+import shutil
+import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from quarry.api.app import _rerank_options, router
 from quarry.api.models import SearchIn
 from quarry.errors import InvalidDocument, InvalidFilter, InvalidRequest
 from quarry.service import Quarry
+from retrieval.bm25 import BM25Index
 from stores import milvus, pgvector_sql, qdrant_common
 from stores.filters import FIELD_NAME, parse_filter
 
@@ -254,3 +258,73 @@ def test_a_model_of_another_dimension_is_a_conflict_and_hybrid_degrades(
             assert client.get(url).json()["documents"] == 1
     finally:
         other.docstore.close()
+
+
+# --- finding 2: derived state that fails to load or disagrees with the docstore ------------------
+
+
+@pytest.fixture()
+def restarted(service: Quarry) -> Iterator[Callable[[], Quarry]]:
+    """A second service over the same data dir and store, as after a restart (its own BM25 registry)."""
+    opened: list[Quarry] = []
+
+    def start() -> Quarry:
+        opened.append(Quarry(service.settings, store=service.store, embedder=service.embedder))
+        return opened[-1]
+
+    yield start
+    for other in opened:
+        other.docstore.close()  # the store is the session's
+
+
+def _bm25_ids(client: TestClient, name: str, query: str) -> list[str]:
+    r = client.post(f"/v1/collections/{name}/search", json={"query": query, "mode": "bm25"})
+    assert r.status_code == 200, r.text
+    return [h["document_id"] for h in r.json()["hits"]]
+
+
+def test_a_damaged_bm25_snapshot_is_rebuilt_from_the_docstore_and_logged(
+    service: Quarry, collection: str, restarted: Callable[[], Quarry], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 20, finding 2: a truncated .npy made every BM25 and hybrid search a 500, /readyz ready."""
+    service.upsert(collection, [SourceDocument("ant", "ants live in colonies"), SourceDocument("bee", "bees")])
+    npy = service.settings.data_dir / "bm25" / collection / "data.csc.index.npy"
+    npy.write_bytes(b"")  # truncated to nothing: numpy raises EOFError, which the loader did not catch
+    with TestClient(create_app(restarted())) as client:
+        assert client.get("/readyz").json()["status"] == "ready"
+        assert _bm25_ids(client, collection, "ant colonies") == ["ant"]
+        r = client.post(f"/v1/collections/{collection}/search", json={"query": "ant colonies"})
+        assert r.status_code == 200 and r.json()["hits"][0]["document_id"] == "ant"
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert f"BM25 index of collection {collection!r}" in said and "is damaged" in said
+    assert "rebuilding it from the docstore" in said
+    assert BM25Index.load(npy.parent).document_ids == ["ant", "bee"]  # saved again, whole
+
+
+def test_a_bm25_snapshot_that_disagrees_with_the_docstore_is_rebuilt(
+    service: Quarry, collection: str, restarted: Callable[[], Quarry], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Readable, current version, but other rows than the docstore's: never served."""
+    service.upsert(collection, [SourceDocument("ant", "ants live in colonies"), SourceDocument("bee", "bees")])
+    sidecar = service.settings.data_dir / "bm25" / collection / "rows.json"
+    rows = json.loads(sidecar.read_text())
+    rows["chunk_ids"].reverse()
+    rows["document_ids"].reverse()
+    sidecar.write_text(json.dumps(rows))
+    with TestClient(create_app(restarted())) as client:
+        assert _bm25_ids(client, collection, "ant colonies") == ["ant"]
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "holds 2 rows, the docstore 2 chunks with tokens (other chunk ids); rebuilding" in said
+
+
+def test_a_collection_whose_bm25_cannot_be_rebuilt_is_not_ready(
+    service: Quarry, collection: str, restarted: Callable[[], Quarry]
+) -> None:
+    service.upsert(collection, [SourceDocument("ant", "ants live in colonies")])
+    shutil.rmtree(service.settings.data_dir / "bm25" / collection)
+    with sqlite3.connect(service.settings.data_dir / "docstore.sqlite") as db:  # the state of record, damaged
+        db.execute("UPDATE chunks SET tokens = '[\"ant' WHERE collection = ?", (collection,))
+    with TestClient(create_app(restarted())) as client:
+        r = client.get("/readyz")
+        assert r.status_code == 503, r.text
+        assert r.json()["status"] == "collection error" and "JSONDecodeError" in r.json()["collections"][collection]
