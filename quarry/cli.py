@@ -196,14 +196,29 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default QUARRY_API__HOST).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default QUARRY_API__PORT).")] = None,
 ) -> None:
-    """Start the REST API (OpenAPI at /docs)."""
+    """Start the REST API (OpenAPI at /docs).
+
+    The store, the docstore and the models open here, before the server starts: a store that
+    cannot be opened (a Milvus Lite file another process holds) or a model that cannot load is
+    one error line (exit 2), not a traceback of the server's failed startup. A remote embedder
+    that is down is not: the server starts and answers from BM25 meanwhile.
+    """
     import uvicorn
 
     from quarry.api import create_app
+    from quarry.errors import EmbeddingUnavailable
 
     settings = get_settings()
-    application = create_app(lambda: _quarry(settings))
-    uvicorn.run(application, host=host or settings.api.host, port=port or settings.api.port, log_level="info")
+    service = _quarry(settings)
+    try:
+        try:
+            service.warm_up()
+        except EmbeddingUnavailable as exc:
+            err.print(f"[yellow]warning[/] embedding server unavailable, serving BM25 meanwhile: {escape(exc.message)}")
+        application = create_app(service)
+        uvicorn.run(application, host=host or settings.api.host, port=port or settings.api.port, log_level="info")
+    finally:
+        service.close()
 
 
 @app.command("eval")

@@ -51,7 +51,7 @@ def test_a_locked_store_is_one_error_line(tmp_path: Path) -> None:
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
-        for args in (["collections", "list"], ["collections", "describe", "c"]):
+        for args in (["collections", "list"], ["collections", "describe", "c"], ["serve", "--port", "18731"]):
             _one_error_line(_script(args, tmp_path), "error (StoreUnavailable): the Milvus Lite file")
     finally:
         holder.kill()
