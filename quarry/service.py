@@ -98,7 +98,7 @@ class Quarry:
             ConfigError, RerankError: The reranker's model cannot be loaded.
             EmbeddingError: The embedder cannot load (``EmbeddingUnavailable``: its server is down).
         """
-        self.bm25.load(self.docstore.list_collections())
+        self.bm25.load_all()
         if self.reranker is not None:
             self.reranker.warm_up()
         self.query_embedder.warm_up()

@@ -70,11 +70,17 @@ class BM25Registry:
             hook()
         return snap
 
-    def load(self, collections: list[str]) -> None:
-        """Load (or repair) the snapshots of ``collections`` now, as a server starts.
+    def load_all(self) -> None:
+        """Load (or repair) every collection's snapshot now, as a server starts.
 
-        A collection that fails is logged and left in :attr:`failures`; the others load.
+        A collection that fails is logged and left in :attr:`failures`; the others load. A
+        docstore that cannot list its collections is logged: each request then meets its error.
         """
+        try:
+            collections = self._docstore.list_collections()
+        except Exception:
+            log.exception("the docstore cannot list its collections: no BM25 index loaded at startup")
+            return
         for collection in collections:
             try:
                 self.get(collection)
