@@ -18,7 +18,7 @@ from retrieval.text import Language
 from stores.base import Metric
 from stores.filters import FieldType
 
-NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
+NAME = re.compile(r"\A[A-Za-z][A-Za-z0-9_]{0,62}\Z")
 BUILTIN_FIELDS: dict[str, FieldType] = {"document_id": "str"}
 
 

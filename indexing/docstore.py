@@ -183,6 +183,19 @@ class DocStore:
             ).fetchall()
         return version, [(r[0], r[1], json.loads(r[2]), json.loads(r[3])) for r in rows]
 
+    def bm25_chunk_ids(self, name: str) -> tuple[int, list[str]]:
+        """``(version, chunk ids)`` of the chunks with BM25 tokens, in insertion order.
+
+        The rows a BM25 snapshot of this version holds (:meth:`bm25_rows` without the chunks
+        that have no token): what a loaded snapshot is checked against.
+        """
+        with self._lock:
+            version = self.version(name)
+            rows = self._db.execute(
+                "SELECT chunk_id FROM chunks WHERE collection=? AND tokens != '[]' ORDER BY rowid", (name,)
+            ).fetchall()
+        return version, [r[0] for r in rows]
+
     def pending_deletes(self, name: str) -> list[str]:
         """Chunk ids whose vectors a write meant to delete but has not yet (see :meth:`write_batch`)."""
         with self._lock:

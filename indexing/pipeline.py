@@ -28,8 +28,8 @@ from embedding.base import Embedder
 from indexing.chunking import chunk_text, make_chunk_id
 from indexing.collections import CollectionConfig, model_mismatch
 from indexing.docstore import DocStore, StoredChunk
-from indexing.sources import SourceDocument
-from quarry.errors import DimensionMismatch, InvalidDocument
+from indexing.sources import SourceDocument, check_sizes
+from quarry.errors import InvalidDocument, ModelDimensionMismatch
 from retrieval.bm25_registry import BM25Registry
 from retrieval.text import tokenize
 from stores.base import VectorRecord, VectorStore
@@ -116,6 +116,8 @@ class Ingestor:
         *,
         batch_size: int = 512,
         embed_batch_size: int = 64,
+        max_document_chars: int = 1_000_000,
+        max_token_chars: int = 1024,
     ) -> None:
         self._store = store
         self._docstore = docstore
@@ -123,6 +125,8 @@ class Ingestor:
         self._bm25 = bm25
         self._batch_size = batch_size
         self._embed_batch_size = embed_batch_size
+        self._max_document_chars = max_document_chars
+        self._max_token_chars = max_token_chars
 
     def upsert(
         self,
@@ -144,12 +148,17 @@ class Ingestor:
             Counts of what was added, updated, skipped and embedded.
 
         Raises:
-            InvalidDocument: A metadata type conflicts with the collection (nothing written).
+            InvalidDocument: A metadata type conflicts with the collection, or a document holds a
+                word over ``max_token_chars`` (nothing written).
+            PayloadTooLarge: A document is over ``max_document_chars`` (nothing written).
+            ModelMismatch: The collection's vectors come from another model, or one of another
+                dimension (``ModelDimensionMismatch``); nothing written.
             EmbeddingError: The model failed (the failing batch wrote nothing).
             StoreError: The vector store failed (the failing batch is rolled back).
         """
         started = time.perf_counter()
         report = IngestReport(documents=len(docs))
+        check_sizes(docs, max_document_chars=self._max_document_chars, max_token_chars=self._max_token_chars)
         self._flush_pending(cfg.name)
         schema = merge_schema(cfg, docs)
         if schema is not None:
@@ -258,11 +267,16 @@ class Ingestor:
         out: list[FloatVector] = []
         if texts:
             self._embedder.warm_up()  # a remote model's id is known once it answered
+            if self._embedder.dim != cfg.dim:
+                dims = {"expected": cfg.dim, "got": self._embedder.dim}
+                raise ModelDimensionMismatch(cfg.name, self._embedder.model_id, **dims)
             self._check_model(cfg)
         for i in range(0, len(texts), self._embed_batch_size):
             result = self._embedder.embed(texts[i : i + self._embed_batch_size])
             if result.vectors.shape[1] != cfg.dim:
-                raise DimensionMismatch(expected=cfg.dim, got=result.vectors.shape[1], collection=cfg.name)
+                raise ModelDimensionMismatch(
+                    cfg.name, self._embedder.model_id, expected=cfg.dim, got=result.vectors.shape[1]
+                )
             out.extend(result.vectors)
             report.embedded += len(result.vectors)
             report.truncated += int(result.truncated.sum())

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quarry.errors import InvalidDocument, InvalidRequest
+from quarry.errors import InvalidDocument, InvalidRequest, PayloadTooLarge
+from retrieval.text import long_word
 from stores.base import Payload
 from stores.filters import FIELD_NAME
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 RESERVED_FIELDS = frozenset({"document_id", "chunk_id", "position", "title", "text"})
 TEXT_SUFFIXES = (".txt", ".md")
 
@@ -133,17 +136,14 @@ def parse_document(raw: Any) -> SourceDocument:
 
     Raises:
         InvalidDocument: Not an object, missing/empty id or text, non-string title, bad metadata,
-            a lone surrogate or a NUL character in a string.
+            a lone surrogate or a NUL character in a string, a control character in the id.
     """
     if not isinstance(raw, dict):
         raise InvalidDocument(f"expected a JSON object, got {type(raw).__name__}")
     doc_id = raw.get("id", raw.get("_id"))
     if isinstance(doc_id, int) and not isinstance(doc_id, bool):
         doc_id = str(doc_id)
-    if not isinstance(doc_id, str) or not doc_id.strip():
-        raise InvalidDocument("missing or empty 'id' (or '_id'): a non-empty string is required")
-    if len(doc_id) > 256:
-        raise InvalidDocument(f"document id is longer than 256 characters: {doc_id[:40]!r}...")
+    doc_id = _check_id(doc_id)
     text, title = raw.get("text"), raw.get("title", "") or ""
     if not isinstance(text, str):
         raise InvalidDocument(f"document {doc_id!r}: 'text' must be a string")
@@ -164,6 +164,50 @@ def parse_document(raw: Any) -> SourceDocument:
                     f"{field_value.index(chr(0))}; remove it"
                 )
     return SourceDocument(doc_id, text, title, metadata)
+
+
+def _check_id(doc_id: object) -> str:
+    """A document id: a non-empty string of at most 256 characters, none of them a control character."""
+    if not isinstance(doc_id, str) or not doc_id.strip():
+        raise InvalidDocument("missing or empty 'id' (or '_id'): a non-empty string is required")
+    if len(doc_id) > 256:
+        raise InvalidDocument(f"document id is longer than 256 characters: {doc_id[:40]!r}...")
+    control = _CONTROL.search(doc_id)
+    if control is not None:  # invisible in logs and tables, and a trailing newline fools route patterns
+        raise InvalidDocument(
+            f"document id {doc_id[:40]!r} holds a control character (U+{ord(control.group()):04X}) at "
+            f"character {control.start()}; ids are printable text"
+        )
+    return doc_id
+
+
+def check_sizes(docs: Sequence[SourceDocument], *, max_document_chars: int, max_token_chars: int) -> None:
+    """Refuse documents over the server's size limits (``QUARRY_INGEST__MAX_*``), before any is written.
+
+    Args:
+        docs: The documents of one ingestion.
+        max_document_chars: Longest text plus title, in characters.
+        max_token_chars: Longest word, in characters (see :func:`retrieval.text.long_word`).
+
+    Raises:
+        PayloadTooLarge: A document is longer than ``max_document_chars`` (HTTP 413).
+        InvalidDocument: A document holds a word longer than ``max_token_chars``.
+    """
+    for doc in docs:
+        size = len(doc.text) + len(doc.title)
+        if size > max_document_chars:
+            raise PayloadTooLarge(
+                f"document {doc.id[:40]!r} is {size:,} characters (text and title); the limit is "
+                f"{max_document_chars:,} (QUARRY_INGEST__MAX_DOCUMENT_CHARS): split it into several documents"
+            )
+        for where, value in (("text", doc.text), ("title", doc.title)):
+            word = long_word(value, max_token_chars)
+            if word is not None:
+                raise InvalidDocument(
+                    f"document {doc.id[:40]!r}: its {where} holds a word of over {max_token_chars:,} characters "
+                    f"at character {word.start()} ({word.group()[:24]!r}...); the limit is "
+                    "QUARRY_INGEST__MAX_TOKEN_CHARS"
+                )
 
 
 def check_unicode(text: str, where: str, error: type[InvalidRequest]) -> None:
@@ -191,7 +235,7 @@ def check_metadata(meta: Any, doc_id: str) -> Payload:
     if not isinstance(meta, dict):
         raise InvalidDocument(f"document {doc_id!r}: 'metadata' must be an object")
     for key, value in meta.items():
-        if not FIELD_NAME.match(key) or key in RESERVED_FIELDS:
+        if not FIELD_NAME.fullmatch(key) or key in RESERVED_FIELDS:
             raise InvalidDocument(
                 f"document {doc_id!r}: invalid metadata field name {key!r} "
                 f"(identifiers only; reserved: {', '.join(sorted(RESERVED_FIELDS))})"

@@ -1,4 +1,10 @@
-"""The ``quarry`` command line: ingest, search, serve, eval, collections, index."""
+"""The ``quarry`` command line: ingest, search, serve, eval, collections, index, config.
+
+Every command runs through one handler (:class:`_OneErrorLine`): Quarry's errors and invalid
+``QUARRY_*`` settings print one ``error (Type): message`` line and exit 2, from the ``quarry``
+console script and ``python -m quarry.cli`` alike. Each run warns about ``QUARRY_*`` variables
+that set nothing (a misspelling such as ``QUARRY_STORE_URL`` is otherwise ignored).
+"""
 
 from __future__ import annotations
 
@@ -7,25 +13,45 @@ import re
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from typer.core import TyperGroup
 
+from quarry.config_cli import app as config_app
 from quarry.errors import InvalidRequest, QuarryError
-from quarry.settings import Settings, get_settings
+from quarry.settings import Settings, get_settings, unknown_env
 from quarry.triton_cli import app as triton_app
 
-app = typer.Typer(help="Quarry: hybrid BM25 + dense retrieval service.", no_args_is_help=True)
+
+class _OneErrorLine(TyperGroup):
+    """The one handler of every command: an error is one line on stderr and exit status 2."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer's vendored click.Context
+        """Run the command; a :class:`QuarryError` or invalid settings become one ``error`` line."""
+        from pydantic import ValidationError
+
+        try:
+            return super().invoke(ctx)
+        except QuarryError as exc:
+            _fail(exc)
+        except ValidationError as exc:
+            err.print(f"[bold red]error[/] (ConfigError): {escape(settings_error(exc))}")
+            raise typer.Exit(2) from None
+
+
+app = typer.Typer(help="Quarry: hybrid BM25 + dense retrieval service.", no_args_is_help=True, cls=_OneErrorLine)
 collections_app = typer.Typer(help="Manage collections.", no_args_is_help=True)
 app.add_typer(collections_app, name="collections")
 index_app = typer.Typer(help="Plan and build vector indexes by data size.", no_args_is_help=True)
 app.add_typer(index_app, name="index")
 app.add_typer(triton_app, name="triton")
-err = Console(stderr=True)
+app.add_typer(config_app, name="config")
+err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 out = Console()
 
 Language = Annotated[str, typer.Option(help="BM25 analysis for a new collection: en, zh or auto.")]
@@ -42,9 +68,32 @@ def _default_name(path: Path) -> str:
     return stem if stem[:1].isalpha() else f"c_{stem}"
 
 
-def _fail(exc: QuarryError) -> None:
+def _fail(exc: QuarryError) -> NoReturn:
     err.print(f"[bold red]error[/] ({type(exc).__name__}): {escape(exc.message)}")
-    raise typer.Exit(2)
+    raise typer.Exit(2) from None
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            out.print(f"quarry {version('quarry')}")
+        except PackageNotFoundError:
+            out.print("quarry (not installed: version unknown)")
+        raise typer.Exit
+
+
+@app.callback()
+def _main(
+    _: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Quarry: hybrid BM25 + dense retrieval service."""
+    for variable, close in unknown_env():
+        hint = f" (did you mean {close}?)" if close else ""
+        err.print(f"[yellow]warning[/] {escape(variable)} is not a Quarry setting and is ignored{escape(hint)}")
 
 
 @app.command()
@@ -61,27 +110,23 @@ def ingest(
     from indexing.sources import read_documents
 
     name = collection or _default_name(path)
-    try:
-        docs = read_documents(path)
-        quarry = _quarry()
-        cfg = quarry.create_collection(
-            name, language=language or "auto", chunk_size=chunk_size, chunk_overlap=chunk_overlap, exist_ok=True
+    docs = read_documents(path)
+    quarry = _quarry()
+    cfg = quarry.create_collection(
+        name, language=language or "auto", chunk_size=chunk_size, chunk_overlap=chunk_overlap, exist_ok=True
+    )
+    asked = {"language": language, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap}
+    ignored = {k: v for k, v in asked.items() if v is not None and getattr(cfg, k) != v}
+    if ignored:
+        has = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in ignored)
+        err.print(
+            f"[yellow]note[/] collection {escape(name)} exists with {escape(has)}; "
+            f"{', '.join('--' + k.replace('_', '-') for k in ignored)} "
+            f"{'applies' if len(ignored) == 1 else 'apply'} to a new collection only "
+            "(drop it, or ingest into another --collection)"
         )
-        asked = {"language": language, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap}
-        ignored = {k: v for k, v in asked.items() if v is not None and getattr(cfg, k) != v}
-        if ignored:
-            has = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in ignored)
-            err.print(
-                f"[yellow]note[/] collection {escape(name)} exists with {escape(has)}; "
-                f"{', '.join('--' + k.replace('_', '-') for k in ignored)} "
-                f"{'applies' if len(ignored) == 1 else 'apply'} to a new collection only "
-                "(drop it, or ingest into another --collection)"
-            )
-        report = _ingest_with_progress(quarry, name, docs)
-        counts = quarry.describe(name)
-    except QuarryError as exc:
-        _fail(exc)
-        return
+    report = _ingest_with_progress(quarry, name, docs)
+    counts = quarry.describe(name)
     out.print(
         f"[green]ingested[/] {name}: {report.added} added, {report.updated} updated, "
         f"{report.unchanged} unchanged; {report.embedded} chunks embedded "
@@ -130,13 +175,9 @@ def search(
 
     try:
         flt = json.loads(filters) if filters else None
-        result = _quarry().search(collection, query, top_k=top_k, mode=mode, filters=flt)
     except json.JSONDecodeError as exc:
-        err.print(f"[bold red]error[/]: --filters is not valid JSON: {escape(exc.msg)}")
-        raise typer.Exit(2) from exc
-    except QuarryError as exc:
-        _fail(exc)
-        return
+        raise InvalidRequest(f"--filters is not valid JSON: {exc.msg}") from exc
+    result = _quarry().search(collection, query, top_k=top_k, mode=mode, filters=flt)
     if as_json:
         out.print_json(json.dumps({"hits": [dataclasses.asdict(h) for h in result.hits], "degraded": result.degraded}))
         return
@@ -155,14 +196,29 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default QUARRY_API__HOST).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default QUARRY_API__PORT).")] = None,
 ) -> None:
-    """Start the REST API (OpenAPI at /docs)."""
+    """Start the REST API (OpenAPI at /docs).
+
+    The store, the docstore and the models open here, before the server starts: a store that
+    cannot be opened (a Milvus Lite file another process holds) or a model that cannot load is
+    one error line (exit 2), not a traceback of the server's failed startup. A remote embedder
+    that is down is not: the server starts and answers from BM25 meanwhile.
+    """
     import uvicorn
 
     from quarry.api import create_app
+    from quarry.errors import EmbeddingUnavailable
 
     settings = get_settings()
-    application = create_app(lambda: _quarry(settings))
-    uvicorn.run(application, host=host or settings.api.host, port=port or settings.api.port, log_level="info")
+    service = _quarry(settings)
+    try:
+        try:
+            service.warm_up()
+        except EmbeddingUnavailable as exc:
+            err.print(f"[yellow]warning[/] embedding server unavailable, serving BM25 meanwhile: {escape(exc.message)}")
+        application = create_app(service)
+        uvicorn.run(application, host=host or settings.api.host, port=port or settings.api.port, log_level="info")
+    finally:
+        service.close()
 
 
 @app.command("eval")
@@ -181,32 +237,28 @@ def evaluate(
     settings = get_settings()
     name = collection or f"eval_{_default_name(beir)}"
     wanted = [m.strip() for m in modes.split(",") if m.strip()]
-    try:
-        docs = _check_eval_inputs(beir, split, wanted, out_dir)
-        quarry = _quarry(settings)
-        quarry.create_collection(name, language=language, exist_ok=True)
-        _ingest_with_progress(quarry, name, docs)
-        stored = quarry.describe(name)["documents"]
-        if stored != len(docs):
-            raise InvalidRequest(
-                f"collection {name!r} holds {stored} documents but {beir} has {len(docs)}: documents that "
-                f"are not in the corpus would be retrieved and scored; drop it (quarry collections drop "
-                f"{name}) or name another with --collection"
-            )
-        cfg = quarry.get_collection(name)
-
-        config = {
-            "collection": name, "store": settings.store_url, "embedding": settings.embedding.url,
-            "embedding_model": cfg.embedding_model, "language": cfg.language, "chunk_size": cfg.chunk_size,
-            "chunk_overlap": cfg.chunk_overlap, "bm25": settings.bm25.model_dump(),
-            "rrf_k": settings.search.rrf_k, "rank_window_size": settings.search.candidates, "index": cfg.index,
-        }
-        summary = run_eval(
-            collection_search(quarry, name), beir_dir=beir, split=split, modes=wanted, out_dir=out_dir, config=config
+    docs = _check_eval_inputs(beir, split, wanted, out_dir)
+    quarry = _quarry(settings)
+    quarry.create_collection(name, language=language, exist_ok=True)
+    _ingest_with_progress(quarry, name, docs)
+    stored = quarry.describe(name)["documents"]
+    if stored != len(docs):
+        raise InvalidRequest(
+            f"collection {name!r} holds {stored} documents but {beir} has {len(docs)}: documents that "
+            f"are not in the corpus would be retrieved and scored; drop it (quarry collections drop "
+            f"{name}) or name another with --collection"
         )
-    except QuarryError as exc:
-        _fail(exc)
-        return
+    cfg = quarry.get_collection(name)
+
+    config = {
+        "collection": name, "store": settings.store_url, "embedding": settings.embedding.url,
+        "embedding_model": cfg.embedding_model, "language": cfg.language, "chunk_size": cfg.chunk_size,
+        "chunk_overlap": cfg.chunk_overlap, "bm25": settings.bm25.model_dump(),
+        "rrf_k": settings.search.rrf_k, "rank_window_size": settings.search.candidates, "index": cfg.index,
+    }
+    summary = run_eval(
+        collection_search(quarry, name), beir_dir=beir, split=split, modes=wanted, out_dir=out_dir, config=config
+    )
     table = Table("mode", "nDCG@10", "Recall@10", "Recall@100", "MRR@10", "p50 ms", "p95 ms", title=str(beir))
     for mode_name, row in summary.to_dict()["modes"].items():
         table.add_row(mode_name, *(f"{row[k]:.4f}" for k in ("ndcg@10", "recall@10", "recall@100", "mrr@10")),
@@ -262,19 +314,13 @@ def list_collections() -> None:
 @collections_app.command("describe")
 def describe_collection(name: str) -> None:
     """Show a collection's configuration, index and counts."""
-    try:
-        out.print_json(json.dumps(_quarry().describe(name)))
-    except QuarryError as exc:
-        _fail(exc)
+    out.print_json(json.dumps(_quarry().describe(name)))
 
 
 @collections_app.command("drop")
 def drop_collection(name: str) -> None:
     """Drop a collection and all its data."""
-    try:
-        _quarry().drop_collection(name)
-    except QuarryError as exc:
-        _fail(exc)
+    _quarry().drop_collection(name)
     out.print(f"dropped {name}")
 
 
@@ -287,11 +333,7 @@ def index_plan(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Show the index the planner picks for this store, with its reasons and memory estimate."""
-    try:
-        plan = _plan(vectors, dim, collection, budget_gib)[1]
-    except QuarryError as exc:
-        _fail(exc)
-        return
+    plan = _plan(vectors, dim, collection, budget_gib)[1]
     from indexing.planner import format_plan
 
     out.print_json(json.dumps(plan.to_dict())) if as_json else out.print(format_plan(plan))
@@ -304,12 +346,8 @@ def index_apply(
     budget_gib: Annotated[float | None, typer.Option()] = None,
 ) -> None:
     """Build the planned index on a collection (timeout and rollback: QUARRY_STORE__INDEX_BUILD_TIMEOUT_S)."""
-    try:
-        quarry, plan = _plan(vectors, None, collection, budget_gib)
-        quarry.apply_index(collection, plan)
-    except QuarryError as exc:
-        _fail(exc)
-        return
+    quarry, plan = _plan(vectors, None, collection, budget_gib)
+    quarry.apply_index(collection, plan)
     out.print(f"[green]built[/] {plan.spec.kind} on {collection}: {plan.reason}")
 
 
@@ -330,22 +368,8 @@ def _plan(vectors: int | None, dim: int | None, collection: str | None, budget_g
 
 
 def main() -> None:
-    """Entry point: Quarry's errors and invalid settings become one ``error (...)`` line and exit 2.
-
-    Most commands catch :class:`QuarryError` themselves; this catches what escapes them, such
-    as a bad ``QUARRY_*`` variable (read when the first command opens the service) or a store
-    that cannot be opened.
-    """
-    from pydantic import ValidationError
-
-    try:
-        sys.exit(app())
-    except QuarryError as exc:
-        err.print(f"[bold red]error[/] ({type(exc).__name__}): {escape(exc.message)}")
-        sys.exit(2)
-    except ValidationError as exc:
-        err.print(f"[bold red]error[/] (ConfigError): {escape(settings_error(exc))}")
-        sys.exit(2)
+    """Entry point (the ``quarry`` script): errors are handled by :class:`_OneErrorLine`."""
+    sys.exit(app())
 
 
 def settings_error(exc: Any) -> str:

@@ -12,11 +12,14 @@ their message. Driver errors are wrapped with ``raise ... from exc``, never swal
     │   ├── InvalidFilter                  400  unknown field, wrong type, bad operator
     │   ├── InvalidDocument                400  malformed input line or document (names the line)
     │   ├── DimensionMismatch              400  vector of the wrong dimension
-    │   └── UnsupportedIndex               400  index type/params the engine cannot build
+    │   ├── UnsupportedIndex               400  index type/params the engine cannot build
+    │   └── PayloadTooLarge                413  body or document over the server's limits
     ├── NotFound                           404
     │   └── CollectionNotFound             404
     ├── Conflict                           409
-    │   └── CollectionExists               409
+    │   ├── CollectionExists               409
+    │   └── ModelMismatch                  409  the collection's vectors come from another model
+    │       └── ModelDimensionMismatch     409  ... of another dimension than the configured one
     ├── ConfigError                        500  bad settings, unknown URL scheme, missing extra
     ├── StoreError                         500  a vector store operation failed
     │   ├── StoreUnavailable               503  the store cannot be reached (retryable)
@@ -166,6 +169,29 @@ def _short(fingerprint: str) -> str:
     """A fingerprint cut for messages: kind and 12 hex digits."""
     head, _, digest = fingerprint.rpartition(":")
     return f"{head}:{digest[:12]}" if head else fingerprint[:12]
+
+
+class ModelDimensionMismatch(ModelMismatch):
+    """The configured model's vectors have another dimension than the collection's.
+
+    A conflict of the collection with the server's model (409), not a bad request: hybrid search
+    answers from BM25 alone and says why, as for any :class:`ModelMismatch`.
+
+    Attributes:
+        expected: The collection's dimension.
+        got: The configured model's dimension.
+    """
+
+    def __init__(self, collection: str, model: str, *, expected: int, got: int) -> None:
+        Conflict.__init__(
+            self,
+            f"collection {collection!r} holds {expected}-dimensional vectors; this server's model {model!r} "
+            f"gives {got}-dimensional ones, which cannot be compared: set QUARRY_EMBEDDING__URL to the "
+            "collection's model, or ingest into a new collection",
+        )
+        self.collection, self.stored, self.current = collection, model, model
+        self.stored_fingerprint = self.current_fingerprint = None
+        self.expected, self.got = expected, got
 
 
 class ConfigError(QuarryError):

@@ -59,6 +59,7 @@ class Quarry:
         self.ingestor = Ingestor(
             self.store, self.docstore, self.embedder, self.bm25,
             batch_size=settings.ingest.batch_size, embed_batch_size=settings.embedding.batch_size,
+            max_document_chars=settings.ingest.max_document_chars, max_token_chars=settings.ingest.max_token_chars,
         )
         # queries from concurrent requests share model calls (dynamic batching), in a child
         # process if asked (and the model is ours to run: not one injected by the caller)
@@ -88,8 +89,10 @@ class Quarry:
             yield
 
     def warm_up(self) -> None:
-        """Load the models (reranker, then embedder) so that the first request pays nothing.
+        """Load the BM25 indexes, then the models (reranker, embedder): the first request pays nothing.
 
+        A BM25 snapshot that is damaged or disagrees with the docstore is rebuilt here (logged);
+        a collection whose index cannot be rebuilt is left in ``bm25.failures`` (``/readyz``).
         The reranker loads first: a remote embedder that is down (``EmbeddingUnavailable``, which
         a server tolerates by degrading to BM25) must not hide a reranker that cannot load.
 
@@ -97,6 +100,7 @@ class Quarry:
             ConfigError, RerankError: The reranker's model cannot be loaded.
             EmbeddingError: The embedder cannot load (``EmbeddingUnavailable``: its server is down).
         """
+        self.bm25.load_all()
         if self.reranker is not None:
             self.reranker.warm_up()
         self.query_embedder.warm_up()
@@ -126,7 +130,7 @@ class Quarry:
             InvalidRequest: Bad name, language or chunking.
             CollectionExists: The name is taken (unless ``exist_ok``).
         """
-        if not NAME.match(name):
+        if not NAME.fullmatch(name):
             raise InvalidRequest(
                 f"invalid collection name {name!r}: start with a letter; letters, digits and '_' only; at most 63"
             )

@@ -8,9 +8,12 @@ configuration at all: Milvus Lite under ``./data`` and the packaged all-MiniLM-L
 
 from __future__ import annotations
 
+import difflib
+import os
+from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -73,14 +76,15 @@ class RerankSettings(BaseModel):
         model: Local path (or hub name where the network allows) of a cross-encoder, e.g.
             ``cross-encoder/ms-marco-MiniLM-L-6-v2``; empty disables reranking.
         top_n: Fused candidates rescored by default.
-        budget_ms: Time budget for the rerank step; past it the fused order is returned.
+        budget_ms: Time budget for the rerank step; past it the fused order is returned. Also
+            the most a request's ``rerank.budget_ms`` may ask for (a larger one is clamped to it).
         batch_size: Pairs per model call.
         device: ``auto`` (CUDA fp16 when present), ``cpu`` or ``cuda``.
     """
 
     model: str = ""
     top_n: int = Field(50, ge=1, le=1000)
-    budget_ms: float = Field(2000.0, gt=0)
+    budget_ms: float = Field(2000.0, gt=0, allow_inf_nan=False)
     batch_size: int = Field(32, ge=1, le=1024)
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
@@ -130,11 +134,22 @@ class IngestSettings(BaseModel):
         chunk_size: Hard cap on chunk length, in text tokens (words; one per CJK character).
         chunk_overlap: Tokens shared by consecutive chunks; must be below ``chunk_size``.
         batch_size: Documents written per atomic batch.
+        max_document_chars: Longest document (text plus title), in characters; a longer one is
+            refused (``PayloadTooLarge``, 413 over REST) before anything of its request or
+            source is written. 1,000,000 characters is about 500 pages of English.
+        max_token_chars: Longest word, in characters (a run of letters and digits, as BM25
+            tokenises text; CJK is cut into words of its own). A document holding a longer one is
+            refused (``InvalidDocument``, 400): such a "word" is a blob (base16, a sequence), not
+            text, and each one would stay in the collection's BM25 vocabulary, which is rewritten
+            on every rebuild. Lucene refuses terms over 32,766 bytes, and its standard tokenizer
+            cuts words at 255 characters.
     """
 
     chunk_size: int = Field(256, ge=8)
     chunk_overlap: int = Field(32, ge=0)
     batch_size: int = Field(512, ge=1)
+    max_document_chars: int = Field(1_000_000, ge=1)
+    max_token_chars: int = Field(1024, ge=1)
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> IngestSettings:
@@ -164,10 +179,14 @@ class ApiSettings(BaseModel):
     Attributes:
         host: Bind address.
         port: TCP port.
+        max_body_bytes: Largest request body, in bytes (32 MiB, Qdrant's default); a larger
+            one is refused with 413 ``PayloadTooLarge`` as soon as its ``Content-Length``, or the
+            bytes streamed in, pass the limit (:mod:`quarry.api.guard`).
     """
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
+    max_body_bytes: int = Field(32 * 1024 * 1024, ge=1)
 
 
 class Settings(BaseSettings):
@@ -207,3 +226,70 @@ class Settings(BaseSettings):
 def get_settings() -> Settings:
     """The process-wide settings, read once from the environment."""
     return Settings()
+
+
+ENV_PREFIX = "QUARRY_"
+TOOLING_ENV = frozenset({
+    # read by scripts/, model_repository/ and the test suite, not by the service
+    "QUARRY_SERVICES_DIR", "QUARRY_PG_PORT", "QUARRY_PG_START_TIMEOUT_S", "QUARRY_MILVUS_KEEP_DATA",
+    "QUARRY_MILVUS_START_TIMEOUT_S", "QUARRY_MILVUS_STOP_TIMEOUT_S", "QUARRY_DEMO_DETACH", "QUARRY_DEMO_QUERY",
+    "QUARRY_TORCH_SPEC", "QUARRY_MODEL_PATH", "QUARRY_TRITON_SERVE_PID",
+})
+"""``QUARRY_*`` variables that are not settings but are known (``QUARRY_TEST_*`` too)."""
+
+
+def setting_fields(
+    model: type[BaseModel] = Settings, prefix: str = ENV_PREFIX
+) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """Every setting's environment variable and its path in :class:`Settings`, nested ones included.
+
+    A nested model is itself a variable (its value JSON, as pydantic-settings reads it) and so is
+    each of its fields, ``__``-separated: ``QUARRY_STORE``, ``QUARRY_STORE__URL``...
+
+    Yields:
+        ``(variable, path)``, e.g. ``("QUARRY_STORE__URL", ("store", "url"))``.
+    """
+    for name, info in model.model_fields.items():
+        variable, path = f"{prefix}{name.upper()}", (name,)
+        yield variable, path
+        kind = info.annotation
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            for sub, sub_path in setting_fields(kind, variable + "__"):
+                yield sub, path + sub_path
+
+
+def unknown_env(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """``QUARRY_*`` variables that set nothing (pydantic-settings ignores them silently).
+
+    Args:
+        environ: The environment to check (default ``os.environ``).
+
+    Returns:
+        ``(variable, closest known variable or None)`` per unknown variable, sorted, e.g.
+        ``("QUARRY_STORE_URL", "QUARRY_STORE__URL")``.
+    """
+    environ = os.environ if environ is None else environ
+    known = {variable for variable, _ in setting_fields()}
+    unknown = []
+    for variable in sorted(environ):
+        upper = variable.upper()  # pydantic-settings reads names case-insensitively
+        if not upper.startswith(ENV_PREFIX) or upper in known or upper in TOOLING_ENV:
+            continue
+        if upper.startswith(ENV_PREFIX + "TEST_"):
+            continue
+        close = difflib.get_close_matches(upper, known, n=1, cutoff=0.8)
+        unknown.append((variable, close[0] if close else None))
+    return unknown
+
+
+def effective(settings: Settings) -> dict[str, Any]:
+    """Every leaf setting by its environment variable, as JSON values (the effective configuration)."""
+    dumped = settings.model_dump(mode="json")
+    out: dict[str, Any] = {}
+    for variable, path in setting_fields():
+        value: Any = dumped
+        for part in path:
+            value = value[part]
+        if not isinstance(value, dict):
+            out[variable] = value
+    return out

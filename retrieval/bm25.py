@@ -31,6 +31,10 @@ from quarry.settings import BM25Settings
 _SIDECAR = "rows.json"
 
 
+class SnapshotUnreadable(Exception):
+    """A saved snapshot cannot be read, or its parts disagree with each other (damaged files)."""
+
+
 class BM25Hit(NamedTuple):
     """One BM25 result of :meth:`BM25Index.search`: row in the snapshot, chunk id, document id, score.
 
@@ -192,23 +196,43 @@ class BM25Index:
         shutil.rmtree(old, ignore_errors=True)
 
     @classmethod
-    def load(cls, folder: Path) -> BM25Index | None:
-        """Load a snapshot saved by :meth:`save`; ``None`` when missing or unreadable."""
+    def load(cls, folder: Path) -> BM25Index:
+        """Load a snapshot saved by :meth:`save`.
+
+        Raises:
+            SnapshotUnreadable: A file is missing, truncated or malformed, or the parts disagree
+                (rows vs the score matrix's documents, the vocabulary vs the matrix's columns).
+        """
         try:
             sidecar = json.loads((folder / _SIDECAR).read_text(encoding="utf-8"))
-            retriever = None
-            if sidecar["chunk_ids"]:
-                retriever = bm25s.BM25.load(str(folder), show_progress=False)
-        except (OSError, ValueError, KeyError):
-            return None
-        return cls(
-            retriever,
-            sidecar["chunk_ids"],
-            sidecar["document_ids"],
-            sidecar["payloads"],
-            int(sidecar["version"]),
-            float(sidecar.get("scale", 1.0)),
-        )
+            chunk_ids, document_ids, payloads = sidecar["chunk_ids"], sidecar["document_ids"], sidecar["payloads"]
+            snap = cls(None, chunk_ids, document_ids, payloads, int(sidecar["version"]), float(sidecar.get("scale", 1)))
+            if chunk_ids:
+                snap._retriever = bm25s.BM25.load(str(folder), show_progress=False)
+        except Exception as exc:  # a damaged file raises anything: EOFError, ValueError, OSError, KeyError...
+            raise SnapshotUnreadable(f"{type(exc).__name__}: {exc}") from exc
+        problem = snap._inconsistency()
+        if problem is not None:
+            raise SnapshotUnreadable(problem)
+        return snap
+
+    def _inconsistency(self) -> str | None:
+        """What disagrees between the snapshot's parts, or ``None``."""
+        n = len(self.chunk_ids)
+        if not isinstance(self.chunk_ids, list) or len(self.document_ids) != n or len(self.payloads) != n:
+            return f"{n} chunk ids, {len(self.document_ids)} document ids, {len(self.payloads)} payloads"
+        if self._retriever is None:
+            return None if n == 0 else f"{n} rows but no score matrix"
+        scores, vocab = self._retriever.scores, self._retriever.vocab_dict
+        indptr, indices, data = scores["indptr"], scores["indices"], scores["data"]
+        if scores["num_docs"] != n:
+            return f"{n} rows but a score matrix of {scores['num_docs']} documents"
+        top_term = max((i for term, i in vocab.items() if term), default=-1)  # bm25s adds "", with no column
+        if top_term >= len(indptr) - 1 or int(indptr[-1]) != len(indices) or len(indices) != len(data):
+            return f"a score matrix of {len(indptr) - 1} terms and {len(data)} values for a vocabulary of {len(vocab)}"
+        if len(indices) and not 0 <= int(indices.min()) <= int(indices.max()) < n:
+            return f"score matrix rows outside 0..{n - 1}"
+        return None
 
 
 def _scale(params: BM25Settings) -> float:

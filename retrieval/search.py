@@ -38,6 +38,7 @@ from quarry.errors import (
     EmbeddingError,
     EmbeddingUnavailable,
     InvalidQuery,
+    ModelDimensionMismatch,
     ModelMismatch,
     QuarryError,
     StoreUnavailable,
@@ -215,8 +216,9 @@ class Searcher:
             EmbeddingUnavailable: Dense mode and the embedder is down.
             StoreUnavailable: Dense mode and the vector store is down (in hybrid mode the dense
                 channel is skipped and ``degraded`` says why).
-            ModelMismatch: Dense mode and the collection's vectors come from another model (in
-                hybrid mode the dense channel is skipped, as when the embedder is down).
+            ModelMismatch: Dense mode and the collection's vectors come from another model, or one
+                of another dimension (``ModelDimensionMismatch``); in hybrid mode the dense channel
+                is skipped, as when the embedder is down.
         """
         deadline = None if dense_timeout_s is None else time.monotonic() + dense_timeout_s
         return _resolve(self._steps(cfg, query, top_k, mode, flt, offset, group, rerank), deadline)
@@ -288,6 +290,10 @@ class Searcher:
                 no_vector = EmbeddingUnavailable(f"no query vector within {self._late()}")
                 self._embed_breaker.record(no_vector)  # a hung model server is skipped like a down one
                 _skip_dense(result, no_vector)
+            if embeddings is not None and embeddings.vectors.shape[1] != cfg.dim:  # the clearer reason first
+                dims = {"expected": cfg.dim, "got": int(embeddings.vectors.shape[1])}
+                _skip_dense(result, ModelDimensionMismatch(cfg.name, self._embedder.model_id, **dims))
+                embeddings = None
             mismatch = None if embeddings is None else self._model_mismatch(cfg)
             if mismatch is not None:
                 _skip_dense(result, mismatch)

@@ -32,7 +32,7 @@ LANGUAGES: tuple[Language, ...] = ("en", "zh", "auto")
 _CJK = "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002ebef"
 _RUNS = re.compile(f"([{_CJK}]+)")
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
-_CJK_ONLY = re.compile(f"^[{_CJK}]+$")
+_CJK_ONLY = re.compile(f"\\A[{_CJK}]+\\Z")
 _EN_STOP = frozenset(STOPWORDS_EN)
 _ZH_STOP = frozenset(STOPWORDS_CHINESE)
 _jieba_lock = threading.Lock()
@@ -73,7 +73,7 @@ def tokenize(text: str, language: Language) -> list[str]:
     for run in _RUNS.split(text):
         if not run:
             continue
-        if _CJK_ONLY.match(run):
+        if _CJK_ONLY.fullmatch(run):
             terms.extend(_cjk_terms(run, language))
         else:
             terms.extend(_latin_terms(run, language))
@@ -99,6 +99,24 @@ def _cjk_terms(run: str, language: Language) -> Iterator[str]:
             yield word
     for i in range(len(run) - 1):
         yield "#" + run[i : i + 2]
+
+
+def long_word(text: str, limit: int) -> re.Match[str] | None:
+    """The first word of ``text`` longer than ``limit`` characters, as :func:`tokenize` reads words.
+
+    A word is a run of letters and digits outside CJK runs (those are cut into words of their
+    own). Linear in ``len(text)``: a match may start at the start of a word only.
+
+    Returns:
+        The match (``start()`` is the word's character offset), or ``None``.
+    """
+    return _long_word(limit).search(text)
+
+
+@lru_cache(maxsize=8)
+def _long_word(limit: int) -> re.Pattern[str]:
+    letter = f"[^\\W_{_CJK}]"
+    return re.compile(f"(?<!{letter}){letter}{{{limit + 1}}}")
 
 
 @lru_cache(maxsize=65536)

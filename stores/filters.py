@@ -24,7 +24,7 @@ from quarry.errors import InvalidFilter
 
 Scalar = str | int | float | bool
 FieldType = Literal["str", "int", "float", "bool"]
-FIELD_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+FIELD_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def _parse_ops(key: str, ops: Mapping[str, Any], schema: Mapping[str, FieldType]
 
 
 def _check_field(key: str, schema: Mapping[str, FieldType] | None) -> None:
-    if not FIELD_NAME.match(key):
+    if not FIELD_NAME.fullmatch(key):
         raise InvalidFilter(f"invalid field name {key!r}: use letters, digits and '_'")
     if schema is not None and key not in schema:
         known = ", ".join(sorted(schema)) or "(none)"

@@ -112,7 +112,7 @@ SERVER_KINDS: frozenset[IndexKind] = frozenset({"FLAT", "HNSW", "IVF_FLAT", "IVF
 _BATCH = 1000
 _MAX_TOP_K = 16384
 _POLL_S = 0.2
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
+_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]{0,254}\Z")
 
 
 class MilvusStore:
@@ -639,7 +639,7 @@ def _consistency(query: str) -> str:
 
 
 def _check_name(name: str) -> None:
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise InvalidRequest(
             f"invalid Milvus collection or alias name {name!r}: use letters, digits and '_', "
             "starting with a letter or '_' (at most 255 characters)"

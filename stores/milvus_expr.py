@@ -105,7 +105,7 @@ def compile_filter(flt: Filter, *, lite: bool) -> str:
 
 
 def _field(name: str) -> str:
-    if not FIELD_NAME.match(name):
+    if not FIELD_NAME.fullmatch(name):
         raise InvalidFilter(f"invalid field name {name!r}: use letters, digits and '_'")
     return f'payload["{name}"]'
 

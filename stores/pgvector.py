@@ -318,7 +318,7 @@ class PgVectorStore:
 
     def drop_collection(self, name: str) -> None:
         """Drop a physical collection, its data and the aliases pointing at it."""
-        if not isinstance(name, str) or not q.COLLECTION_NAME.match(name):
+        if not isinstance(name, str) or not q.COLLECTION_NAME.fullmatch(name):
             return  # such a name cannot have been created
         with self._tx(name) as conn:
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))

@@ -30,7 +30,7 @@ from stores.base import IndexSpec, Metric
 from stores.filters import FIELD_NAME, And, Eq, Filter, In, Or, Range
 from stores.routing import exact_row_limit as exact_row_limit  # shared by every backend
 
-COLLECTION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,47}$")
+COLLECTION_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_-]{0,47}\Z")
 """Collection and alias names: 1-48 characters, so that derived index names fit in 63 bytes."""
 
 METRICS: tuple[Metric, ...] = ("cosine", "ip", "l2")
@@ -47,7 +47,7 @@ def check_name(name: str, what: str = "collection") -> str:
     Raises:
         InvalidRequest: The name does not match :data:`COLLECTION_NAME`.
     """
-    if not isinstance(name, str) or not COLLECTION_NAME.match(name):
+    if not isinstance(name, str) or not COLLECTION_NAME.fullmatch(name):
         raise InvalidRequest(
             f"invalid {what} name {name!r}: use 1-48 letters, digits, '_' or '-', starting with a letter or '_'"
         )
@@ -142,7 +142,7 @@ def _compile(flt: Filter, params: list[Any]) -> sql.Composable:
             raise InvalidFilter("$and/$or need at least one sub-filter")
         joiner = sql.SQL(" AND " if isinstance(flt, And) else " OR ")
         return sql.SQL("({})").format(joiner.join(_compile(sub, params) for sub in flt.items))
-    if not FIELD_NAME.match(flt.field):
+    if not FIELD_NAME.fullmatch(flt.field):
         raise InvalidFilter(f"invalid field name {flt.field!r}: use letters, digits and '_'")
     if isinstance(flt, Eq | In):
         values = (flt.value,) if isinstance(flt, Eq) else flt.values

@@ -27,7 +27,7 @@ from stores.base import (
 KINDS: frozenset[IndexKind] = frozenset({"FLAT", "HNSW"})
 
 MAX_DIM = 65_536
-NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+NAME = re.compile(r"\A[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z")
 BATCH = 1000
 NOTES = (
     "HNSW (M, efConstruction, search ef) plus optional int8 scalar or product quantization "
@@ -46,7 +46,7 @@ def abs_path(path: str, url: str) -> Path:
 
 def check_name(name: str) -> None:
     """Reject collection/alias names Qdrant cannot hold (InvalidRequest)."""
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):
         raise InvalidRequest(f"invalid name {name!r}: use 1-128 letters, digits, '_', '-', '.'")
 
 

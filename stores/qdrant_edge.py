@@ -264,7 +264,7 @@ class QdrantEdgeStore:
 
     def _load(self, name: str, target: str) -> _EdgeColl:
         meta_path = self._dir(target) / "meta.json"
-        if not NAME.match(target) or not meta_path.exists():
+        if not NAME.fullmatch(target) or not meta_path.exists():
             raise CollectionNotFound(name)
         meta = json.loads(meta_path.read_text("utf-8"))
         coll = _EdgeColl(target, meta["dim"], meta["metric"], qf.spec_from_json(meta["index"]))

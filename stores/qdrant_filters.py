@@ -166,7 +166,7 @@ def index_fields(payload: Mapping[str, Any], bool_mirror: bool) -> dict[str, Fie
     """
     wanted: dict[str, FieldIndex] = {}
     for key, value in payload.items():
-        if not FIELD_NAME.match(key) or key in RESERVED_KEYS:
+        if not FIELD_NAME.fullmatch(key) or key in RESERVED_KEYS:
             continue
         if isinstance(value, bool):
             if bool_mirror:

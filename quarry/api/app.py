@@ -30,6 +30,7 @@ from quarry import errors as e
 from quarry import heap
 from quarry.api import errors
 from quarry.api.errors import error_responses
+from quarry.api.guard import RequestGuard
 from quarry.api.models import (
     CollectionOut,
     CollectionsOut,
@@ -98,6 +99,7 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     app = FastAPIOffline(title="Quarry", version="0.1.0", lifespan=lifespan, summary="Hybrid retrieval service")
     app.state.ready = False
     errors.install(app)
+    app.add_middleware(RequestGuard)
     app.add_middleware(MetricsMiddleware)
     app.include_router(router)
     return app
@@ -151,7 +153,12 @@ async def healthz() -> dict[str, str]:
 
 @router.get(
     "/readyz", tags=["ops"], response_model=ReadyOut, response_model_exclude_none=True,
-    responses={503: {"model": ReadyOut, "description": "Starting, or the vector store failed (not an outage)."}},
+    responses={
+        503: {
+            "model": ReadyOut,
+            "description": "Starting, the vector store failed (not an outage), or a collection cannot serve.",
+        }
+    },
 )
 async def readyz(request: Request, response: Response) -> dict[str, Any]:
     """Readiness: the model is loaded and queries can be answered.
@@ -160,12 +167,17 @@ async def readyz(request: Request, response: Response) -> dict[str, Any]:
     remote embedder that is down does: hybrid search still answers from BM25 and says so, and
     every replica shares the store, so taking them all out of rotation would turn degraded
     answers into none. While searches skip the store after an outage it is not asked again here;
-    otherwise the check waits at most 2 s. Any other store error is 503.
+    otherwise the check waits at most 2 s. Any other store error is 503, and so is a collection
+    whose BM25 index can be neither loaded nor rebuilt from the docstore (this server cannot
+    answer that collection).
     """
     if not request.app.state.ready:
         response.status_code = 503
         return {"status": "starting"}
     service: Quarry = request.app.state.quarry
+    if service.bm25.failures:
+        response.status_code = 503
+        return {"status": "collection error", "collections": dict(service.bm25.failures)}
     ready = {"status": "ready", "embedding_model": service.embedder.model_id}
     outage = service.searcher.store_outage
     try:
@@ -253,7 +265,7 @@ def delete_documents(name: str, body: DeleteDocuments, q: Service) -> IngestOut:
 
 
 @router.delete(
-    "/v1/collections/{name}/documents/{document_id:path}", tags=["documents"], response_model=IngestOut,
+    "/v1/collections/{name}/documents/{document_id:whole}", tags=["documents"], response_model=IngestOut,
     responses=error_responses(*_NAMED),
 )
 def delete_document(name: str, document_id: str, q: Service) -> IngestOut:
@@ -334,6 +346,6 @@ def _rerank_options(service: Quarry, body: SearchIn) -> RerankOptions | None:
         serves = f"reranks with {loaded!r}" if loaded else "has no reranker (QUARRY_RERANK__MODEL)"
         raise InvalidRequest(f"rerank model {body.rerank.model!r} is not loaded; this server {serves}")
     return RerankOptions(
-        top_n=body.rerank.top_n or cfg.top_n, budget_ms=body.rerank.budget_ms or cfg.budget_ms,
+        top_n=body.rerank.top_n or cfg.top_n, budget_ms=min(body.rerank.budget_ms or cfg.budget_ms, cfg.budget_ms),
         batch_size=cfg.batch_size,
     )

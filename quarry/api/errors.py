@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY
 from starlette.routing import BaseRoute, Match
 
 from quarry import errors as e
@@ -137,8 +138,15 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
     A 405 names every method of the path in ``Allow`` (the router names only those of the first
     route that matched the path); ``OPTIONS`` on a known path is answered here: 204 with ``Allow``.
+    A 413 is the body limit of :class:`~quarry.api.guard.RequestGuard`, met while the body
+    streamed in: rendered as :class:`~quarry.errors.PayloadTooLarge`.
     """
     assert isinstance(exc, HTTPException)
+    limit = request.scope.get(MAX_BODY_SIZE_SCOPE_KEY)
+    if exc.status_code == 413 and isinstance(limit, int):
+        from quarry.api.guard import body_too_large
+
+        return await quarry_error(request, body_too_large(limit))
     headers, message = dict(exc.headers or {}), str(exc.detail)
     if exc.status_code == 405:
         allow = headers["Allow"] = allowed_methods(request)

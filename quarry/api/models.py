@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.config import JsonDict
@@ -71,7 +71,7 @@ class UpsertDocuments(_Body):
 class DeleteDocuments(_Body):
     """``POST /v1/collections/{name}/documents/delete``."""
 
-    ids: list[str] = Field(min_length=1, max_length=10000)
+    ids: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(min_length=1, max_length=10000)
 
 
 class RerankIn(_Body):
@@ -81,7 +81,10 @@ class RerankIn(_Body):
         None, ge=1, le=1000,
         description="Fused candidates rescored; offset + top_k <= top_n. Default: QUARRY_RERANK__TOP_N.",
     )
-    budget_ms: float | None = Field(None, gt=0, description="Default: QUARRY_RERANK__BUDGET_MS.")
+    budget_ms: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="Default and most: QUARRY_RERANK__BUDGET_MS (a larger budget is clamped to it).",
+    )
     model: str | None = Field(None, description="Must match the configured reranker (one model per server).")
 
 
@@ -228,9 +231,13 @@ class HealthOut(BaseModel):
 
 
 class ReadyOut(BaseModel):
-    """Readiness (200 ``ready`` or ``degraded``; 503 ``starting`` or ``store error``)."""
+    """Readiness (200 ``ready`` or ``degraded``; 503 ``starting``, ``store error`` or ``collection error``)."""
 
-    status: Literal["starting", "ready", "degraded", "store error"]
+    status: Literal["starting", "ready", "degraded", "store error", "collection error"]
     embedding_model: str | None = None
     degraded: list[str] | None = Field(None, description="What is skipped and why.")
     message: str | None = Field(None, description="The store's error (``store error``).")
+    collections: dict[str, str] | None = Field(
+        None,
+        description="Collections whose BM25 index can be neither loaded nor rebuilt, and why (``collection error``).",
+    )

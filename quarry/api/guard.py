@@ -1,0 +1,106 @@
+r"""What every request passes before it is routed: a clean path and a bounded body.
+
+* A path holding a control character (U+0000-U+001F, U+007F-U+009F) is a 400. Collection names
+  and document ids never hold one (:func:`indexing.sources.parse_document` refuses such ids), and
+  a route pattern ends in ``$``, which also matches *before* a trailing newline: with documents
+  ``victim`` and ``victim\n`` stored, ``DELETE .../documents/victim%0A`` used to delete
+  ``victim``. A legacy id with a control character is deleted by ``POST .../documents/delete``,
+  whose ids travel in the JSON body.
+* A body over ``QUARRY_API__MAX_BODY_BYTES`` is a 413 ``PayloadTooLarge``: at once when its
+  ``Content-Length`` says so (nothing is read), else as soon as the bytes streamed in pass the
+  limit (Starlette's :class:`~starlette.middleware.body_limit.RequestBodyLimitResponder`
+  counts them; the handler stops reading there, so a body is never buffered past the limit).
+
+The path parameter convertor ``whole`` (registered here, once) matches the rest of the path,
+newlines included, so that a route's parameter is always the whole value or no match at all.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+from starlette.convertors import Convertor, register_url_convertor
+from starlette.datastructures import Headers
+from starlette.middleware.body_limit import RequestBodyLimitResponder
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from quarry.api.errors import error_body
+from quarry.errors import InvalidRequest, PayloadTooLarge
+from quarry.settings import ApiSettings
+
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_DEFAULT_MAX_BODY_BYTES = ApiSettings.model_fields["max_body_bytes"].default
+
+
+class WholeConvertor(Convertor[str]):
+    """``{name:whole}``: the rest of the path, ``/`` and newlines included.
+
+    Starlette's ``path`` stops before a trailing newline: ``.`` does not match it, and the
+    route's ``$`` matches before it.
+    """
+
+    regex: ClassVar[str] = "(?s:.*)"
+
+    def convert(self, value: str) -> str:
+        """The matched text as is."""
+        return value
+
+    def to_string(self, value: str) -> str:
+        """The value as is."""
+        return value
+
+
+register_url_convertor("whole", WholeConvertor())
+
+
+def body_too_large(limit: int) -> PayloadTooLarge:
+    """The error of a body over ``limit`` bytes."""
+    return PayloadTooLarge(
+        f"request body is larger than {limit:,} bytes, the server's limit (QUARRY_API__MAX_BODY_BYTES); "
+        "send fewer documents per request"
+    )
+
+
+class RequestGuard:
+    """Pure ASGI middleware: control characters in the path (400) and the body limit (413).
+
+    The limit is read per request from the service's settings (``app.state.quarry``), so an app
+    built around a factory (``quarry serve``) applies the settings its service loaded.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Refuse a bad path or an oversized body; pass anything else on, its body counted."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = _max_body_bytes(scope)
+        bad = CONTROL.search(scope["path"])
+        if bad is not None:
+            error: InvalidRequest = InvalidRequest(
+                f"the request path holds a control character (U+{ord(bad.group()):04X}) at character "
+                f"{bad.start()}; collection names and document ids never hold one (delete a stored id "
+                "that does with POST /v1/collections/{name}/documents/delete)"
+            )
+            await _reply(error, 400, scope, receive, send)
+            return
+        length = Headers(scope=scope).get("content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            await _reply(body_too_large(limit), 413, scope, receive, send)
+            return
+        await RequestBodyLimitResponder(self.app, limit)(scope, receive, send)
+
+
+def _max_body_bytes(scope: Scope) -> int:
+    service = getattr(getattr(scope.get("app"), "state", None), "quarry", None)
+    settings = getattr(service, "settings", None)
+    return int(settings.api.max_body_bytes) if settings is not None else _DEFAULT_MAX_BODY_BYTES
+
+
+async def _reply(error: InvalidRequest, status: int, scope: Scope, receive: Receive, send: Send) -> None:
+    body = error_body(type(error).__name__, error.message, error.retryable)
+    await JSONResponse(body, status_code=status, headers={"connection": "close"})(scope, receive, send)

@@ -1,0 +1,330 @@
+"""Regression tests of issue 20 (findings 1, 8): names and ids matched whole; request size limits."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import re
+import shutil
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from starlette.routing import Match, Route
+
+from embedding.sentence_transformers import SentenceTransformerEmbedder, resolve_model_path
+from indexing.collections import NAME
+from indexing.sources import SourceDocument, parse_document
+from quarry.api import create_app
+from quarry.api.app import _rerank_options, router
+from quarry.api.models import SearchIn
+from quarry.errors import InvalidDocument, InvalidFilter, InvalidRequest
+from quarry.service import Quarry
+from retrieval.bm25 import BM25Index
+from stores import milvus, pgvector_sql, qdrant_common
+from stores.filters import FIELD_NAME, parse_filter
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("quarry", "indexing", "retrieval", "stores", "embedding", "rerank", "eval")
+
+
+@pytest.fixture(scope="module")
+def client(service: Quarry) -> Iterator[TestClient]:
+    with TestClient(create_app(service)) as c:
+        yield c
+
+
+def _error(r: Any, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    body: dict[str, Any] = r.json()["error"]
+    assert set(body) == {"type", "message", "retryable"}
+    return body
+
+
+# --- finding 1: a pattern that ends in `$` matches before a trailing newline -------------------
+
+
+def test_no_pattern_in_the_packages_ends_in_a_bare_dollar() -> None:
+    """The class: `$` also matches before a final newline; names and ids anchor with `\\Z` / fullmatch."""
+    found = []
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                is_re = (
+                    isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "re"
+                )
+                if not is_re or not node.args:  # type: ignore[union-attr]
+                    continue
+                pattern = node.args[0]  # type: ignore[union-attr]
+                parts = pattern.values if isinstance(pattern, ast.JoinedStr) else [pattern]
+                tail = parts[-1] if parts else None
+                if isinstance(tail, ast.Constant) and isinstance(tail.value, str) and re.search(
+                    r"(?<!\\)\$\Z", tail.value
+                ):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert found == []
+
+
+def test_every_name_check_refuses_a_trailing_newline() -> None:
+    patterns = (NAME, FIELD_NAME, qdrant_common.NAME, milvus._NAME, pgvector_sql.COLLECTION_NAME)
+    for pattern in patterns:
+        assert pattern.match("docs") and not pattern.match("docs\n") and not pattern.search("docs\n"), pattern
+    checks: tuple[Callable[[str], object], ...] = (
+        qdrant_common.check_name, milvus._check_name, pgvector_sql.check_name,
+    )
+    for check in checks:
+        check("docs")
+        with pytest.raises(InvalidRequest, match="invalid"):
+            check("docs\n")
+
+
+def test_a_filter_field_with_a_trailing_newline_is_refused() -> None:
+    with pytest.raises(InvalidFilter, match="invalid field name"):
+        parse_filter({"year\n": 1}, {"year": "int"})
+
+
+def test_document_ids_are_printable() -> None:
+    for bad in ("victim\n", "a\tb", "\x7fx", "x\x85"):
+        with pytest.raises(InvalidDocument, match="control character"):
+            parse_document({"id": bad, "text": "t"})
+    assert parse_document({"id": "ok id/with spaces", "text": "t"}).id == "ok id/with spaces"
+
+
+def test_every_route_parameter_is_matched_whole() -> None:
+    """A value with a trailing newline reaches a handler whole, or routes nowhere: never shortened."""
+    checked = 0
+    for route in router.routes:
+        if not isinstance(route, Route) or not route.param_convertors:
+            continue
+        checked += 1
+        path = route.path_format.format(**{p: "v\n" for p in route.param_convertors})
+        for method in route.methods or ():
+            match, child = route.matches({"type": "http", "path": path, "method": method})
+            if match is not Match.NONE:
+                values = child["path_params"].values()
+                assert all(v == "v\n" for v in values), (route.path, child["path_params"])
+    assert checked >= 6
+
+
+def test_deleting_a_document_by_path_never_deletes_its_neighbour(client: TestClient, service: Quarry) -> None:
+    """Issue 20, finding 1: DELETE .../documents/victim%0A deleted `victim`."""
+    name = "h20_victim"
+    assert client.post("/v1/collections", json={"name": name}).status_code == 201
+    try:
+        r = client.post(f"/v1/collections/{name}/documents", json={"documents": [{"id": "victim", "text": "kept"}]})
+        assert r.status_code == 200, r.text
+        assert "control character" in _error(
+            client.post(f"/v1/collections/{name}/documents", json={"documents": [{"id": "victim\n", "text": "x"}]}),
+            400,
+        )["message"]
+        service.upsert(name, [SourceDocument("victim\n", "a legacy id, stored before ids were checked")])
+        assert client.get(f"/v1/collections/{name}").json()["documents"] == 2
+        said = _error(client.delete(f"/v1/collections/{name}/documents/victim%0A"), 400)
+        assert "control character (U+000A)" in said["message"] and "documents/delete" in said["message"]
+        assert client.get(f"/v1/collections/{name}").json()["documents"] == 2
+        r = client.post(f"/v1/collections/{name}/documents/delete", json={"ids": ["victim\n"]})
+        assert r.json()["deleted"] == 1
+        hits = client.post(f"/v1/collections/{name}/search", json={"query": "kept", "mode": "bm25"}).json()["hits"]
+        assert [h["document_id"] for h in hits] == ["victim"]
+    finally:
+        client.delete(f"/v1/collections/{name}")
+
+
+def test_a_collection_name_with_a_trailing_newline_is_refused(client: TestClient) -> None:
+    assert client.post("/v1/collections", json={"name": "h20_docs"}).status_code == 201
+    try:
+        assert "invalid collection name" in _error(client.post("/v1/collections", json={"name": "h20_x\n"}), 400)[
+            "message"
+        ]
+        _error(client.delete("/v1/collections/h20_docs%0A"), 400)
+        _error(client.delete("/v1/collections/h20_docs%0A/documents/x"), 400)
+        assert client.get("/v1/collections/h20_docs").status_code == 200
+    finally:
+        client.delete("/v1/collections/h20_docs")
+
+
+# --- finding 8: limits on what one request may send ---------------------------------------------
+
+
+def test_a_body_over_the_limit_is_413_before_it_is_read(
+    client: TestClient, service: Quarry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(service.settings.api, "max_body_bytes", 4096)
+    body = '{"documents": [{"id": "a", "text": "' + "word " * 2000 + '"}]}'
+    said = _error(client.post("/v1/collections/nope/documents", content=body), 413)
+    assert said["type"] == "PayloadTooLarge" and "4,096 bytes" in said["message"]
+    assert "QUARRY_API__MAX_BODY_BYTES" in said["message"]
+    assert client.post("/v1/collections/nope/search", json={"query": "x"}).status_code == 404  # small: passes
+
+
+def test_a_streamed_body_is_cut_off_at_the_limit(
+    client: TestClient, service: Quarry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No Content-Length (chunked): the server stops reading at the limit, it does not buffer the rest."""
+    monkeypatch.setattr(service.settings.api, "max_body_bytes", 10_000)
+    app = client.app
+    chunks, sent = [b'{"documents": [' + b" " * 4000] * 100, []
+    read = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal read
+        read += 1
+        return {"type": "http.request", "body": chunks[read - 1], "more_body": read < len(chunks)}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": "/v1/collections/nope/documents", "raw_path": b"/v1/collections/nope/documents",
+        "query_string": b"", "headers": [(b"content-type", b"application/json")], "client": ("t", 1),
+        "server": ("t", 80), "root_path": "", "app": app,
+    }
+    asyncio.run(app(scope, receive, send))  # type: ignore[arg-type]
+    assert sent[0]["status"] == 413
+    assert b"PayloadTooLarge" in b"".join(m.get("body", b"") for m in sent[1:])
+    assert read == 3  # 4 kB chunks: the third passes 10 kB; the other 97 are never read
+
+
+def test_documents_over_the_size_limits_are_refused(client: TestClient) -> None:
+    name = "h20_sizes"
+    assert client.post("/v1/collections", json={"name": name}).status_code == 201
+    try:
+        url = f"/v1/collections/{name}/documents"
+        big = {"id": "big", "text": "word " * 200_001}
+        said = _error(client.post(url, json={"documents": [{"id": "ok", "text": "fine"}, big]}), 413)
+        assert said["type"] == "PayloadTooLarge" and "1,000,005 characters" in said["message"]
+        assert "QUARRY_INGEST__MAX_DOCUMENT_CHARS" in said["message"]
+        blob = {"id": "blob", "text": "a normal start, then " + "x" * 10_000}
+        said = _error(client.post(url, json={"documents": [blob]}), 400)
+        assert said["type"] == "InvalidDocument" and "over 1,024 characters at character 21" in said["message"]
+        assert client.get(f"/v1/collections/{name}").json()["documents"] == 0  # nothing of either batch
+        long_ok = {"id": "zh", "text": "熊猫" * 2000 + " " + "y" * 1024}  # CJK runs are not one word
+        assert client.post(url, json={"documents": [long_ok]}).status_code == 200
+    finally:
+        client.delete(f"/v1/collections/{name}")
+
+
+def test_a_client_rerank_budget_is_clamped_to_the_servers(service: Quarry) -> None:
+    ask = SearchIn.model_validate({"query": "x", "rerank": {"budget_ms": 3_600_000}})
+    options = _rerank_options(service, ask)
+    assert options is not None and options.budget_ms == service.settings.rerank.budget_ms == 2000
+    lower = _rerank_options(service, SearchIn.model_validate({"query": "x", "rerank": {"budget_ms": 50}}))
+    assert lower is not None and lower.budget_ms == 50
+
+
+# --- finding 7: a model of another dimension ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def other_dim_model(tmp_path_factory: pytest.TempPathFactory) -> SentenceTransformerEmbedder:
+    """A real model of 128 dimensions saved under the packaged model's name (MiniLM plus a Dense layer)."""
+    from sentence_transformers import SentenceTransformer, models
+
+    base = SentenceTransformer(str(resolve_model_path("all-MiniLM-L6-v2")), device="cpu")
+    base.append(models.Dense(384, 128))
+    folder = tmp_path_factory.mktemp("models") / "all-MiniLM-L6-v2"
+    base.save(str(folder))
+    model = SentenceTransformerEmbedder(str(folder), device="cpu")
+    model.warm_up()
+    assert (model.model_id, model.dim) == ("all-MiniLM-L6-v2", 128)
+    return model
+
+
+def test_a_model_of_another_dimension_is_a_conflict_and_hybrid_degrades(
+    service: Quarry, collection: str, other_dim_model: SentenceTransformerEmbedder
+) -> None:
+    """Issue 20, finding 7: every hybrid query was a 400 DimensionMismatch, the upsert a 400."""
+    service.upsert(collection, [SourceDocument("ant", "ants live in colonies")])
+    other = Quarry(service.settings, store=service.store, embedder=other_dim_model)
+    try:
+        with TestClient(create_app(other)) as client:
+            url = f"/v1/collections/{collection}"
+            r = client.post(f"{url}/search", json={"query": "ant colonies", "mode": "hybrid"})
+            assert r.status_code == 200, r.text
+            assert [h["document_id"] for h in r.json()["hits"]] == ["ant"]
+            [why] = r.json()["degraded"]
+            assert "holds 384-dimensional vectors; this server's model 'all-MiniLM-L6-v2' gives 128" in why
+            said = _error(client.post(f"{url}/search", json={"query": "ant colonies", "mode": "dense"}), 409)
+            assert said["type"] == "ModelDimensionMismatch"
+            doc = {"id": "bee", "text": "bees make honey"}
+            said = _error(client.post(f"{url}/documents", json={"documents": [doc]}), 409)
+            assert said["type"] == "ModelDimensionMismatch" and "384" in said["message"]
+            assert client.get(url).json()["documents"] == 1
+    finally:
+        other.docstore.close()
+
+
+# --- finding 2: derived state that fails to load or disagrees with the docstore ------------------
+
+
+@pytest.fixture()
+def restarted(service: Quarry) -> Iterator[Callable[[], Quarry]]:
+    """A second service over the same data dir and store, as after a restart (its own BM25 registry)."""
+    opened: list[Quarry] = []
+
+    def start() -> Quarry:
+        opened.append(Quarry(service.settings, store=service.store, embedder=service.embedder))
+        return opened[-1]
+
+    yield start
+    for other in opened:
+        other.docstore.close()  # the store is the session's
+
+
+def _bm25_ids(client: TestClient, name: str, query: str) -> list[str]:
+    r = client.post(f"/v1/collections/{name}/search", json={"query": query, "mode": "bm25"})
+    assert r.status_code == 200, r.text
+    return [h["document_id"] for h in r.json()["hits"]]
+
+
+def test_a_damaged_bm25_snapshot_is_rebuilt_from_the_docstore_and_logged(
+    service: Quarry, collection: str, restarted: Callable[[], Quarry], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 20, finding 2: a truncated .npy made every BM25 and hybrid search a 500, /readyz ready."""
+    service.upsert(collection, [SourceDocument("ant", "ants live in colonies"), SourceDocument("bee", "bees")])
+    npy = service.settings.data_dir / "bm25" / collection / "data.csc.index.npy"
+    npy.write_bytes(b"")  # truncated to nothing: numpy raises EOFError, which the loader did not catch
+    with TestClient(create_app(restarted())) as client:
+        assert client.get("/readyz").json()["status"] == "ready"
+        assert _bm25_ids(client, collection, "ant colonies") == ["ant"]
+        r = client.post(f"/v1/collections/{collection}/search", json={"query": "ant colonies"})
+        assert r.status_code == 200 and r.json()["hits"][0]["document_id"] == "ant"
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert f"BM25 index of collection {collection!r}" in said and "is damaged" in said
+    assert "rebuilding it from the docstore" in said
+    assert BM25Index.load(npy.parent).document_ids == ["ant", "bee"]  # saved again, whole
+
+
+def test_a_bm25_snapshot_that_disagrees_with_the_docstore_is_rebuilt(
+    service: Quarry, collection: str, restarted: Callable[[], Quarry], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Readable, current version, but other rows than the docstore's: never served."""
+    service.upsert(collection, [SourceDocument("ant", "ants live in colonies"), SourceDocument("bee", "bees")])
+    sidecar = service.settings.data_dir / "bm25" / collection / "rows.json"
+    rows = json.loads(sidecar.read_text())
+    rows["chunk_ids"].reverse()
+    rows["document_ids"].reverse()
+    sidecar.write_text(json.dumps(rows))
+    with TestClient(create_app(restarted())) as client:
+        assert _bm25_ids(client, collection, "ant colonies") == ["ant"]
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "holds 2 rows, the docstore 2 chunks with tokens (other chunk ids); rebuilding" in said
+
+
+def test_a_collection_whose_bm25_cannot_be_rebuilt_is_not_ready(
+    service: Quarry, collection: str, restarted: Callable[[], Quarry]
+) -> None:
+    service.upsert(collection, [SourceDocument("ant", "ants live in colonies")])
+    shutil.rmtree(service.settings.data_dir / "bm25" / collection)
+    with sqlite3.connect(service.settings.data_dir / "docstore.sqlite") as db:  # the state of record, damaged
+        db.execute("UPDATE chunks SET tokens = '[\"ant' WHERE collection = ?", (collection,))
+    with TestClient(create_app(restarted())) as client:
+        r = client.get("/readyz")
+        assert r.status_code == 503, r.text
+        assert r.json()["status"] == "collection error" and "JSONDecodeError" in r.json()["collections"][collection]
