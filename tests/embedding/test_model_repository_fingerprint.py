@@ -24,7 +24,10 @@ from embedding.fingerprint import CONFIG_FILES, folder_fingerprint
 from embedding.sentence_transformers import resolve_model_path
 from embedding.st_layout import WEIGHT_FILES
 from embedding.triton_protocol import parse_spec
+from embedding.triton_standalone import standalone_command
 from quarry.triton_cli import config_line
+
+from .server_process import ServerProcess, free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = REPO / "model_repository" / "minilm"
@@ -83,17 +86,23 @@ def test_model_py_computes_the_fingerprint_as_quarry_does(model_py: types.Module
     assert model_py.folder_fingerprint(tmp_path / "m" / ".." / "m") == folder_fingerprint(folder)
 
 
+def other_weights(tmp_path: Path) -> Path:
+    """A copy of the packaged model under the same folder name, one weight byte changed."""
+    other = shutil.copytree(resolve_model_path(PACKAGED), tmp_path / PACKAGED)
+    weights = other / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    return other
+
+
 def test_model_py_refuses_weights_the_config_does_not_name(model_py: types.ModuleType, tmp_path: Path) -> None:
     packaged = resolve_model_path(PACKAGED)
     want = published(CONFIGS[1])
     model_py.check_fingerprint(str(packaged), want)  # the packaged weights load
     model_py.check_fingerprint(str(packaged), "")  # no published fingerprint: nothing to check
-    other = shutil.copytree(packaged, tmp_path / PACKAGED)  # same folder name, one weight byte changed
-    weights = other / "model.safetensors"
-    data = bytearray(weights.read_bytes())
-    data[-1] ^= 0xFF
-    weights.write_bytes(bytes(data))
-    with pytest.raises(ValueError, match=r"has fingerprint sha256:[0-9a-f]{64}, but config.pbtxt publishes") as err:
+    other = other_weights(tmp_path)
+    with pytest.raises(ValueError, match=r"has fingerprint sha256:[0-9a-f]{64}, but the model config publishes") as err:
         model_py.check_fingerprint(str(other), want)
     assert "quarry triton fingerprint" in str(err.value) and want in str(err.value)
 
@@ -110,3 +119,31 @@ def test_cli_prints_the_line_the_configs_carry() -> None:
         capture_output=True, text=True, timeout=300,
     )
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and bad.stdout == ""
+
+
+@pytest.mark.integration
+def test_stock_tritonserver_refuses_to_serve_other_weights_under_the_published_fingerprint(tmp_path: Path) -> None:
+    """The repository unchanged but for ``model_path`` pointing at other weights: the model does
+    not load (tritonserver exits, as ``--exit-on-error`` has it) and the log says why."""
+    other = other_weights(tmp_path / "weights")
+    repository = tmp_path / "repository"
+    shutil.copytree(MODEL, repository / "minilm")
+    cpu = repository / "minilm" / "configs" / "cpu.pbtxt"
+    cpu.write_text(cpu.read_text().replace(
+        'key: "model_path" value: { string_value: "" }', f'key: "model_path" value: {{ string_value: "{other}" }}'
+    ))
+    assert str(other) in cpu.read_text()
+    http, grpc, metrics = free_ports(3)
+    cmd, env = standalone_command(
+        tmp_path / "server", http_port=http, grpc_port=grpc, metrics_port=metrics, repository=repository
+    )
+    process = ServerProcess(cmd, env, tmp_path / "tritonserver.log")
+    try:
+        with pytest.raises(RuntimeError, match="server exited"):
+            process.wait_ready(f"http://127.0.0.1:{http}/v2/models/minilm/ready", timeout_s=300)
+        log = process.log_tail(20000)
+        assert f"the model at {other} has fingerprint" in log and "quarry triton fingerprint" in log, log
+    finally:
+        process.stop()
+        process.kill_all()
+    assert process.leftovers() == [], process.log_tail()

@@ -92,7 +92,7 @@ def check_fingerprint(path: str, expected: str) -> None:
     actual = folder_fingerprint(Path(path))
     if actual != expected:
         raise ValueError(
-            f"the model at {path} has fingerprint {actual}, but config.pbtxt publishes {expected}: "
+            f"the model at {path} has fingerprint {actual}, but the model config publishes {expected}: "
             "these are other weights than the config was made for, and Quarry's clients would take "
             "them for the model they name. Set the config's fingerprint to the line printed by "
             f"`quarry triton fingerprint {path}` (or to \"\" to publish none), then reload"
