@@ -65,5 +65,31 @@ def serve(
         raise typer.Exit(2) from exc
 
 
+@app.command()
+def fingerprint(
+    model: Annotated[
+        str, typer.Argument(help="Packaged model name or sentence-transformers folder (what model.py loads).")
+    ] = "all-MiniLM-L6-v2",
+) -> None:
+    """Print the ``fingerprint`` line for model_repository/minilm's configs (config.pbtxt, configs/cpu.pbtxt).
+
+    The value is the model's fingerprint as ``torch://<model>`` records it in a collection; the
+    stock tritonserver's model.py refuses to load weights that do not have it.
+    """
+    from embedding.sentence_transformers import fingerprint_of, resolve_model_path
+
+    try:
+        value = fingerprint_of(resolve_model_path(model), None)
+    except QuarryError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(config_line(value))
+
+
+def config_line(fingerprint: str) -> str:
+    """The config.pbtxt line that publishes ``fingerprint`` to Quarry's Triton client."""
+    return f'parameters: {{ key: "fingerprint" value: {{ string_value: "{fingerprint}" }} }}'
+
+
 if __name__ == "__main__":
     app()
