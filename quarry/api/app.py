@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from indexing.sources import SourceDocument, parse_document
 from quarry import heap
-from quarry.api import errors
+from quarry.api import answer, errors
 from quarry.api.models import (
     CreateCollection,
     DeleteDocuments,
@@ -90,6 +90,7 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     errors.install(app)
     app.add_middleware(MetricsMiddleware)
     app.include_router(router)
+    app.include_router(answer.router)
     return app
 
 
