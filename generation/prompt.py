@@ -19,9 +19,9 @@ from generation.base import Message
 MIN_CUT_TOKENS = 16
 SEPARATOR = "\n\n"
 SYSTEM = (
-    "You answer questions using only the numbered sources given. After each claim, cite the "
-    "source it comes from with its number in square brackets, like [1] or [1, 2]. If the sources "
-    "do not contain the answer, say that you do not know."
+    "Answer the question in one or two sentences using only the numbered sources. End every sentence "
+    'with the number of the source it comes from in square brackets, for example: "Vitamin C prevents '
+    'scurvy [2]." If the sources do not contain the answer, say that you do not know.'
 )
 
 Counter = Callable[[Sequence[str]], Awaitable[list[int]]]
@@ -70,7 +70,9 @@ def source_text(number: int, text: str) -> str:
 
 def messages_for(query: str, context: str) -> list[Message]:
     """The chat messages: instructions, then the sources block and the question."""
-    user = f"Sources:\n\n{context}\n\nQuestion: {query}" if context else f"Question: {query}"
+    if not context:
+        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Question: {query}"}]
+    user = f"Sources:\n\n{context}\n\nQuestion: {query}\nAnswer, citing sources like [1]:"
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
 
 

@@ -16,6 +16,7 @@ failure after the ``sources`` event ends it with an ``error`` event.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
@@ -24,7 +25,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from generation.answer import Event, answer_events
@@ -33,7 +34,7 @@ from generation.factory import open_generator
 from generation.openai_compat import approx_tokens
 from generation.prompt import Candidate, Prompt, build_prompt
 from quarry.api.models import RerankIn, SearchIn, _Body
-from quarry.errors import GenerationError, LLMNotConfigured
+from quarry.errors import GenerationError, InvalidRequest, LLMNotConfigured
 from quarry.service import Quarry
 from quarry.settings import LLMSettings
 
@@ -95,6 +96,14 @@ async def answer(
     ``citation``, ``done`` / ``error``). Errors of retrieval (unknown collection, bad filter) are
     plain error responses, before any event.
     """
+    events = await _events(name, body, q, generator)
+    if body.stream:
+        return EventSourceResponse(_sse(events), ping=15)
+    return await _collect(events, body.require_answer)
+
+
+async def _events(name: str, body: AnswerIn, q: Quarry, generator: Generator | None) -> AsyncIterator[Event]:
+    """Retrieve and build the prompt (errors raised here are plain error responses); the events to come."""
     started = time.perf_counter()
     cfg: LLMSettings = q.settings.llm
     if body.require_answer:
@@ -110,13 +119,10 @@ async def answer(
         temperature=cfg.temperature if body.temperature is None else body.temperature,
         seed=body.seed,
     )
-    events = answer_events(
+    return answer_events(
         generator, prompt, params, language=language, threshold=cfg.support_threshold, started=started,
         timings_ms=timings, degraded=degraded,
     )
-    if body.stream:
-        return EventSourceResponse(_sse(events), ping=15)
-    return await _collect(events, body.require_answer)
 
 
 def _check_available(generator: Generator | None) -> None:
@@ -185,3 +191,131 @@ async def _collect(events: AsyncIterator[Event], require_answer: bool) -> Respon
 async def _sse(events: AsyncIterator[Event]) -> AsyncIterator[ServerSentEvent]:
     async for event in events:
         yield ServerSentEvent(data=orjson.dumps(event.data).decode(), event=event.kind)
+
+
+# --- OpenAI-compatible front door -----------------------------------------------------------
+class ChatMessageIn(BaseModel):
+    """A chat message; ``content`` a string or OpenAI's list of parts (text parts are joined)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+    def text(self) -> str:
+        """The message's text."""
+        if isinstance(self.content, list):
+            return "".join(str(p.get("text", "")) for p in self.content if p.get("type") == "text")
+        return self.content or ""
+
+
+class QuarryOptions(_Body):
+    """Quarry's own knobs of a chat completion (send them in the body's ``quarry`` field)."""
+
+    top_k: int = Field(5, ge=1, le=50)
+    mode: Literal["bm25", "dense", "hybrid"] = "hybrid"
+    filters: dict[str, Any] | None = None
+    rerank: RerankIn | None = None
+    context_tokens: int | None = Field(None, ge=16, le=1_000_000)
+    require_answer: bool = False
+
+
+class ChatIn(BaseModel):
+    """``POST /v1/chat/completions`` with ``model: "quarry/<collection>"``: RAG through an OpenAI client.
+
+    The last user message is the query. Other OpenAI fields are accepted and ignored.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(description='"quarry/<collection>"')
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = Field(None, ge=1, le=32_768)
+    max_completion_tokens: int | None = Field(None, ge=1, le=32_768)
+    temperature: float | None = Field(None, ge=0, le=2)
+    seed: int | None = None
+    quarry: QuarryOptions = QuarryOptions()
+
+
+@router.post("/v1/chat/completions", tags=["answer"])
+async def chat_completions(
+    body: ChatIn,
+    q: Annotated[Quarry, Depends(_quarry)],
+    generator: Annotated[Generator | None, Depends(_generator)],
+) -> Response:
+    """The answer path behind OpenAI's chat-completions API: change an OpenAI client's ``base_url``.
+
+    The reply is a ``chat.completion`` (or ``chat.completion.chunk`` frames ending ``[DONE]``)
+    with an extension field ``quarry``: on the first chunk the ``sources``; on a chunk with no
+    choices each ``citations`` entry as soon as it resolves; on the last chunk (and on the
+    non-streamed reply) ``citations``, ``dropped_citations``, ``sources``, ``degraded`` and
+    ``timings_ms``. A failure after the stream started is an ``{"error": {...}}`` frame, which
+    OpenAI's clients raise as ``APIError``.
+
+    Raises:
+        InvalidRequest: ``model`` is not ``quarry/<collection>``, or no user message.
+    """
+    collection = body.model.removeprefix("quarry/")
+    if collection == body.model or not collection:
+        raise InvalidRequest(f'model must be "quarry/<collection>", got {body.model!r}')
+    users = [m.text() for m in body.messages if m.role == "user"]
+    if not users or not users[-1].strip():
+        raise InvalidRequest("no user message to answer")
+    opts = body.quarry
+    answer_in = AnswerIn(
+        query=users[-1], top_k=opts.top_k, mode=opts.mode, filters=opts.filters, rerank=opts.rerank,
+        stream=body.stream, max_tokens=body.max_completion_tokens or body.max_tokens,
+        temperature=body.temperature, seed=body.seed, context_tokens=opts.context_tokens,
+        require_answer=opts.require_answer,
+    )
+    events = await _events(collection, answer_in, q, generator)
+    ident, created = f"chatcmpl-quarry-{uuid.uuid4().hex}", int(time.time())
+    if body.stream:
+        return EventSourceResponse(_chat_sse(events, ident, created, body.model), ping=15)
+    out = orjson.loads((await _collect(events, answer_in.require_answer)).body)
+    usage = out.pop("usage")
+    completion = {
+        "id": ident, "object": "chat.completion", "created": created, "model": body.model,
+        "choices": [{
+            "index": 0, "message": {"role": "assistant", "content": out.pop("answer")},
+            "finish_reason": out.pop("finish_reason") or "stop",
+        }],
+        "usage": _usage(usage),
+        "quarry": out,
+    }
+    return Response(orjson.dumps(completion), media_type="application/json")
+
+
+def _usage(usage: dict[str, Any]) -> dict[str, int]:
+    prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _chat_sse(
+    events: AsyncIterator[Event], ident: str, created: int, model: str
+) -> AsyncIterator[ServerSentEvent]:
+    """Answer events as ``chat.completion.chunk`` frames (see :func:`chat_completions`)."""
+
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> ServerSentEvent:
+        frame = {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
+                 "choices": choices, **extra}
+        return ServerSentEvent(data=orjson.dumps(frame).decode())
+
+    async for event in events:
+        if event.kind == "sources":
+            yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                        quarry=event.data)
+        elif event.kind == "delta":
+            yield chunk([{"index": 0, "delta": {"content": event.data["text"]}, "finish_reason": None}])
+        elif event.kind == "citation":
+            yield chunk([], quarry={"citations": [event.data]})
+        elif event.kind == "done":
+            done = dict(event.data)
+            done.pop("answer")
+            finish = done.pop("finish_reason") or "stop"
+            usage = _usage(done.pop("usage"))
+            yield chunk([{"index": 0, "delta": {}, "finish_reason": finish}], usage=usage, quarry=done)
+            yield ServerSentEvent(data="[DONE]")
+        elif event.kind == "error":
+            yield ServerSentEvent(data=orjson.dumps(event.data).decode())

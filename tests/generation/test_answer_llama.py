@@ -61,18 +61,28 @@ def quarry(
 
 
 @pytest.fixture(scope="module")
-def client(quarry: Quarry) -> Iterator[httpx.Client]:
-    with Served(create_app(quarry)) as served, httpx.Client(base_url=served.url, timeout=120) as c:
+def served(quarry: Quarry) -> Iterator[Served]:
+    with Served(create_app(quarry)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(served: Served) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=served.url, timeout=120) as c:
         yield c
 
 
 URL = f"/v1/collections/{COLLECTION}/answer"
 
 
+def _question(scifact_sample: list[SourceDocument]) -> str:
+    return f"What is known about {scifact_sample[0].title.lower()}"
+
+
 def test_every_citation_resolves_and_stream_equals_non_stream(
     client: httpx.Client, scifact_sample: list[SourceDocument]
 ) -> None:
-    body = {"query": f"What is known about {scifact_sample[0].title.lower()}", "top_k": 3, "max_tokens": 48,
+    body = {"query": _question(scifact_sample), "top_k": 3, "max_tokens": 48,
             "temperature": 0, "seed": 7, "context_tokens": 600}
     r = client.post(URL, json=body)
     assert r.status_code == 200, r.text
@@ -147,3 +157,38 @@ def test_llm_down_degrades_then_answers_resume_after_a_restart(quarry: Quarry, t
     finally:
         quarry.settings = saved
         subprocess.run(["bash", str(LLAMA_SH), "stop"], env=env, check=False, timeout=60)
+
+
+def test_chat_completions_with_the_official_openai_client(
+    served: Served, client: httpx.Client, scifact_sample: list[SourceDocument]
+) -> None:
+    import openai
+
+    question = _question(scifact_sample)
+    knobs = {"top_k": 3, "context_tokens": 600}
+    reference = client.post(URL, json={"query": question, "max_tokens": 32, "temperature": 0, "seed": 7, **knobs})
+    expected = reference.json()
+    oa = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
+    args: dict[str, Any] = {
+        "model": f"quarry/{COLLECTION}", "messages": [{"role": "user", "content": question}],
+        "max_tokens": 32, "temperature": 0, "seed": 7, "extra_body": {"quarry": knobs},
+    }
+    reply = oa.chat.completions.create(**args)
+    assert reply.choices[0].message.content == expected["answer"]
+    extension = (reply.model_extra or {})["quarry"]
+    assert extension["citations"] == expected["citations"] and extension["sources"] == expected["sources"]
+    assert reply.usage is not None and reply.usage.completion_tokens > 0
+
+    text, streamed_citations, final = "", [], None
+    for chunk in oa.chat.completions.create(**args, stream=True):
+        extra = (chunk.model_extra or {}).get("quarry") or {}
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            if chunk.choices[0].finish_reason:
+                final = extra
+        elif "citations" in extra:
+            streamed_citations += extra["citations"]
+    assert text == expected["answer"]
+    assert final is not None and final["citations"] == expected["citations"] == streamed_citations
+    with pytest.raises(openai.BadRequestError):
+        oa.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])

@@ -195,3 +195,20 @@ def _wait_for(condition: object, timeout_s: float = 5.0) -> None:
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.01)
+
+
+def test_a_stall_in_a_chat_completion_stream_raises_in_the_openai_client(served: Served, stub: StubLLM) -> None:
+    import openai
+
+    stub.replies.clear()
+    stub.replies.append(Reply(pieces=["Vitamin D", " helps"], stall_after=1))
+    oa = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
+    text = ""
+    with pytest.raises(openai.APIError, match="stall"):
+        for chunk in oa.chat.completions.create(
+            model=f"quarry/{COLLECTION}", messages=[{"role": "user", "content": "vitamin D"}], stream=True
+        ):
+            text += chunk.choices[0].delta.content or "" if chunk.choices else ""
+    assert text == "Vitamin D"
+    with pytest.raises(openai.BadRequestError, match="quarry/<collection>"):
+        oa.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])

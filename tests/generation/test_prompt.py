@@ -22,7 +22,7 @@ def test_whole_chunks_in_rank_order_then_one_cut_then_left_out() -> None:
     assert [c.document_id for c in prompt.left_out] == ["d3", "d4"]
     assert prompt.context_tokens == approx_tokens(prompt.context) <= 450
     assert prompt.sent[2].text.endswith(" …") and cands[2].text.startswith(prompt.sent[2].text[:-2])
-    assert "[1] word0x0" in prompt.messages[1]["content"] and prompt.messages[1]["content"].endswith("Question: q?")
+    assert "[1] word0x0" in prompt.messages[1]["content"] and "Question: q?\n" in prompt.messages[1]["content"]
 
 
 def test_everything_fits() -> None:
