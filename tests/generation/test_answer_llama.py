@@ -82,18 +82,24 @@ def _question(scifact_sample: list[SourceDocument]) -> str:
 def test_every_citation_resolves_and_stream_equals_non_stream(
     client: httpx.Client, scifact_sample: list[SourceDocument]
 ) -> None:
-    body = {"query": _question(scifact_sample), "top_k": 3, "max_tokens": 48,
-            "temperature": 0, "seed": 7, "context_tokens": 600}
-    r = client.post(URL, json=body)
-    assert r.status_code == 200, r.text
-    plain = r.json()
-    assert plain["degraded"] == [] and isinstance(plain["answer"], str) and plain["answer"].strip()
-    assert plain["context"]["tokenizer"] == "server" and plain["timings_ms"]["ttft"] > 0
-    sources = {s["number"]: s for s in plain["sources"]}
-    for c in plain["citations"]:
-        assert sources[c["marker"]]["chunk_id"] == c["chunk_id"]
-        assert sources[c["marker"]]["document_id"] == c["document_id"]
-    assert plain["usage"]["completion_tokens"] > 0
+    # SmolLM2-135M cites in about 1 answer in 4 (2/8 of these questions); ask until one cites
+    for doc in (scifact_sample[1], scifact_sample[6], scifact_sample[0]):
+        body = {"query": f"What is known about {doc.title.lower()}", "top_k": 3, "max_tokens": 48,
+                "temperature": 0, "seed": 7, "context_tokens": 600}
+        r = client.post(URL, json=body)
+        assert r.status_code == 200, r.text
+        plain = r.json()
+        assert plain["degraded"] == [] and isinstance(plain["answer"], str) and plain["answer"].strip()
+        assert plain["context"]["tokenizer"] == "server" and plain["timings_ms"]["ttft"] > 0
+        assert plain["usage"]["completion_tokens"] > 0
+        sources = {s["number"]: s for s in plain["sources"]}
+        for c in plain["citations"]:
+            assert sources[c["marker"]]["chunk_id"] == c["chunk_id"]
+            assert sources[c["marker"]]["document_id"] == c["document_id"]
+            assert plain["answer"][c["span"][0] : c["span"][1]] == c["text"]
+        if plain["citations"]:
+            break
+    assert plain["citations"], "the model cited no source in any of the answers"
 
     with client.stream("POST", URL, json={**body, "stream": True}) as r:
         events = [(k, d) for k, d, _ in sse_events(r)]
