@@ -26,7 +26,11 @@ their message. Driver errors are wrapped with ``raise ... from exc``, never swal
     │   └── IndexBuildFailed               500  a build failed or stalled; rolled back
     ├── EmbeddingError                     500
     │   └── EmbeddingUnavailable           503  the embedding server is down (retryable)
-    └── RerankError                        500
+    ├── RerankError                        500
+    └── GenerationError                    502  the LLM server failed or refused the request
+        ├── GenerationUnavailable          503  the LLM server is down or missed a deadline (retryable)
+        │   └── GenerationTimeout          503  no first token, a stall between tokens, or past the total
+        └── LLMNotConfigured               503  an answer was required but no LLM is configured
 
 ``retryable`` tells a caller whether the same request may succeed later;
 ``retry_after_s`` is a hint (seconds) where one is known.
@@ -224,6 +228,24 @@ class EmbeddingUnavailable(EmbeddingError):
 
 class RerankError(QuarryError):
     """The reranker failed."""
+
+
+class GenerationError(QuarryError):
+    """The LLM server answered with an error (a refusal, a bad request such as an over-long prompt)."""
+
+
+class GenerationUnavailable(GenerationError):
+    """The LLM server cannot be reached, failed (5xx) or is skipped after an outage."""
+
+    retryable = True
+
+
+class GenerationTimeout(GenerationUnavailable):
+    """The LLM server missed a deadline: connect, first token, stall between tokens, or total."""
+
+
+class LLMNotConfigured(GenerationError):
+    """An answer was required (``require_answer``) but ``QUARRY_LLM__URL`` is empty."""
 
 
 def missing_extra(module: str, extra: str) -> ConfigError:

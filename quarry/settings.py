@@ -173,6 +173,45 @@ class BM25Settings(BaseModel):
     b: float = Field(0.75, ge=0, le=1)
 
 
+class LLMSettings(BaseModel):
+    """The LLM that answers over retrieved chunks (``POST /v1/collections/{name}/answer``).
+
+    Attributes:
+        url: ``openai+http://host:port/v1?model=NAME`` (``openai+https://`` too): any server
+            speaking OpenAI's chat-completions wire format (vLLM, llama.cpp, OpenAI). Without
+            ``model=`` the server's first listed model is used. Empty (the default): no LLM;
+            ``/answer`` returns the sources with ``answer: null``.
+        api_key: Bearer token for the server (empty: none sent).
+        connect_timeout_s: Longest wait for the TCP/TLS connection, in seconds.
+        first_token_timeout_s: Longest wait from the request to the first text token (prompt
+            processing included), in seconds.
+        stall_timeout_s: Longest wait between two text tokens, in seconds.
+        total_timeout_s: Longest a whole generation may take, in seconds.
+        retry_after_s: After the LLM server is down or misses a deadline, answers skip it for
+            this many seconds (sources only, ``degraded``), then one request tries it
+            (:class:`~quarry.breaker.OutageBreaker`). 0 turns this off.
+        context_tokens: Budget of the sources in the prompt, in the LLM's tokens (counted with
+            its own tokenizer where the server exposes one, else approximated).
+        max_tokens: Default cap on the answer's length, in tokens.
+        temperature: Default sampling temperature (0: greedy).
+        support_threshold: A citation is ``supported`` when the lexical overlap of its sentence
+            with the cited chunk (share of the sentence's content terms found in the chunk, 0-1)
+            reaches this.
+    """
+
+    url: str = ""
+    api_key: str = ""
+    connect_timeout_s: float = Field(2.0, gt=0, le=600, allow_inf_nan=False)
+    first_token_timeout_s: float = Field(20.0, gt=0, le=3600, allow_inf_nan=False)
+    stall_timeout_s: float = Field(10.0, gt=0, le=3600, allow_inf_nan=False)
+    total_timeout_s: float = Field(120.0, gt=0, le=3600, allow_inf_nan=False)
+    retry_after_s: float = Field(5.0, ge=0, le=3600, allow_inf_nan=False)
+    context_tokens: int = Field(1500, ge=16, le=1_000_000)
+    max_tokens: int = Field(256, ge=1, le=32_768)
+    temperature: float = Field(0.0, ge=0, le=2)
+    support_threshold: float = Field(0.5, ge=0, le=1)
+
+
 class ApiSettings(BaseModel):
     """REST server.
 
@@ -209,6 +248,7 @@ class Settings(BaseSettings):
     search: SearchSettings = SearchSettings()
     ingest: IngestSettings = IngestSettings()
     bm25: BM25Settings = BM25Settings()
+    llm: LLMSettings = LLMSettings()
     api: ApiSettings = ApiSettings()
 
     @property

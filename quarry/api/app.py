@@ -28,7 +28,7 @@ from indexing.collections import CollectionConfig
 from indexing.sources import SourceDocument, parse_document
 from quarry import errors as e
 from quarry import heap
-from quarry.api import errors
+from quarry.api import answer, errors
 from quarry.api.errors import error_responses
 from quarry.api.guard import RequestGuard
 from quarry.api.models import (
@@ -102,6 +102,7 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     app.add_middleware(RequestGuard)
     app.add_middleware(MetricsMiddleware)
     app.include_router(router)
+    app.include_router(answer.router)
     return app
 
 

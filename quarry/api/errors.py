@@ -38,6 +38,9 @@ STATUS: dict[type[e.QuarryError], int] = {
     e.Conflict: 409,
     e.StoreUnavailable: 503,
     e.EmbeddingUnavailable: 503,
+    e.GenerationError: 502,
+    e.GenerationUnavailable: 503,
+    e.LLMNotConfigured: 503,
     e.QuarryError: 500,
 }
 

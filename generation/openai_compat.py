@@ -1,0 +1,270 @@
+"""An OpenAI-compatible chat-completions server (vLLM, llama.cpp, OpenAI) through the official client.
+
+Why the ``openai`` package (3.x, on httpx2) rather than bare httpx: it is the client these servers test against,
+it decodes their SSE frames into typed chunks and their error bodies into typed exceptions, and
+it runs on an httpx client we own (one connection pool, also used for the tokenizer endpoints).
+Its own retries are off: the circuit breaker and the answer path's degradation decide instead.
+
+Deadlines (seconds, :class:`~quarry.settings.LLMSettings`): ``connect`` (TCP/TLS), ``first token``
+(from the request to the first non-empty text delta: role-only or empty frames do not count),
+``stall`` (between two text deltas) and ``total``. Each is enforced with an asyncio deadline
+around the wait for the next frame, so a server that holds the connection open and says nothing
+is cut off on time; cancelling the consumer closes the HTTP response, which closes the connection
+and so aborts the request upstream (vLLM and llama.cpp stop generating for a closed connection).
+
+Token counting (for the prompt's context budget) uses the server's own tokenizer where it has
+one: llama-cpp-python's ``POST /extras/tokenize``, llama.cpp's and vLLM's ``POST /tokenize``;
+otherwise :func:`approx_tokens`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any
+from urllib.parse import parse_qs, urlsplit, urlunsplit
+
+import anyio
+import httpx2 as httpx  # openai 3's transport (the httpx API under a new name)
+import openai
+
+from generation.base import GenerationParams, Message, Piece, Usage
+from quarry.breaker import OutageBreaker
+from quarry.errors import (
+    ConfigError,
+    GenerationError,
+    GenerationTimeout,
+    GenerationUnavailable,
+)
+from quarry.settings import LLMSettings
+
+_CJK = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af]")
+CHARS_PER_TOKEN = 3.0
+
+
+def approx_tokens(text: str) -> int:
+    """Estimated tokens of ``text`` when the model's tokenizer is unknown.
+
+    One token per CJK/kana/hangul character, one per 3 other characters (English BPE
+    vocabularies average about 4 characters a token, so this errs on the side of the budget).
+    """
+    cjk = len(_CJK.findall(text))
+    return cjk + math.ceil((len(text) - cjk) / CHARS_PER_TOKEN)
+
+
+def parse_url(url: str) -> tuple[str, str | None]:
+    """``openai+http://host:port/v1?model=NAME`` -> (``http://host:port/v1``, ``NAME`` or ``None``).
+
+    Raises:
+        ConfigError: Not an ``openai+http(s)://`` URL, or no host.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("openai+http", "openai+https") or not parts.hostname:
+        raise ConfigError(f"LLM URL {url!r}: expected openai+http://host:port/v1?model=NAME (or openai+https://)")
+    model = parse_qs(parts.query).get("model", [None])[0]
+    base = urlunsplit((parts.scheme.removeprefix("openai+"), parts.netloc, parts.path.rstrip("/") or "/v1", "", ""))
+    return base, model
+
+
+class OpenAICompatGenerator:
+    """Chat completions from an OpenAI-compatible server, streamed within deadlines, behind a breaker.
+
+    Args:
+        url: ``openai+http(s)://host:port/v1?model=NAME``.
+        settings: Deadlines, breaker window and API key.
+
+    Raises:
+        ConfigError: Bad URL, or the ``openai`` package is missing (extra ``llm``).
+    """
+
+    def __init__(self, url: str, settings: LLMSettings) -> None:
+        self._openai = openai
+        self.base_url, self.model_id = parse_url(url)
+        self._settings = settings
+        read = max(settings.first_token_timeout_s, settings.stall_timeout_s)
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.total_timeout_s, connect=settings.connect_timeout_s, read=read)
+        )
+        self._client = openai.AsyncOpenAI(
+            base_url=self.base_url, api_key=settings.api_key or "none", max_retries=0, http_client=self._http
+        )
+        self._breaker: OutageBreaker[GenerationUnavailable] = OutageBreaker(
+            GenerationUnavailable, settings.retry_after_s
+        )
+        self._tokenize: str | None = None  # "llama-cpp-python" | "tokenize" | "approx"; None: not probed
+        self._special = 0  # tokens the tokenizer endpoint adds to every text
+
+    @property
+    def tokenizer(self) -> str:
+        """``"server"`` once the server's tokenizer answered, else ``"approx"``."""
+        return "server" if self._tokenize in ("llama-cpp-python", "tokenize") else "approx"
+
+    @property
+    def outage(self) -> GenerationUnavailable | None:
+        """The error that keeps the server skipped, while it lasts."""
+        return self._breaker.outage
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    # --- generation ----------------------------------------------------------------------
+    async def stream(self, messages: Sequence[Message], params: GenerationParams) -> AsyncGenerator[Piece, None]:
+        """See :meth:`generation.base.Generator.stream`."""
+        skip = self._breaker.check()
+        if skip is not None:
+            raise skip
+        error: BaseException | None = None
+        try:
+            async for piece in self._stream(messages, params):
+                yield piece
+        except GenerationError as exc:
+            error = exc
+            raise
+        finally:
+            self._breaker.record(error)
+
+    async def _stream(self, messages: Sequence[Message], params: GenerationParams) -> AsyncGenerator[Piece, None]:
+        cfg = self._settings
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        total_at = started + cfg.total_timeout_s
+        first_at = min(started + cfg.first_token_timeout_s, total_at)
+        model = await self._model()
+        extra: dict[str, Any] = {"seed": params.seed} if params.seed is not None else {}
+        try:
+            async with asyncio.timeout_at(first_at):
+                stream = await self._client.chat.completions.create(
+                    model=model, messages=list(messages), stream=True,  # type: ignore[call-overload]
+                    max_tokens=params.max_tokens, temperature=params.temperature,
+                    stream_options={"include_usage": True}, **extra,
+                )
+        except TimeoutError as exc:
+            raise self._late("first token", cfg.first_token_timeout_s, loop.time() - started) from exc
+        except self._openai.OpenAIError as exc:
+            raise self._error(exc) from exc
+        try:
+            frames = stream.__aiter__()
+            got_text = False
+            while True:
+                at = first_at if not got_text else min(loop.time() + cfg.stall_timeout_s, total_at)
+                try:
+                    async with asyncio.timeout_at(at):
+                        chunk = await frames.__anext__()
+                except StopAsyncIteration:
+                    return
+                except TimeoutError as exc:
+                    if at == total_at:
+                        raise self._late("total", cfg.total_timeout_s, loop.time() - started) from exc
+                    if got_text:
+                        raise self._late("stall", cfg.stall_timeout_s, cfg.stall_timeout_s) from exc
+                    raise self._late("first token", cfg.first_token_timeout_s, loop.time() - started) from exc
+                except (self._openai.OpenAIError, httpx.HTTPError, ValueError) as exc:
+                    raise self._error(exc) from exc
+                piece = _piece(chunk)
+                got_text = got_text or bool(piece.text)
+                yield piece
+        finally:
+            with anyio.CancelScope(shield=True):  # close the response even while being cancelled
+                await stream.close()
+
+    async def _model(self) -> str:
+        """The model to ask for: the URL's ``model=``, else the server's first listed model."""
+        if self.model_id is None:
+            try:
+                async with asyncio.timeout(self._settings.connect_timeout_s + self._settings.stall_timeout_s):
+                    models = await self._client.models.list()
+            except TimeoutError as exc:
+                raise self._late("first token", self._settings.first_token_timeout_s, None) from exc
+            except self._openai.OpenAIError as exc:
+                raise self._error(exc) from exc
+            if not models.data:
+                raise GenerationError(f"LLM server {self.base_url} lists no model; add ?model=NAME to the URL")
+            self.model_id = models.data[0].id
+        return self.model_id
+
+    @property
+    def _retry_after_s(self) -> float:
+        """The ``Retry-After`` hint of an outage: the breaker's window, at least 1 s."""
+        return max(self._settings.retry_after_s, 1.0)
+
+    def _late(self, which: str, limit_s: float, waited_s: float | None) -> GenerationTimeout:
+        took = "" if waited_s is None else f" (waited {waited_s:.1f} s)"
+        return GenerationTimeout(
+            f"LLM server {self.base_url} missed its {which} deadline of {limit_s:g} s{took}",
+            retry_after_s=self._retry_after_s,
+        )
+
+    def _error(self, exc: BaseException) -> GenerationError:
+        """One of the client's or the transport's errors as a :class:`GenerationError`."""
+        openai = self._openai
+        where = f"LLM server {self.base_url}"
+        after = self._retry_after_s
+        if isinstance(exc, openai.APITimeoutError | httpx.TimeoutException):
+            return GenerationTimeout(f"{where} timed out: {exc}", retry_after_s=after)
+        if isinstance(exc, openai.APIConnectionError | httpx.TransportError):
+            cause = exc.__cause__ or exc
+            return GenerationUnavailable(f"{where} cannot be reached: {cause}", retry_after_s=after)
+        if isinstance(exc, openai.APIStatusError):
+            if exc.status_code >= 500 or exc.status_code == 429:
+                return GenerationUnavailable(f"{where} answered {exc.status_code}: {exc.message}", retry_after_s=after)
+            return GenerationError(f"{where} refused the request ({exc.status_code}): {exc.message}")
+        return GenerationError(f"{where} sent a malformed reply: {type(exc).__name__}: {exc}")
+
+    # --- tokens --------------------------------------------------------------------------
+    async def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """See :meth:`generation.base.Generator.count_tokens`; approximated while the server is skipped."""
+        if self._tokenize == "approx" or self._breaker.outage is not None:
+            return [approx_tokens(t) for t in texts]
+        if self._tokenize is None:
+            await self._probe_tokenizer()
+            if self._tokenize in ("approx", None):
+                return [approx_tokens(t) for t in texts]
+        try:
+            return list(await asyncio.gather(*(self._count(t) for t in texts)))
+        except (httpx.HTTPError, KeyError, ValueError):
+            return [approx_tokens(t) for t in texts]
+
+    async def _probe_tokenizer(self) -> None:
+        """Find the server's tokenizer endpoint; ``approx`` when it has none (404/405/4xx)."""
+        for kind in ("llama-cpp-python", "tokenize"):
+            self._tokenize = kind
+            try:
+                self._special = 0
+                self._special = await self._count("")  # what the endpoint adds to any text (BOS)
+                return
+            except httpx.HTTPStatusError as exc:
+                if 400 <= exc.response.status_code < 500:
+                    continue
+            except (httpx.HTTPError, KeyError, ValueError, TypeError):
+                pass
+            self._tokenize = None  # the server could not be asked now: a later request probes again
+            return
+        self._tokenize = "approx"
+
+    async def _count(self, text: str) -> int:
+        root = self.base_url.removesuffix("/v1")
+        timeout = self._settings.connect_timeout_s + self._settings.stall_timeout_s
+        if self._tokenize == "llama-cpp-python":
+            # llama-cpp-python tokenizes with add_bos=True; the probe measured that offset
+            r = await self._http.post(f"{root}/extras/tokenize", json={"input": text}, timeout=timeout)
+        else:
+            body: dict[str, Any] = {"content": text, "prompt": text, "add_special": False, "add_special_tokens": False}
+            if self.model_id:
+                body["model"] = self.model_id
+            r = await self._http.post(f"{root}/tokenize", json=body, timeout=timeout)
+        r.raise_for_status()
+        return max(0, len(r.json()["tokens"]) - self._special)
+
+
+def _piece(chunk: Any) -> Piece:
+    """A streamed ``ChatCompletionChunk`` as a :class:`Piece`."""
+    usage = None
+    if getattr(chunk, "usage", None) is not None:
+        usage = Usage(chunk.usage.prompt_tokens, chunk.usage.completion_tokens)
+    if not chunk.choices:
+        return Piece(usage=usage)
+    choice = chunk.choices[0]
+    return Piece(text=choice.delta.content or "", finish_reason=choice.finish_reason, usage=usage)

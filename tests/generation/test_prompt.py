@@ -1,0 +1,37 @@
+import asyncio
+from collections.abc import Sequence
+
+from generation.openai_compat import approx_tokens
+from generation.prompt import Candidate, build_prompt
+
+
+async def _count(texts: Sequence[str]) -> list[int]:
+    return [approx_tokens(t) for t in texts]
+
+
+def _candidates(n: int, words: int) -> list[Candidate]:
+    return [Candidate(f"d{i}", f"d{i}:0", " ".join(f"word{i}x{j}" for j in range(words)), 1.0 / (i + 1))
+            for i in range(n)]
+
+
+def test_whole_chunks_in_rank_order_then_one_cut_then_left_out() -> None:
+    cands = _candidates(5, 60)  # ~ 60 * 9 chars / 3 = 180+ tokens each
+    prompt = asyncio.run(build_prompt("q?", cands, 450, _count, "approx"))
+    assert [s.status for s in prompt.sent] == ["sent", "sent", "cut"]
+    assert [s.number for s in prompt.sent] == [1, 2, 3]
+    assert [c.document_id for c in prompt.left_out] == ["d3", "d4"]
+    assert prompt.context_tokens == approx_tokens(prompt.context) <= 450
+    assert prompt.sent[2].text.endswith(" …") and cands[2].text.startswith(prompt.sent[2].text[:-2])
+    assert "[1] word0x0" in prompt.messages[1]["content"] and "Question: q?\n" in prompt.messages[1]["content"]
+
+
+def test_everything_fits() -> None:
+    prompt = asyncio.run(build_prompt("q", _candidates(2, 5), 1000, _count, "approx"))
+    assert [s.status for s in prompt.sent] == ["sent", "sent"] and prompt.left_out == []
+
+
+def test_no_room_to_cut_leaves_the_chunk_out() -> None:
+    cands = _candidates(2, 60)
+    first = approx_tokens("[1] " + cands[0].text)
+    prompt = asyncio.run(build_prompt("q", cands, first + 5, _count, "approx"))
+    assert [s.status for s in prompt.sent] == ["sent"] and len(prompt.left_out) == 1
