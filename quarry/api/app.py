@@ -223,7 +223,7 @@ def create_collection(body: CreateCollection, q: Service) -> dict[str, Any]:
 
 @router.get(
     "/v1/collections/{name}", tags=["collections"], response_model=CollectionOut,
-    responses=error_responses(e.CollectionNotFound, *_STORE),
+    responses=error_responses(e.InvalidRequest, e.CollectionNotFound, *_STORE),  # 400: RequestGuard's path check
 )
 def describe_collection(name: str, q: Service) -> dict[str, Any]:
     """Configuration, metadata schema, index and counts of a collection."""
@@ -232,7 +232,7 @@ def describe_collection(name: str, q: Service) -> dict[str, Any]:
 
 @router.delete(
     "/v1/collections/{name}", tags=["collections"], response_model=DroppedOut,
-    responses=error_responses(e.CollectionNotFound, *_STORE),
+    responses=error_responses(e.InvalidRequest, e.CollectionNotFound, *_STORE),  # 400: RequestGuard's path check
 )
 def drop_collection(name: str, q: Service) -> dict[str, str]:
     """Drop a collection with all its data."""
