@@ -43,7 +43,7 @@ def _default_name(path: Path) -> str:
 
 
 def _fail(exc: QuarryError) -> None:
-    err.print(f"[bold red]error[/] ({type(exc).__name__}): {escape(exc.message)}")
+    err.print(f"[bold red]error[/] ({type(exc).__name__}): {escape(str(exc))}")
     raise typer.Exit(2)
 
 
@@ -341,7 +341,7 @@ def main() -> None:
     try:
         sys.exit(app())
     except QuarryError as exc:
-        err.print(f"[bold red]error[/] ({type(exc).__name__}): {escape(exc.message)}")
+        err.print(f"[bold red]error[/] ({type(exc).__name__}): {escape(str(exc))}")
         sys.exit(2)
     except ValidationError as exc:
         err.print(f"[bold red]error[/] (ConfigError): {escape(settings_error(exc))}")

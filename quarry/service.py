@@ -28,7 +28,7 @@ from retrieval.search import Mode, RerankOptions, Searcher, SearchResult
 from retrieval.text import LANGUAGES, Language
 from stores.base import VectorStore, redact_url
 from stores.factory import open_store
-from stores.filters import Filter, parse_filter
+from stores.filters import Filter, FilterLimits, parse_filter
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +316,9 @@ class Quarry:
     def _target(self, name: str, filters: Mapping[str, Any] | None) -> tuple[CollectionConfig, Filter | None]:
         """A search's collection and its filter, checked against the collection's schema."""
         cfg = self.get_collection(name)
-        return cfg, parse_filter(filters, cfg.schema_)
+        search = self.settings.search
+        limits = FilterLimits(search.max_filter_in_values, search.max_filter_values, search.max_filter_depth)
+        return cfg, parse_filter(filters, cfg.schema_, limits)
 
 
 def _index_record(plan: IndexPlan) -> dict[str, Any]:

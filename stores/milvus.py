@@ -382,7 +382,7 @@ class MilvusStore:
         try:  # seal the growing segments, so that the index covers every row
             self._client.flush(info.name, timeout=_left(deadline))
         except Exception as exc:
-            raise IndexBuildFailed(f"flushing {info.name!r} before the build failed: {exc}") from exc
+            raise IndexBuildFailed(f"flushing {info.name!r} before the build failed", detail=str(exc)) from exc
         self._unindex(info)
         index = index_params(self._client, BUILT_INDEX, spec.kind, spec.metric, spec.params, spec.search_params)
         try:  # sync=False: pymilvus would otherwise wait for the build without a bound
@@ -397,7 +397,7 @@ class MilvusStore:
             self._rollback(info)
             if isinstance(exc, IndexBuildFailed):
                 raise
-            raise IndexBuildFailed(f"{spec.kind} on {info.name!r} did not load: {exc}") from exc
+            raise IndexBuildFailed(f"{spec.kind} on {info.name!r} did not load", detail=str(exc)) from exc
 
     def describe_index(self, name: str) -> IndexSpec | None:
         """The built index, or ``None`` when the collection only has the exact FLAT index."""
