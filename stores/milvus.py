@@ -255,6 +255,15 @@ class MilvusStore:
                 self._client.delete(info.name, filter=ids_expr(keys[start : start + _BATCH]), timeout=WRITE_S)
         self._deleted(info.name)
 
+    def check_filter(self, flt: Filter) -> None:
+        """Refuse, before any search runs, a filter this engine cannot compile (see ``Quarry._target``).
+
+        Raises:
+            InvalidFilter: See :func:`stores.milvus_expr.compile_filter` (on Lite: a string with a
+                line break).
+        """
+        compile_filter(flt, lite=self._lite)
+
     def delete_by_filter(self, name: str, flt: Filter) -> None:
         """Delete every record whose payload matches ``flt``.
 
