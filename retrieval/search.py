@@ -51,7 +51,7 @@ from retrieval.bm25_registry import BM25Registry
 from retrieval.fusion import rrf
 from retrieval.text import tokenize
 from stores.base import ScoredId, VectorStore
-from stores.filters import Filter, matches
+from stores.filters import Filter, predicate
 
 Mode = Literal["bm25", "dense", "hybrid"]
 MODES: tuple[Mode, ...] = ("bm25", "dense", "hybrid")
@@ -370,7 +370,7 @@ class Searcher:
 
     def _bm25_channel(self, cfg: CollectionConfig, query: str, flt: Filter | None, group: bool) -> _Channel:
         index = self._bm25.get(cfg.name)
-        keep = None if flt is None else (lambda payload: matches(flt, payload))
+        keep = None if flt is None else predicate(flt)
         rows, scores = index.top(tokenize(query, cfg.language), self.depth, keep, self._settings.max_query_terms)
         if group:  # each document's best row, in rank order
             _, first = np.unique(index.document_codes[rows], return_index=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -298,6 +298,39 @@ def matches(flt: Filter | None, payload: Mapping[str, Any]) -> bool:
     if isinstance(flt, In):
         return any(_same(v, w) for v in values for w in flt.values)
     return _in_range(flt, value)
+
+
+def predicate(flt: Filter) -> Callable[[Mapping[str, Any]], bool]:
+    """:func:`matches` compiled once for a filter tested on many payloads (the BM25 channel's rows).
+
+    Same answers as :func:`matches`; an ``Eq``/``In`` is one set lookup per payload value instead
+    of a comparison with each of up to ``max_filter_in_values`` values.
+    """
+    if isinstance(flt, And | Or):
+        subs = [predicate(sub) for sub in flt.items]
+        combine = all if isinstance(flt, And) else any
+        return lambda payload: combine(test(payload) for test in subs)
+    field = flt.field
+    if isinstance(flt, Range):
+        return lambda payload: field in payload and _in_range(flt, payload[field])
+    wanted = frozenset(_match_key(v) for v in ((flt.value,) if isinstance(flt, Eq) else flt.values))
+
+    def test(payload: Mapping[str, Any]) -> bool:
+        if field not in payload:
+            return False
+        value = payload[field]
+        return any(_match_key(v) in wanted for v in (value if isinstance(value, list) else (value,)))
+
+    return test
+
+
+def _match_key(value: Any) -> tuple[str, Any]:
+    """A value's identity under :func:`_same`: ``True`` is not ``1``, ``1`` is ``1.0``, ``"1"`` is neither."""
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, int | float):
+        return ("number", value)
+    return ("other", value)
 
 
 def _same(a: Any, b: Any) -> bool:

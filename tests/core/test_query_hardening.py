@@ -36,7 +36,7 @@ from retrieval.ann_batching import BatchingSearch
 from retrieval.bm25 import BM25Index
 from stores.base import FloatMatrix, ScoredId, VectorRecord, VectorStore
 from stores.factory import open_store
-from stores.filters import Eq, Filter, FilterLimits, In, Range, parse_filter
+from stores.filters import And, Eq, Filter, FilterLimits, In, Or, Range, parse_filter
 from tests.core.conftest import CountingEmbedder
 
 MODES = ("bm25", "dense", "hybrid")
@@ -382,3 +382,40 @@ def test_a_query_scores_its_first_max_query_terms_distinct_terms(tmp_path: Path,
         assert sorted(h.document_id for h in hits) == ["d0", "d1"]
     finally:
         quarry.close()
+
+
+def test_the_compiled_predicate_answers_as_matches() -> None:
+    """The BM25 channel tests each row's payload with ``predicate(flt)``; ``matches`` is the reference."""
+    import random
+
+    from stores.filters import matches, predicate
+
+    rnd = random.Random(20)
+    pool: list[Any] = [0, 1, 2, 1.0, 2.5, True, False, "1", "a", "b", "c"]
+    payloads: list[dict[str, Any]] = [{}]
+    for _ in range(300):
+        payload: dict[str, Any] = {}
+        for field in ("x", "y"):
+            roll = rnd.random()
+            if roll < 0.6:
+                payload[field] = rnd.choice(pool)
+            elif roll < 0.8:
+                payload[field] = rnd.sample(["a", "b", "c", "1"], rnd.randint(0, 3))
+        payloads.append(payload)
+
+    def random_filter(depth: int) -> Filter:
+        roll = rnd.random()
+        if depth < 2 and roll < 0.25:
+            subs = tuple(random_filter(depth + 1) for _ in range(rnd.randint(1, 3)))
+            return And(subs) if rnd.random() < 0.5 else Or(subs)
+        field = rnd.choice(["x", "y", "z"])
+        if roll < 0.5:
+            return Eq(field, rnd.choice(pool))
+        if roll < 0.8:
+            return In(field, tuple(rnd.sample(pool, rnd.randint(1, 4))))
+        return Range(field, gte=rnd.choice([None, 0, 1]), lt=rnd.choice([None, 2, 2.5]))
+
+    for _ in range(300):
+        flt = random_filter(0)
+        test = predicate(flt)
+        assert [test(p) for p in payloads] == [matches(flt, p) for p in payloads], flt
