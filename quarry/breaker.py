@@ -6,6 +6,13 @@ that cannot come, pymilvus and the Triton client retry for seconds); then one ca
 dependency while the others still fail fast, and its outcome closes or reopens the skip: open,
 then half-open with one trial call, as service meshes (Envoy's outlier detection) and
 resilience libraries (resilience4j's CircuitBreaker) put in front of a failing upstream.
+
+Which errors count: an outage is evidence about the dependency, not about one call. Its
+"unavailable" error (connection refused or lost) opens the skip at once. A timeout (the
+``timeout`` subclass: one call not answered in time) is first that call's own failure, since a
+single slow query (a huge filter) times out while the dependency serves everyone else; only
+``timeouts_to_open`` timeouts in a row, with no answer between them, open the skip (a hung
+server answers nobody). Any answer, or any other error, resets the count.
 """
 
 from __future__ import annotations
@@ -34,14 +41,22 @@ class OutageBreaker(Generic[E]):
         kind: The dependency's "unavailable" error (``StoreUnavailable``, ``EmbeddingUnavailable``);
             other errors mean it answered.
         retry_after_s: Seconds to skip it after an outage (0: never skip).
+        timeout: The subclass of ``kind`` that means one call timed out (``StoreTimeout``,
+            ``EmbeddingTimeout``); ``None``: every ``kind`` error opens the skip.
+        timeouts_to_open: Timeouts in a row, with no answer between, that open the skip.
     """
 
-    def __init__(self, kind: type[E], retry_after_s: float) -> None:
+    def __init__(
+        self, kind: type[E], retry_after_s: float, *, timeout: type[E] | None = None, timeouts_to_open: int = 3
+    ) -> None:
         self._kind = kind
         self._retry_after_s = retry_after_s
+        self._timeout = timeout
+        self._timeouts_to_open = timeouts_to_open
         self._lock = threading.Lock()
         self._outage: tuple[float, E] | None = None  # (skip until, monotonic s; cause)
         self._trial = False  # one call is trying the dependency after the skip
+        self._timeouts = 0  # timeouts recorded since the last answer
 
     @property
     def outage(self) -> E | None:
@@ -67,10 +82,20 @@ class OutageBreaker(Generic[E]):
             return self._kind(f"{cause.message} ({wait})", retry_after_s=max(left, 1.0))
 
     def record(self, error: BaseException | None) -> None:
-        """A call's outcome: ``kind`` opens the skip, success or any other error closes it."""
+        """A call's outcome: ``kind`` opens the skip, success or any other error closes it.
+
+        A ``timeout`` error opens it only as the ``timeouts_to_open``-th in a row; before that
+        it changes nothing (a skip already open stays open).
+        """
         with self._lock:
             self._trial = False
-            if isinstance(error, self._kind) and self._retry_after_s > 0:
-                self._outage = (time.monotonic() + self._retry_after_s, error)
-            else:
+            if not isinstance(error, self._kind):
+                self._timeouts = 0
                 self._outage = None
+                return
+            if self._timeout is not None and isinstance(error, self._timeout):
+                self._timeouts += 1
+                if self._timeouts < self._timeouts_to_open:
+                    return
+            if self._retry_after_s > 0:
+                self._outage = (time.monotonic() + self._retry_after_s, error)

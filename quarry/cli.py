@@ -69,7 +69,7 @@ def _default_name(path: Path) -> str:
 
 
 def _fail(exc: QuarryError) -> NoReturn:
-    err.print(f"[bold red]error[/] ({type(exc).__name__}): {escape(exc.message)}")
+    err.print(f"[bold red]error[/] ({type(exc).__name__}): {escape(str(exc))}")
     raise typer.Exit(2) from None
 
 

@@ -23,6 +23,7 @@ their message. Driver errors are wrapped with ``raise ... from exc``, never swal
     ├── ConfigError                        500  bad settings, unknown URL scheme, missing extra
     ├── StoreError                         500  a vector store operation failed
     │   ├── StoreUnavailable               503  the store cannot be reached (retryable)
+    │   │   └── StoreTimeout               503  the store did not answer this call in time
     │   └── IndexBuildFailed               500  a build failed or stalled; rolled back
     ├── EmbeddingError                     500
     │   └── EmbeddingUnavailable           503  the embedding server is down (retryable)
@@ -34,6 +35,17 @@ their message. Driver errors are wrapped with ``raise ... from exc``, never swal
 
 ``retryable`` tells a caller whether the same request may succeed later;
 ``retry_after_s`` is a hint (seconds) where one is known.
+
+A ``StoreError``'s ``message`` is Quarry's own words (what failed, on which engine); the
+driver's or the server's text goes to ``detail``, which is logged and never sent to a client
+(it can carry SQL, server paths, or the request's own values echoed back).
+
+A ``StoreTimeout`` is one call's failure: a slow query (a huge filter) times out alone while
+the store serves the others. The store's outage breaker (:mod:`quarry.breaker`) opens at once on
+a ``StoreUnavailable``, but on timeouts only when several come in a row with no answer between
+them (evidence about the store, not about a query). (A query vector's cost does not depend on the
+request, its text being cut at the model's ``max_seq_length``: a late one is evidence about the
+model's server, which is skipped at once.)
 """
 
 from __future__ import annotations
@@ -203,13 +215,27 @@ class ConfigError(QuarryError):
 
 
 class StoreError(QuarryError):
-    """A vector store operation failed."""
+    """A vector store operation failed.
+
+    Attributes:
+        detail: The driver's or the engine's own text (logged; never sent to a client), or ``None``.
+    """
+
+    def __init__(self, message: str, *, detail: str | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.detail = detail
+        if detail:  # str(exc), for logs, tracebacks and the CLI: the message and the engine's words
+            self.args = (f"{message}: {detail}",)
 
 
 class StoreUnavailable(StoreError):
     """The vector store cannot be reached; the call may succeed later."""
 
     retryable = True
+
+
+class StoreTimeout(StoreUnavailable):
+    """The vector store did not answer one call within its deadline: that call's failure, not an outage."""
 
 
 class IndexBuildFailed(StoreError):

@@ -7,6 +7,9 @@ cost (a model invocation, a vector-store round trip) is paid once per batch inst
 
 Worker ``i`` takes items only while workers ``0..i-1`` are all busy, so light traffic always
 meets worker 0 (whose thread-local state, e.g. torch's OpenMP pool, is warm).
+
+With a ``key``, a batch holds only items of one key (the oldest queued item's): items that cannot
+share a call wait for the next free worker instead of queuing behind each other in one batch.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -30,6 +33,7 @@ class MicroBatcher(Generic[T, R]):
         max_batch: Largest total weight of one batch (a single heavier item runs alone).
         weight: An item's weight against ``max_batch`` (default 1 each).
         name: Prefix of the worker threads' names.
+        key: Items of one batch share this key (``None``: any items may share a batch).
     """
 
     def __init__(
@@ -39,6 +43,7 @@ class MicroBatcher(Generic[T, R]):
         max_batch: int,
         weight: Callable[[T], int] = lambda _item: 1,
         name: str = "quarry-batcher",
+        key: Callable[[T], Any] | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -46,6 +51,7 @@ class MicroBatcher(Generic[T, R]):
         self._max_batch = max_batch
         self._weight = weight
         self._name = name
+        self._key = key
         self._queue: list[tuple[T, Future[R]]] = []
         self._cond = threading.Condition()
         self._busy: list[bool] = []  # one flag per worker thread; empty until start()
@@ -116,9 +122,29 @@ class MicroBatcher(Generic[T, R]):
             while not self._queue or not all(self._busy[:worker]):
                 self._cond.wait()
             self._busy[worker] = True
-            batch, size = [], 0
-            while self._queue and size + self._weight(self._queue[0][0]) <= self._max_batch:
-                entry = self._queue.pop(0)
+            if self._key is not None:
+                batch = self._take_key(self._key)
+            else:
+                batch, size = [], 0
+                while self._queue and size + self._weight(self._queue[0][0]) <= self._max_batch:
+                    entry = self._queue.pop(0)
+                    batch.append(entry)
+                    size += self._weight(entry[0])
+                batch = batch or [self._queue.pop(0)]
+            if self._queue:  # items left: the next worker may take them now that this one is busy
+                self._cond.notify_all()
+            return batch
+
+    def _take_key(self, key: Callable[[T], Any]) -> list[tuple[T, Future[R]]]:
+        """The oldest item and the queued items of its key, up to ``max_batch`` (caller holds the lock)."""
+        first = self._queue.pop(0)
+        wanted, batch, size, rest = key(first[0]), [first], self._weight(first[0]), []
+        for entry in self._queue:
+            weight = self._weight(entry[0])
+            if size + weight <= self._max_batch and key(entry[0]) == wanted:
                 batch.append(entry)
-                size += self._weight(entry[0])
-            return batch or [self._queue.pop(0)]
+                size += weight
+            else:
+                rest.append(entry)
+        self._queue = rest
+        return batch

@@ -28,7 +28,7 @@ from retrieval.search import Mode, RerankOptions, Searcher, SearchResult
 from retrieval.text import LANGUAGES, Language
 from stores.base import VectorStore, redact_url
 from stores.factory import open_store
-from stores.filters import Filter, parse_filter
+from stores.filters import Filter, FilterLimits, parse_filter
 from stores.routing import FilterRouter
 
 log = logging.getLogger(__name__)
@@ -321,9 +321,22 @@ class Quarry:
         )
 
     def _target(self, name: str, filters: Mapping[str, Any] | None) -> tuple[CollectionConfig, Filter | None]:
-        """A search's collection and its filter, checked against the collection's schema."""
+        """A search's collection and its filter, checked once for every mode.
+
+        Checked against the collection's schema, the filter limits and the store's own limits.
+
+        Raises:
+            CollectionNotFound: No such collection.
+            InvalidFilter: See :func:`stores.filters.parse_filter`; or the store cannot take it.
+        """
         cfg = self.get_collection(name)
-        return cfg, parse_filter(filters, cfg.schema_)
+        search = self.settings.search
+        limits = FilterLimits(search.max_filter_in_values, search.max_filter_values, search.max_filter_depth)
+        flt = parse_filter(filters, cfg.schema_, limits)
+        check = getattr(self.store, "check_filter", None)  # an engine's own limits (Milvus Lite's strings)
+        if flt is not None and check is not None:
+            check(flt)  # here, so that every mode, BM25 included, answers the same
+        return cfg, flt
 
 
 def _index_record(plan: IndexPlan) -> dict[str, Any]:

@@ -101,9 +101,10 @@ class SearchSettings(BaseModel):
         ann_max_batch: Most concurrent queries' vectors sent to the store in one search call
             (1: each query alone).
         max_query_chars: Longest query text, in characters (longer: ``InvalidQuery``, 400). BM25
-            tokenises and scores the whole query on the server's event loop (a 64k-character
-            query took 65 ms there, a 5 MB one stalled every request for 6 s), while the model
-            reads only its first ``max_seq_length`` tokens (256, ~1,000 characters of English).
+            tokenises and scores the whole query (a 64k-character query took 65 ms, a 5 MB one
+            6 s; a REST query over 256 characters does it in a worker thread, not on the event
+            loop), while the model reads only its first ``max_seq_length`` tokens (256, ~1,000
+            characters of English).
         dense_timeout_s: Longest a REST query waits for its dense channel (query vector plus
             ANN hits), in seconds (at most 3600). Past it a hybrid query answers BM25-only and
             says so in ``degraded``; a dense query is a retryable 503; and the late dependency is
@@ -111,6 +112,17 @@ class SearchSettings(BaseModel):
             too overloaded to answer in time, sheds load instead of holding every request). CLI
             searches and ``quarry eval`` wait as long as the embedder's and the store's own
             timeouts.
+        max_filter_in_values: Most values in one ``$in`` list of a search filter (more:
+            ``InvalidFilter``, 400). A 250,000-value ``$in`` held a Milvus search past the
+            REST deadline.
+        max_filter_values: Most values in one whole filter (each ``$eq`` value, ``$in`` item and
+            range bound counts one; more: ``InvalidFilter``, 400).
+        max_filter_depth: Most levels of ``$and``/``$or`` nesting in a filter (deeper:
+            ``InvalidFilter``, 400).
+        max_query_terms: Most distinct BM25 terms of one query that are scored (the first
+            ones, in query order; the rest are left out). Scoring costs one posting-list read
+            per distinct term, and long queries are scored in a worker thread, not on the
+            event loop.
         retry_after_s: After the vector store or the embedding model's server reports itself
             unavailable, searches skip it for this many seconds (hybrid answers BM25-only at
             once, dense 503 with ``Retry-After``) instead of each waiting out the outage; then
@@ -125,6 +137,10 @@ class SearchSettings(BaseModel):
     max_query_chars: int = Field(8192, ge=1)
     dense_timeout_s: float = Field(5.0, gt=0, le=3600, allow_inf_nan=False)
     retry_after_s: float = Field(2.0, ge=0, le=3600, allow_inf_nan=False)
+    max_filter_in_values: int = Field(1024, ge=1)
+    max_filter_values: int = Field(4096, ge=1)
+    max_filter_depth: int = Field(8, ge=0)
+    max_query_terms: int = Field(256, ge=1)
 
 
 class IngestSettings(BaseModel):

@@ -7,12 +7,20 @@ collection, ``top_k``, filter and payload choice as one ``(n, dim)`` search, as 
 and pgvector all accept. Milvus Lite, top-200 over SciFact's chunks: ~3.6 ms of CPU (client and
 server) per query alone vs ~1.1 ms per query in a call of 8. A lone query never waits.
 
+Queries without a filter and queries with one run on separate worker threads (two lanes), and a
+store call carries queries of one key only: a slow filtered query holds one filtered worker and
+its own call, never the batch or the worker of an unfiltered query, nor a query of another key.
+
 When the store reports itself unavailable (``StoreUnavailable``), searches fail fast for
-``retry_after_s``, then one tries it (:class:`~quarry.breaker.OutageBreaker`).
+``retry_after_s``, then one tries it (:class:`~quarry.breaker.OutageBreaker`). A timeout
+(``StoreTimeout``) is the query's own failure: only several in a row, with no answer between,
+count as an outage.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from quarry.breaker import OutageBreaker, failed
-from quarry.errors import StoreUnavailable
+from quarry.errors import StoreTimeout, StoreUnavailable
 from quarry.microbatch import MicroBatcher
 from stores.base import FloatMatrix, ScoredId, VectorStore
 from stores.filters import Filter
@@ -36,30 +44,52 @@ class _Key:
     with_payload: bool
 
 
+@dataclass
+class _Query:
+    """One queued query; ``late`` once its caller stopped waiting and recorded a timeout for it."""
+
+    key: _Key
+    vector: FloatMatrix
+    late: bool = False
+
+
 class BatchingSearch:
     """Wraps :meth:`VectorStore.search` for one-query calls made from many threads.
 
     Args:
         store: The store doing the work.
         max_batch: Most queries in one store call.
-        workers: Store calls that may run at once.
+        workers: Store calls without a filter that may run at once.
+        filtered_workers: Store calls with a filter that may run at once (beside ``workers``).
         retry_after_s: Seconds searches skip the store after it raised ``StoreUnavailable``
             (0: never skip).
 
     Attributes:
-        breaker: The store's :class:`~quarry.breaker.OutageBreaker` (callers that time out record
-            it there too).
+        breaker: The store's :class:`~quarry.breaker.OutageBreaker` (a caller that stops waiting
+            reports it through :meth:`late`).
     """
 
     def __init__(
-        self, store: VectorStore, *, max_batch: int = 16, workers: int = 2, retry_after_s: float = 0.0
+        self,
+        store: VectorStore,
+        *,
+        max_batch: int = 16,
+        workers: int = 2,
+        filtered_workers: int = 4,
+        retry_after_s: float = 0.0,
     ) -> None:
         self.store = store
-        self._workers = workers
-        self.breaker = OutageBreaker(StoreUnavailable, retry_after_s)
-        self._batcher: MicroBatcher[tuple[_Key, FloatMatrix], list[ScoredId]] = MicroBatcher(
-            self._search_batch, max_batch=max_batch, name="quarry-ann-batcher"
-        )
+        self.breaker = OutageBreaker(StoreUnavailable, retry_after_s, timeout=StoreTimeout)
+        self._workers = {False: workers, True: filtered_workers}
+        self._lanes: dict[bool, MicroBatcher[_Query, list[ScoredId]]] = {
+            filtered: MicroBatcher(
+                self._search_batch, max_batch=max_batch, key=_key_of,
+                name="quarry-ann-filtered" if filtered else "quarry-ann-batcher",
+            )
+            for filtered in (False, True)
+        }
+        self._queries: weakref.WeakKeyDictionary[Future[list[ScoredId]], _Query] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
 
     def submit(
         self, name: str, query: FloatMatrix, top_k: int, flt: Filter | None = None, *, with_payload: bool = True
@@ -88,9 +118,28 @@ class BatchingSearch:
         skipped = self.breaker.check()
         if skipped is not None:
             return failed(skipped)
-        if not self._batcher.started:
-            self._batcher.start(self._workers)
-        return self._batcher.submit((_Key(name, top_k, flt, with_payload), query))
+        lane = self._lanes[flt is not None]
+        if not lane.started:
+            lane.start(self._workers[flt is not None])
+        queued = _Query(_Key(name, top_k, flt, with_payload), query)
+        future = lane.submit(queued)
+        with self._lock:
+            self._queries[future] = queued
+        return future
+
+    def late(self, future: Future[list[ScoredId]], error: StoreTimeout) -> None:
+        """Its caller stopped waiting for a submitted query: record ``error`` with the breaker once.
+
+        A hung store never answers, so a query's deadline is the only evidence of it; the store
+        call's own timeout, when it comes later for this query, is then not counted again.
+        Nothing is recorded when the query has its outcome already (recorded by the call).
+        """
+        with self._lock:
+            queued = self._queries.get(future)
+            if future.done() or queued is None:
+                return
+            queued.late = True
+        self.breaker.record(error)
 
     def search(
         self, name: str, query: FloatMatrix, top_k: int, flt: Filter | None = None, *, with_payload: bool = True
@@ -98,26 +147,25 @@ class BatchingSearch:
         """:meth:`submit` and wait for the hits."""
         return self.submit(name, query, top_k, flt, with_payload=with_payload).result()
 
-    def _search_batch(self, batch: list[tuple[_Key, FloatMatrix]]) -> list[list[ScoredId] | BaseException]:
-        """One store call per distinct key; a failed call fails only its own queries."""
-        groups: list[tuple[_Key, list[int]]] = []
-        for i, (key, _) in enumerate(batch):
-            for group_key, members in groups:
-                if group_key == key:
-                    members.append(i)
-                    break
-            else:
-                groups.append((key, [i]))
-        results: list[Any] = [None] * len(batch)
-        for key, members in groups:
-            queries = np.concatenate([batch[i][1] for i in members]) if len(members) > 1 else batch[members[0]][1]
-            try:
-                found: list[list[ScoredId]] | BaseException = self.store.search(
-                    key.name, queries, key.top_k, key.flt, with_payload=key.with_payload
-                )
-            except Exception as exc:  # noqa: BLE001 - raised to each caller of this call
-                found = exc
+    def _search_batch(self, batch: list[_Query]) -> list[list[ScoredId] | BaseException]:
+        """One store call for the batch (its queries share one key); a failure fails only them."""
+        key = batch[0].key
+        queries = np.concatenate([q.vector for q in batch]) if len(batch) > 1 else batch[0].vector
+        try:
+            found: list[list[ScoredId]] | BaseException = self.store.search(
+                key.name, queries, key.top_k, key.flt, with_payload=key.with_payload
+            )
+        except Exception as exc:  # noqa: BLE001 - raised to each caller of this call
+            found = exc
+        with self._lock:
+            counted = isinstance(found, StoreTimeout) and any(q.late for q in batch)
+        if not counted:  # a late query's timeout was recorded when its caller gave up
             self.breaker.record(found if isinstance(found, BaseException) else None)
-            for j, i in enumerate(members):
-                results[i] = found if isinstance(found, BaseException) else found[j]
+        if isinstance(found, BaseException):
+            return [found] * len(batch)
+        results: list[Any] = list(found)
         return results
+
+
+def _key_of(query: _Query) -> _Key:
+    return query.key

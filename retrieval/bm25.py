@@ -110,12 +110,22 @@ class BM25Index:
             _scale(params),
         )
 
-    def scores(self, query_tokens: Sequence[str]) -> npt.NDArray[np.float32]:
-        """BM25 score of every row for a tokenised query: ``(len(self),) float32``."""
+    def scores(self, query_tokens: Sequence[str], max_terms: int | None = None) -> npt.NDArray[np.float32]:
+        """BM25 score of every row for a tokenised query: ``(len(self),) float32``.
+
+        Args:
+            query_tokens: Output of :func:`retrieval.text.tokenize` for the query.
+            max_terms: Score only the first ``max_terms`` distinct terms of the query found in
+                the index (each with all its occurrences); ``None``: all. Scoring reads one
+                posting list per distinct term, so this bounds a long query's cost.
+        """
         if self._retriever is None:
             return np.zeros(0, dtype=np.float32)
         vocab = self._retriever.vocab_dict
         known = [t for t in query_tokens if t in vocab]
+        if max_terms is not None and len(known) > max_terms:
+            kept = set(list(dict.fromkeys(known))[:max_terms])  # distinct, in query order
+            known = [t for t in known if t in kept]
         if not known:
             return np.zeros(len(self), dtype=np.float32)
         scores = np.asarray(self._retriever.get_scores(known), dtype=np.float32)
@@ -136,6 +146,7 @@ class BM25Index:
         query_tokens: Sequence[str],
         top_n: int,
         keep: Callable[[dict[str, Any]], bool] | None = None,
+        max_terms: int | None = None,
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """The best ``top_n`` rows with a positive score, as arrays (the query path's form).
 
@@ -143,12 +154,13 @@ class BM25Index:
             query_tokens: Output of :func:`retrieval.text.tokenize` for the query.
             top_n: Largest number of rows.
             keep: Payload predicate (a compiled filter); rows it rejects are never returned.
+            max_terms: See :meth:`scores`.
 
         Returns:
             ``(rows, scores)``: ``(m,) int64`` row numbers and their ``(m,) float32`` scores,
             ``m <= top_n``, in decreasing score order (ties broken by row, i.e. insertion order).
         """
-        scores = self.scores(query_tokens)
+        scores = self.scores(query_tokens, max_terms)
         if keep is not None and len(scores):
             mask = np.fromiter((keep(p) for p in self.payloads), dtype=bool, count=len(scores))
             scores = np.where(mask, scores, 0.0).astype(np.float32)

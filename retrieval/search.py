@@ -7,7 +7,8 @@ the top-``(offset + top_k)`` list. Hits are grouped by document by default (a do
 chunk stands for it), since relevance is judged per document. In hybrid mode a failing embedder
 or vector store (or, on the REST path, one slower than ``dense_timeout_s``) degrades the query to
 BM25 only, and the response says so; in dense mode the error propagates (503). After an outage
-of either, queries skip it for ``retry_after_s`` (:class:`~quarry.breaker.OutageBreaker`). The
+of either, queries skip it for ``retry_after_s`` (:class:`~quarry.breaker.OutageBreaker`); one
+query that the store answers late (``StoreTimeout``) is that query's failure, not an outage. The
 query is queued for the embedding model first and BM25 scores while the model runs.
 
 The query is written once, as steps that yield two futures (the query's vector from the batching
@@ -41,6 +42,7 @@ from quarry.errors import (
     ModelDimensionMismatch,
     ModelMismatch,
     QuarryError,
+    StoreTimeout,
     StoreUnavailable,
 )
 from quarry.settings import SearchSettings
@@ -50,11 +52,15 @@ from retrieval.bm25_registry import BM25Registry
 from retrieval.fusion import rrf
 from retrieval.text import tokenize
 from stores.base import ScoredId, VectorStore
-from stores.filters import Filter, matches
+from stores.filters import Filter, predicate
 
 Mode = Literal["bm25", "dense", "hybrid"]
 MODES: tuple[Mode, ...] = ("bm25", "dense", "hybrid")
 DEPTH_FACTOR = 2  # chunks fetched per channel = DEPTH_FACTOR × rank_window_size
+# On the REST path a query longer than this (characters), or one with a filter (a Python test of
+# every row's payload), tokenises and scores BM25 in a worker thread, off the event loop: four
+# clients looping 8,192-character queries on the loop raised a light client's p50 from 25 to 355 ms.
+LOOP_QUERY_CHARS = 256
 
 
 class _Late(Exception):
@@ -236,9 +242,12 @@ class Searcher:
     ) -> SearchResult:
         """:meth:`search` (without rerank) for an event loop; same results and errors.
 
-        It waits on the model and the store without holding a thread; BM25, fusion and hydration
-        (well under a millisecond each) run on the loop. One request thread less per query in
-        flight: fewer threads contend for the GIL with the model's and the store's.
+        It waits on the model and the store without holding a thread; for a short unfiltered
+        query BM25, fusion and hydration (well under a millisecond each) run on the loop. One
+        request thread less per query in flight: fewer threads contend for the GIL with the
+        model's and the store's. A query over ``LOOP_QUERY_CHARS`` characters or with a filter
+        runs its first step (validation, BM25) in a worker thread instead, so that no request's
+        CPU work stalls the loop's other requests.
 
         Unlike :meth:`search`, it waits at most ``dense_timeout_s`` for the dense channel: past
         it a hybrid query answers from BM25 alone (``degraded`` says so) and a dense query raises
@@ -246,7 +255,10 @@ class Searcher:
         """
         deadline = time.monotonic() + self._settings.dense_timeout_s
         steps = self._steps(cfg, query, top_k, mode, flt, offset, group, None)
-        step = _advance(steps, None)
+        if mode != "dense" and (len(query) > LOOP_QUERY_CHARS or flt is not None):
+            step = await asyncio.to_thread(_advance, steps, None)
+        else:
+            step = _advance(steps, None)
         while isinstance(step, Future):
             waiting = asyncio.wrap_future(step)
             waiting.add_done_callback(_read_outcome)  # read even when the query stopped waiting
@@ -301,16 +313,15 @@ class Searcher:
             if embeddings is not None:
                 ann_started = time.perf_counter()
                 result.timings_ms["embed"] = (ann_started - started) * 1000  # queued -> vector, beside BM25
+                # Ids and scores only: the document id is part of the chunk id, texts come from the docstore.
+                asked = self._ann.submit(cfg.name, embeddings.vectors, self.depth, flt, with_payload=False)
                 try:
-                    # Ids and scores only: the document id is part of the chunk id, texts come from the docstore.
-                    found: list[ScoredId] = yield self._ann.submit(
-                        cfg.name, embeddings.vectors, self.depth, flt, with_payload=False
-                    )
+                    found: list[ScoredId] = yield asked
                 except StoreUnavailable as exc:
                     _skip_dense(result, exc)
                 except _Late:
-                    no_hits = StoreUnavailable(f"the vector store did not answer within {self._late()}")
-                    self._ann.breaker.record(no_hits)  # a hung store is skipped like a down one
+                    no_hits = StoreTimeout(f"the vector store did not answer within {self._late()}")
+                    self._ann.late(asked, no_hits)  # this query's failure; several in a row: an outage
                     _skip_dense(result, no_hits)
                 else:
                     ended = time.perf_counter()
@@ -366,8 +377,8 @@ class Searcher:
 
     def _bm25_channel(self, cfg: CollectionConfig, query: str, flt: Filter | None, group: bool) -> _Channel:
         index = self._bm25.get(cfg.name)
-        keep = None if flt is None else (lambda payload: matches(flt, payload))
-        rows, scores = index.top(tokenize(query, cfg.language), self.depth, keep)
+        keep = None if flt is None else predicate(flt)
+        rows, scores = index.top(tokenize(query, cfg.language), self.depth, keep, self._settings.max_query_terms)
         if group:  # each document's best row, in rank order
             _, first = np.unique(index.document_codes[rows], return_index=True)
             first.sort()

@@ -9,14 +9,21 @@ The JSON form follows the operator style of MongoDB/Chroma/Pinecone filters::
 
 Several keys in one object are ANDed. Backends never paste user text into SQL or a Milvus
 expression: they compile the typed tree with bound parameters (``compile_*`` in each backend).
+
+:func:`parse_filter` is the one check every mode (BM25, dense, hybrid) and every backend relies
+on: what it returns is something every engine takes. Strings hold valid Unicode without NUL
+(PostgreSQL's jsonb and the UTF-8 of every driver refuse the rest), numbers are finite (a NaN
+bound crashed the Qdrant edge engine), and a filter stays within :class:`FilterLimits` (a
+250,000-value ``$in`` held a Milvus search past the REST deadline).
 :func:`matches` evaluates a filter in Python (used by the BM25 channel and by tests as the
 reference semantics).
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -73,60 +80,119 @@ Filter = Eq | In | Range | And | Or
 _RANGE_OPS = {"$gt": "gt", "$gte": "gte", "$lt": "lt", "$lte": "lte"}
 
 
-def parse_filter(raw: Mapping[str, Any] | None, schema: Mapping[str, FieldType] | None = None) -> Filter | None:
-    """Parse the JSON filter form into a typed tree, checking fields and types.
+@dataclass(frozen=True)
+class FilterLimits:
+    """How large one filter may be (``QUARRY_SEARCH__MAX_FILTER_*``; see ``SearchSettings``).
+
+    Attributes:
+        in_values: Most values in one ``$in`` list.
+        values: Most values in the whole filter (every ``$eq``/shorthand value, ``$in`` item
+            and range bound counts one).
+        depth: Most levels of ``$and``/``$or`` nesting (a flat filter has depth 0).
+    """
+
+    in_values: int = 1024
+    values: int = 4096
+    depth: int = 8
+
+
+class _Parse:
+    """One parse: the schema, the limits and the values counted so far."""
+
+    def __init__(self, schema: Mapping[str, FieldType] | None, limits: FilterLimits) -> None:
+        self.schema = schema
+        self.limits = limits
+        self.values = 0
+
+    def count(self, n: int) -> None:
+        self.values += n
+        if self.values > self.limits.values:
+            raise InvalidFilter(
+                f"the filter holds more than {self.limits.values:,} values; the limit is "
+                f"{self.limits.values:,} (QUARRY_SEARCH__MAX_FILTER_VALUES)"
+            )
+
+
+def parse_filter(
+    raw: Mapping[str, Any] | None,
+    schema: Mapping[str, FieldType] | None = None,
+    limits: FilterLimits | None = None,
+) -> Filter | None:
+    """Parse the JSON filter form into a typed tree, checking fields, types, values and size.
 
     Args:
         raw: The JSON object (``None`` or ``{}`` means no filter).
         schema: Known payload fields and their types. When given, an unknown field or a value
             of the wrong type is rejected.
+        limits: Size limits (default :class:`FilterLimits`'s).
 
     Returns:
         The typed filter, or ``None`` for an empty filter.
 
     Raises:
-        InvalidFilter: Unknown operator or field, wrong value type, empty ``$in``/``$or``.
+        InvalidFilter: Unknown operator or field, wrong value type, empty ``$in``/``$or``; a
+            string with a lone UTF-16 surrogate or a NUL; a number that is not finite; a filter
+            past one of ``limits`` (the message names the setting).
     """
+    return _parse(raw, _Parse(schema, limits or FilterLimits()), 0)
+
+
+def _parse(raw: Mapping[str, Any] | None, state: _Parse, depth: int) -> Filter | None:
     if not raw:
         return None
     if not isinstance(raw, Mapping):
         raise InvalidFilter(f"a filter must be a JSON object, got {type(raw).__name__}")
-    items = [_parse_key(key, value, schema) for key, value in raw.items()]
+    items = [_parse_key(key, value, state, depth) for key, value in raw.items()]
     return items[0] if len(items) == 1 else And(tuple(items))
 
 
-def _parse_key(key: str, value: Any, schema: Mapping[str, FieldType] | None) -> Filter:
+def _parse_key(key: str, value: Any, state: _Parse, depth: int) -> Filter:
     if key in ("$and", "$or"):
+        if depth >= state.limits.depth:
+            raise InvalidFilter(
+                f"the filter nests $and/$or more than {state.limits.depth} deep; the limit is "
+                f"{state.limits.depth} (QUARRY_SEARCH__MAX_FILTER_DEPTH)"
+            )
         if not isinstance(value, list) or not value:
             raise InvalidFilter(f"{key} takes a non-empty list of filter objects")
         subs: list[Filter] = []
         for sub in value:
-            parsed = parse_filter(sub, schema) if isinstance(sub, Mapping) else None
+            parsed = _parse(sub, state, depth + 1) if isinstance(sub, Mapping) else None
             if parsed is None:
                 raise InvalidFilter(f"every item of {key} must be a non-empty filter object")
             subs.append(parsed)
         return And(tuple(subs)) if key == "$and" else Or(tuple(subs))
     if key.startswith("$"):
         raise InvalidFilter(f"unknown filter operator {key!r}; use $and, $or or a field name")
-    _check_field(key, schema)
+    _check_field(key, state.schema)
     if not isinstance(value, Mapping):
-        return Eq(key, _scalar(key, value, schema))
-    return _parse_ops(key, value, schema)
+        state.count(1)
+        return Eq(key, _scalar(key, value, state.schema))
+    return _parse_ops(key, value, state)
 
 
-def _parse_ops(key: str, ops: Mapping[str, Any], schema: Mapping[str, FieldType] | None) -> Filter:
+def _parse_ops(key: str, ops: Mapping[str, Any], state: _Parse) -> Filter:
     if not ops:
         raise InvalidFilter(f"the condition on {key!r} is empty")
+    schema = state.schema
     parts: list[Filter] = []
     bounds: dict[str, float] = {}
     for op, arg in ops.items():
         if op == "$eq":
+            state.count(1)
             parts.append(Eq(key, _scalar(key, arg, schema)))
         elif op == "$in":
             if not isinstance(arg, list) or not arg:
                 raise InvalidFilter(f"$in on {key!r} takes a non-empty list")
+            if len(arg) > state.limits.in_values:
+                raise InvalidFilter(
+                    f"$in on {key!r} has {len(arg):,} values; the limit is {state.limits.in_values:,} "
+                    "(QUARRY_SEARCH__MAX_FILTER_IN_VALUES)"
+                )
+            state.count(len(arg))
             parts.append(In(key, tuple(_scalar(key, v, schema) for v in arg)))
         elif op in _RANGE_OPS:
+            state.count(1)
             bounds[_RANGE_OPS[op]] = _number(key, arg, schema)
         else:
             raise InvalidFilter(
@@ -148,6 +214,10 @@ def _check_field(key: str, schema: Mapping[str, FieldType] | None) -> None:
 def _scalar(key: str, value: Any, schema: Mapping[str, FieldType] | None) -> Scalar:
     if not isinstance(value, str | int | float | bool) or value is None:
         raise InvalidFilter(f"the value for {key!r} must be a string, number or boolean")
+    if isinstance(value, str):
+        _check_text(key, value)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise InvalidFilter(f"the value for {key!r} is {value!r}; filter numbers must be finite")
     expected = schema.get(key) if schema else None
     if expected is not None and field_type(value) != expected:
         if not (expected == "float" and field_type(value) == "int"):
@@ -160,10 +230,32 @@ def _scalar(key: str, value: Any, schema: Mapping[str, FieldType] | None) -> Sca
 def _number(key: str, value: Any, schema: Mapping[str, FieldType] | None) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidFilter(f"range bounds on {key!r} must be numbers, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidFilter(f"range bounds on {key!r} must be finite numbers, got {value!r}")
     expected = schema.get(key) if schema else None
     if expected is not None and expected not in ("int", "float"):
         raise InvalidFilter(f"range operators need a numeric field; {key!r} holds {expected} values")
     return value
+
+
+def _check_text(key: str, value: str) -> None:
+    """A filter string every engine and driver takes: valid Unicode (UTF-8 encodable), no NUL.
+
+    Ingestion refuses both in metadata (``indexing.sources``), so such a filter could match
+    nothing anyway; refused here, no mode and no backend ever sees it.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidFilter(
+            f"the value for {key!r} holds an unpaired UTF-16 surrogate ({value[exc.start]!r}) at character "
+            f"{exc.start}; send valid Unicode"
+        ) from exc
+    if "\x00" in value:
+        raise InvalidFilter(
+            f"the value for {key!r} holds a NUL character (\\u0000) at character {value.index(chr(0))}; "
+            "remove it"
+        )
 
 
 def field_type(value: Any) -> FieldType:
@@ -206,6 +298,39 @@ def matches(flt: Filter | None, payload: Mapping[str, Any]) -> bool:
     if isinstance(flt, In):
         return any(_same(v, w) for v in values for w in flt.values)
     return _in_range(flt, value)
+
+
+def predicate(flt: Filter) -> Callable[[Mapping[str, Any]], bool]:
+    """:func:`matches` compiled once for a filter tested on many payloads (the BM25 channel's rows).
+
+    Same answers as :func:`matches`; an ``Eq``/``In`` is one set lookup per payload value instead
+    of a comparison with each of up to ``max_filter_in_values`` values.
+    """
+    if isinstance(flt, And | Or):
+        subs = [predicate(sub) for sub in flt.items]
+        combine = all if isinstance(flt, And) else any
+        return lambda payload: combine(test(payload) for test in subs)
+    field = flt.field
+    if isinstance(flt, Range):
+        return lambda payload: field in payload and _in_range(flt, payload[field])
+    wanted = frozenset(_match_key(v) for v in ((flt.value,) if isinstance(flt, Eq) else flt.values))
+
+    def test(payload: Mapping[str, Any]) -> bool:
+        if field not in payload:
+            return False
+        value = payload[field]
+        return any(_match_key(v) in wanted for v in (value if isinstance(value, list) else (value,)))
+
+    return test
+
+
+def _match_key(value: Any) -> tuple[str, Any]:
+    """A value's identity under :func:`_same`: ``True`` is not ``1``, ``1`` is ``1.0``, ``"1"`` is neither."""
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, int | float):
+        return ("number", value)
+    return ("other", value)
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -283,6 +283,15 @@ class MilvusStore:
                 self._client.delete(info.name, filter=ids_expr(keys[start : start + _BATCH]), timeout=WRITE_S)
         self._deleted(info.name)
 
+    def check_filter(self, flt: Filter) -> None:
+        """Refuse, before any search runs, a filter this engine cannot compile (see ``Quarry._target``).
+
+        Raises:
+            InvalidFilter: See :func:`stores.milvus_expr.compile_filter` (on Lite: a string with a
+                line break).
+        """
+        compile_filter(flt, lite=self._lite)
+
     def delete_by_filter(self, name: str, flt: Filter) -> None:
         """Delete every record whose payload matches ``flt``.
 
@@ -450,7 +459,7 @@ class MilvusStore:
         try:  # seal the growing segments, so that the index covers every row
             self._client.flush(info.name, timeout=_left(deadline))
         except Exception as exc:
-            raise IndexBuildFailed(f"flushing {info.name!r} before the build failed: {exc}") from exc
+            raise IndexBuildFailed(f"flushing {info.name!r} before the build failed", detail=str(exc)) from exc
         self._unindex(info)
         index = index_params(self._client, BUILT_INDEX, spec.kind, spec.metric, spec.params, spec.search_params)
         try:  # sync=False: pymilvus would otherwise wait for the build without a bound
@@ -465,7 +474,7 @@ class MilvusStore:
             self._rollback(info)
             if isinstance(exc, IndexBuildFailed):
                 raise
-            raise IndexBuildFailed(f"{spec.kind} on {info.name!r} did not load: {exc}") from exc
+            raise IndexBuildFailed(f"{spec.kind} on {info.name!r} did not load", detail=str(exc)) from exc
 
     def describe_index(self, name: str) -> IndexSpec | None:
         """The built index, or ``None`` when the collection only has the exact FLAT index."""

@@ -55,7 +55,7 @@ class ServerAliases:
         except MilvusException:
             return None
         except Exception as exc:
-            raise StoreUnavailable(f"Milvus describe_alias failed: {exc}") from exc
+            raise StoreUnavailable("Milvus describe_alias failed", detail=str(exc)) from exc
         return str(desc["collection_name"])
 
     def point(self, alias: str, collection: str) -> None:

@@ -30,6 +30,7 @@ from quarry.errors import (
     InvalidQuery,
     QuarryError,
     StoreError,
+    StoreTimeout,
     StoreUnavailable,
 )
 from stores.base import FloatMatrix, IndexKind, IndexSpec, Metric, Payload, ScoredId, VectorRecord
@@ -241,8 +242,11 @@ def wrapped(op: str, name: str | None = None) -> Iterator[None]:
 
     Raises:
         CollectionNotFound: Milvus reports the collection ``name`` missing.
+        StoreTimeout: The call ran past its deadline (``DEADLINE_EXCEEDED``): that call's failure.
         StoreUnavailable: Connection errors, rate limits, unreachable server.
         StoreError: Any other engine failure.
+
+    The messages are Quarry's; the engine's or the driver's text is the error's ``detail``.
     """
     try:
         yield
@@ -255,17 +259,29 @@ def wrapped(op: str, name: str | None = None) -> Iterator[None]:
         )
         if missing and name is not None:
             raise CollectionNotFound(name) from exc
+        if _is_timeout(exc):
+            raise StoreTimeout(f"Milvus {op} did not answer in time", detail=message) from exc
         gone = (MilvusUnavailableException, ConnectError, ConnectionNotExistException)
         if isinstance(exc, gone) or exc.code == ErrorCode.RATE_LIMIT or _is_unavailable(exc):
-            raise StoreUnavailable(f"Milvus {op} failed: {message}") from exc
-        raise StoreError(f"Milvus {op} failed: {message}") from exc
+            raise StoreUnavailable(f"Milvus {op} failed: the server is unavailable", detail=message) from exc
+        raise StoreError(f"Milvus {op} failed", detail=message) from exc
     except Exception as exc:
+        if _is_timeout(exc):
+            raise StoreTimeout(f"Milvus {op} did not answer in time", detail=str(exc)) from exc
         if _is_unavailable(exc):
-            raise StoreUnavailable(f"Milvus is unreachable ({op}): {exc}") from exc
-        raise StoreError(f"Milvus {op} failed: {exc}") from exc
+            raise StoreUnavailable(f"Milvus is unreachable ({op})", detail=str(exc)) from exc
+        raise StoreError(f"Milvus {op} failed", detail=str(exc)) from exc
+
+
+def _status(exc: Exception) -> str:
+    code = getattr(exc, "code", None)
+    return str(code() if callable(code) else code)
+
+
+def _is_timeout(exc: Exception) -> bool:
+    """A call past its gRPC deadline: the server may be serving others (a slow query, not an outage)."""
+    return "DEADLINE_EXCEEDED" in _status(exc) or "DEADLINE_EXCEEDED" in str(exc)
 
 
 def _is_unavailable(exc: Exception) -> bool:
-    code = getattr(exc, "code", None)
-    text = str(code() if callable(code) else code)
-    return "UNAVAILABLE" in text or "DEADLINE_EXCEEDED" in text or "closed channel" in str(exc)
+    return "UNAVAILABLE" in _status(exc) or "closed channel" in str(exc)

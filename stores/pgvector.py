@@ -49,6 +49,7 @@ from quarry.errors import (
     InvalidRequest,
     QuarryError,
     StoreError,
+    StoreTimeout,
     StoreUnavailable,
     missing_extra,
 )
@@ -178,12 +179,15 @@ class PgVectorStore:
             raise
         except psycopg.errors.UndefinedTable as exc:
             raise CollectionNotFound(name or "?") from exc
+        except psycopg.errors.QueryCanceled as exc:  # statement_timeout: this query's failure
+            raise StoreTimeout("PostgreSQL cancelled the query at its time limit", detail=str(exc)) from exc
         except (psycopg.OperationalError, PoolTimeout) as exc:
             if _connection_lost(exc):
                 self._unreachable = True
-            raise StoreUnavailable(f"PostgreSQL unavailable: {exc}") from exc
+            raise StoreUnavailable("PostgreSQL unavailable", detail=str(exc)) from exc
         except (psycopg.Error, PoolClosed) as exc:
-            raise StoreError(f"PostgreSQL error: {exc}") from exc
+            state = getattr(exc, "sqlstate", None)
+            raise StoreError(f"PostgreSQL error{f' (SQLSTATE {state})' if state else ''}", detail=str(exc)) from exc
 
     @contextmanager
     def _checked_out(self) -> Iterator[Conn]:
@@ -221,7 +225,9 @@ class PgVectorStore:
             psycopg.connect(self._conninfo, connect_timeout=max(1, int(self._connect_timeout_s))).close()
         except psycopg.OperationalError as exc:
             reason = " ".join(str(exc).split())  # libpq's message spans lines
-            raise StoreUnavailable(f"PostgreSQL at {redact_url(self._conninfo)} is unreachable: {reason}") from exc
+            raise StoreUnavailable(
+                f"PostgreSQL at {redact_url(self._conninfo)} is unreachable", detail=reason
+            ) from exc
         self._unreachable = False
         self._pool.check()
 
@@ -567,7 +573,7 @@ class PgVectorStore:
                     f"building {spec.kind} on {name!r} took longer than {timeout_s:g} s; rolled back"
                 ) from exc
             except (psycopg.errors.ProgramLimitExceeded, psycopg.errors.OutOfMemory) as exc:
-                raise IndexBuildFailed(f"building {spec.kind} on {name!r} failed: {exc}") from exc
+                raise IndexBuildFailed(f"building {spec.kind} on {name!r} failed", detail=str(exc)) from exc
 
     def _replace_index(self, conn: Conn, coll: _Collection, plan: q.IndexPlan, timeout_s: float) -> None:
         timeout_ms = str(max(1, int(timeout_s * 1000)))

@@ -242,7 +242,11 @@ class QdrantEdgeStore:
             except QuarryError:
                 raise
             except Exception as exc:
-                raise StoreError(f"qdrant-edge {what} failed: {exc}") from exc
+                raise StoreError(f"qdrant-edge {what} failed", detail=str(exc)) from exc
+            except BaseException as exc:  # a Rust panic (pyo3's PanicException) fails this call alone
+                if type(exc).__name__ != "PanicException":
+                    raise
+                raise StoreError(f"qdrant-edge {what} failed (engine panic)", detail=str(exc)) from exc
 
     def _dir(self, name: str) -> Path:
         return self._root / "collections" / name
@@ -283,7 +287,8 @@ class QdrantEdgeStore:
         except Exception as exc:
             raise StoreUnavailable(
                 f"cannot open the Qdrant edge shard of {coll.name!r} (is another process or store "
-                f"using {self._root}?): {exc}"
+                f"using {self._root}?)",
+                detail=str(exc),
             ) from exc
 
     def _save_meta(self, coll: _EdgeColl) -> None:

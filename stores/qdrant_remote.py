@@ -149,15 +149,15 @@ class QdrantClientStore:
             except UnexpectedResponse as exc:
                 if exc.status_code == 404 and name is not None:
                     raise CollectionNotFound(name) from exc
-                raise StoreError(f"Qdrant {what} failed: {exc}") from exc
+                raise StoreError(f"Qdrant {what} failed", detail=str(exc)) from exc
             except (ResponseHandlingException, ConnectionError, OSError) as exc:
-                raise StoreUnavailable(f"Qdrant unreachable during {what}: {exc}") from exc
+                raise StoreUnavailable(f"Qdrant unreachable during {what}", detail=str(exc)) from exc
             except ValueError as exc:
                 if name is not None and "not found" in str(exc):
                     raise CollectionNotFound(name) from exc
-                raise StoreError(f"Qdrant {what} failed: {exc}") from exc
+                raise StoreError(f"Qdrant {what} failed", detail=str(exc)) from exc
             except Exception as exc:
-                raise StoreError(f"Qdrant {what} failed: {exc}") from exc
+                raise StoreError(f"Qdrant {what} failed", detail=str(exc)) from exc
 
     def _aliases(self) -> dict[str, str]:
         found = self._client.get_aliases().aliases

@@ -101,9 +101,17 @@ def error_body(kind: str, message: str, retryable: bool = False) -> dict[str, ob
     return {"error": {"type": kind, "message": message, "retryable": retryable}}
 
 
-async def quarry_error(_: Request, exc: Exception) -> JSONResponse:
-    """Render a :class:`~quarry.errors.QuarryError`."""
+async def quarry_error(request: Request, exc: Exception) -> JSONResponse:
+    """Render a :class:`~quarry.errors.QuarryError`.
+
+    The body carries ``exc.message`` (Quarry's words); a store error's ``detail`` (the engine's
+    or the driver's text) is logged here and never sent.
+    """
     assert isinstance(exc, e.QuarryError)
+    if isinstance(exc, e.StoreError) and exc.detail:
+        level = logging.WARNING if isinstance(exc, e.StoreUnavailable) else logging.ERROR
+        log.log(level, "%s %s: %s (%s): %s", request.method, request.url.path, type(exc).__name__, exc.message,
+                exc.detail)
     headers = {"Retry-After": str(math.ceil(exc.retry_after_s))} if exc.retry_after_s else None
     return JSONResponse(
         error_body(type(exc).__name__, exc.message, exc.retryable), status_code=status_of(exc), headers=headers
