@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
@@ -34,11 +35,16 @@ class OutageBreaker(Generic[E]):
         kind: The dependency's "unavailable" error (``StoreUnavailable``, ``EmbeddingUnavailable``);
             other errors mean it answered.
         retry_after_s: Seconds to skip it after an outage (0: never skip).
+        clock: Seconds of a monotonic clock (:func:`time.monotonic` by default); tests pass one
+            they step by hand, so that the skip's window does not depend on the machine's speed.
     """
 
-    def __init__(self, kind: type[E], retry_after_s: float) -> None:
+    def __init__(
+        self, kind: type[E], retry_after_s: float, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._kind = kind
         self._retry_after_s = retry_after_s
+        self._clock = clock
         self._lock = threading.Lock()
         self._outage: tuple[float, E] | None = None  # (skip until, monotonic s; cause)
         self._trial = False  # one call is trying the dependency after the skip
@@ -59,7 +65,7 @@ class OutageBreaker(Generic[E]):
             if self._outage is None:
                 return None
             until, cause = self._outage
-            left = until - time.monotonic()
+            left = until - self._clock()
             if left <= 0 and not self._trial:
                 self._trial = True
                 return None
@@ -71,6 +77,6 @@ class OutageBreaker(Generic[E]):
         with self._lock:
             self._trial = False
             if isinstance(error, self._kind) and self._retry_after_s > 0:
-                self._outage = (time.monotonic() + self._retry_after_s, error)
+                self._outage = (self._clock() + self._retry_after_s, error)
             else:
                 self._outage = None

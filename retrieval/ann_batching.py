@@ -13,6 +13,8 @@ When the store reports itself unavailable (``StoreUnavailable``), searches fail 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +47,7 @@ class BatchingSearch:
         workers: Store calls that may run at once.
         retry_after_s: Seconds searches skip the store after it raised ``StoreUnavailable``
             (0: never skip).
+        clock: The breaker's clock, seconds (see :class:`~quarry.breaker.OutageBreaker`).
 
     Attributes:
         breaker: The store's :class:`~quarry.breaker.OutageBreaker` (callers that time out record
@@ -52,11 +55,17 @@ class BatchingSearch:
     """
 
     def __init__(
-        self, store: VectorStore, *, max_batch: int = 16, workers: int = 2, retry_after_s: float = 0.0
+        self,
+        store: VectorStore,
+        *,
+        max_batch: int = 16,
+        workers: int = 2,
+        retry_after_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
         self._workers = workers
-        self.breaker = OutageBreaker(StoreUnavailable, retry_after_s)
+        self.breaker = OutageBreaker(StoreUnavailable, retry_after_s, clock=clock)
         self._batcher: MicroBatcher[tuple[_Key, FloatMatrix], list[ScoredId]] = MicroBatcher(
             self._search_batch, max_batch=max_batch, name="quarry-ann-batcher"
         )
