@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from quarry.settings import SearchSettings
 from retrieval.text import Language
@@ -26,14 +26,24 @@ class CreateCollection(_Body):
 
 
 class DocumentIn(BaseModel):
-    """A document to upsert; same fields as a JSONL line."""
+    """A document to upsert; same fields as a JSONL line.
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    The model declares the fields and their JSON types (the OpenAPI schema); the rules on their
+    values are :func:`indexing.sources.parse_document`'s, the same for a JSONL line, applied to
+    each document of the body (a broken rule is a 400 naming ``documents[i]``).
+    """
 
-    id: str = Field(min_length=1, max_length=256)
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | StrictInt = Field(
+        description="Non-empty, at most 256 characters; an integer is taken as its decimal text."
+    )
     text: str = ""
-    title: str = ""
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    title: str = Field("", description="Indexed with every chunk; text or title must be non-blank.")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Flat: identifier keys; string, finite number, boolean or list-of-strings values.",
+    )
 
 
 class UpsertDocuments(_Body):
