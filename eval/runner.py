@@ -37,7 +37,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from eval.beir import BeirSplit, load_split
 from eval.metrics import mean_metrics, per_query_metrics
 from eval.reference import load_references
-from eval.report import write_report
+from eval.report import require_plots, write_report
 from eval.summary import ModeResult, Summary
 from quarry.errors import EvaluationError, InvalidRequest
 
@@ -207,10 +207,12 @@ def evaluate(
         The summary that was written to ``out_dir/summary.json``.
 
     Raises:
+        ConfigError: matplotlib is not installed (``pip install 'quarry[eval]'``).
         InvalidRequest: Unknown split or folder, no modes, bad ``top_k``.
         InvalidDocument: A BEIR file is malformed.
         OSError: ``out_dir`` cannot be written.
     """
+    require_plots()
     beir_dir = Path(beir_dir)
     loaded = load_split(beir_dir, split)
     facts = {
