@@ -43,7 +43,7 @@ calls = {
     "pgvector": lambda: open_store("postgresql://quarry@127.0.0.1:1/quarry"),
     "qdrant": lambda: open_store("qdrant:///tmp/quarry-smoke-qdrant"),
     "triton": lambda: open_embedder("triton+http://127.0.0.1:1/minilm", Settings()),
-    "onnx": lambda: open_embedder("onnx://all-MiniLM-L6-v2", Settings()),
+    "onnx": lambda: open_embedder("onnx://all-MiniLM-L6-v2", Settings()).warm_up(),
     "eval": require_plots,
 }
 for extra, call in calls.items():
