@@ -22,6 +22,8 @@ fi
 git -C "$REPO" ls-files -z | (cd "$REPO" && xargs -0 tar -cf - 2>/dev/null) | tar -xf - -C "$WORK" --one-top-level=src
 "$VENV/bin/python" -m pip install -q --force-reinstall --no-deps "$WORK/src"
 "$VENV/bin/python" -m pip install -q "$WORK/src"
+unset PYTHONPATH  # from here on the installed package is imported, not a checkout
+cd "$WORK"
 "$VENV/bin/python" - <<'PY'
 import importlib.util
 import numpy
@@ -55,13 +57,12 @@ for extra, call in calls.items():
         raise AssertionError(f"{extra}: no error without the extra")
 print(f"missing extras named: {', '.join(calls)}")
 PY
-cat >"$WORK/docs.jsonl" <<'EOF'
+cat >docs.jsonl <<'EOF'
 {"id": "d1", "title": "Vitamin D", "text": "Vitamin D deficiency is linked to a higher risk of several cancers."}
 {"id": "d2", "title": "Sleep", "text": "Adults who sleep less than six hours a night report more daytime fatigue."}
 {"id": "d3", "title": "Coffee", "text": "Moderate coffee drinking is not associated with heart disease."}
 EOF
 export QUARRY_DATA_DIR="$WORK/data" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-cd "$WORK"  # not the checkout: the installed package is imported
 "$VENV/bin/quarry" ingest docs.jsonl --collection smoke
 for mode in bm25 dense hybrid; do
   "$VENV/bin/quarry" search "does vitamin D deficiency raise cancer risk" -c smoke --mode "$mode" --json >"$mode.json"
