@@ -46,7 +46,7 @@ def open_embedder(url: str, settings: Settings) -> Embedder:
     if scheme in ("triton+grpc", "triton+http"):
         try:
             from embedding.triton import TritonEmbedder
-        except ImportError as exc:
-            raise missing_extra("tritonclient", "triton") from exc
+        except ImportError as exc:  # tritonclient or tenacity
+            raise missing_extra(exc.name or "tritonclient", "triton") from exc
         return TritonEmbedder.from_url(url, timeout_s=cfg.timeout_s, batch_size=cfg.batch_size)
     raise ConfigError(f"unsupported embedding URL scheme {scheme!r} in {url!r}; supported: {', '.join(SCHEMES)}")

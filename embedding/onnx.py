@@ -36,7 +36,7 @@ from embedding.length_batches import plan_batches
 from embedding.onnx_export import Quantize, ensure_onnx
 from embedding.sentence_transformers import fingerprint_of, model_id_for, resolve_model_path
 from embedding.st_layout import StLayout, read_layout
-from quarry.errors import ConfigError, EmbeddingError
+from quarry.errors import ConfigError, EmbeddingError, missing_extra
 
 # Fixed cost of one ONNX Runtime call in tokens of compute (int8 MiniLM here: ~0.3 ms vs ~0.12 ms
 # per token), for grouping texts of similar length (embedding.length_batches).
@@ -117,13 +117,18 @@ class OnnxEmbedder:
         """Export/quantise once (cached), open the ONNX Runtime session and the tokenizer.
 
         Raises:
-            ConfigError: The model folder lacks a fast tokenizer or uses non-mean pooling.
+            ConfigError: The model folder lacks a fast tokenizer or uses non-mean pooling, or
+                onnxruntime/onnx are not installed (``pip install 'quarry[onnx]'``).
             EmbeddingError: Export or session creation failed.
         """
         with self._lock:
             if self._session is not None:
                 return
-            import onnxruntime as ort
+            try:
+                import onnx  # noqa: F401  (the export needs it; checked before any work)
+                import onnxruntime as ort
+            except ImportError as exc:
+                raise missing_extra(exc.name or "onnxruntime", "onnx") from exc
             from tokenizers import Tokenizer
 
             layout = read_layout(self._path)

@@ -18,6 +18,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from quarry.errors import missing_extra
+
 Wire = Literal["grpc", "http"]
 
 
@@ -49,16 +51,22 @@ class Protocol:
         wire: ``"grpc"`` or ``"http"``.
         address: ``host:port``.
         timeout_s: Connection and per-request timeout, in seconds.
+
+    Raises:
+        ConfigError: tritonclient is not installed (``pip install 'quarry[triton]'``).
     """
 
     def __init__(self, wire: Wire, address: str, timeout_s: float) -> None:
         self.wire = wire
         self.address = address
         self.timeout_s = timeout_s
-        if wire == "grpc":
-            import tritonclient.grpc as module
-        else:
-            import tritonclient.http as module
+        try:
+            if wire == "grpc":
+                import tritonclient.grpc as module
+            else:
+                import tritonclient.http as module
+        except ImportError as exc:
+            raise missing_extra(exc.name or "tritonclient", "triton") from exc
         self._module: Any = module
         self.transient_errors, self.transient_statuses = _transient(wire)
 

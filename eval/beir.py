@@ -15,12 +15,12 @@ not part of that split.
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
+from indexing.sources import read_jsonl
 from quarry.errors import InvalidDocument, InvalidRequest
 
 QRELS_HEADER = ("query-id", "corpus-id", "score")
@@ -51,24 +51,6 @@ class BeirSplit:
     qrels: dict[str, dict[str, int]]
 
 
-def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(1-based line number, object)`` per non-blank line; raise on bad JSON."""
-    if not path.is_file():
-        raise InvalidRequest(f"{path} does not exist or is not a file")
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                msg = f"invalid JSON: {exc.msg}"
-                raise InvalidDocument(msg, line=line_no, source=str(path)) from exc
-            if not isinstance(obj, dict):
-                raise InvalidDocument("expected a JSON object", line=line_no, source=str(path))
-            yield line_no, obj
-
-
 def _field(obj: dict[str, Any], key: str, line: int, path: Path, *, required: bool) -> str:
     """Return ``obj[key]`` as text (integer ids are accepted and turned into text)."""
     value = obj.get(key)
@@ -95,7 +77,7 @@ def iter_corpus(path: Path) -> Iterator[CorpusDoc]:
             field; the message names the file and 1-based line number.
     """
     corpus = path / "corpus.jsonl" if path.is_dir() else path
-    for line_no, obj in _read_jsonl(corpus):
+    for line_no, obj in read_jsonl(corpus):
         metadata = obj.get("metadata") or {}
         if not isinstance(metadata, dict):
             msg = "field 'metadata' must be an object"
@@ -124,7 +106,7 @@ def load_queries(beir_dir: Path) -> dict[str, str]:
     """
     path = beir_dir / "queries.jsonl"
     queries: dict[str, str] = {}
-    for n, obj in _read_jsonl(path):
+    for n, obj in read_jsonl(path):
         qid, text = _field(obj, "_id", n, path, required=True), _field(obj, "text", n, path, required=True)
         if qid in queries:
             raise InvalidDocument(f"duplicate query id {qid!r}", line=n, source=str(path))

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eval.plots import plot_latency, plot_quality
 from eval.reference import References
 from eval.summary import Summary
+from quarry.errors import missing_extra
 
 SUMMARY_JSON = "summary.json"
 PER_QUERY_JSON = "per_query.json"
@@ -28,6 +28,19 @@ LATENCY_PNG = "latency.png"
 
 
 ARTIFACTS = (SUMMARY_JSON, PER_QUERY_JSON, REPORT_MD, QUALITY_PNG, LATENCY_PNG)
+
+
+def require_plots() -> None:
+    """Check that the plots can be drawn before a run spends time searching.
+
+    Raises:
+        ConfigError: matplotlib is not installed; the message names the extra
+            (``pip install 'quarry[eval]'``).
+    """
+    try:
+        import eval.plots  # noqa: F401  (matplotlib: the `eval` extra)
+    except ImportError as exc:
+        raise missing_extra(exc.name or "matplotlib", "eval") from exc
 
 
 @dataclass(frozen=True)
@@ -134,8 +147,12 @@ def write_report(summary: Summary, refs: References, out_dir: Path) -> ReportFil
         The paths written.
 
     Raises:
+        ConfigError: matplotlib is not installed (the ``eval`` extra).
         OSError: ``out_dir`` cannot be created or written.
     """
+    require_plots()
+    from eval.plots import plot_latency, plot_quality
+
     out_dir.mkdir(parents=True, exist_ok=True)
     files = ReportFiles(
         summary_json=out_dir / SUMMARY_JSON,

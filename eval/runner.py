@@ -15,7 +15,7 @@ Entry point for ``quarry eval`` (the CLI wires the search; this module does the 
 
 ``evaluate`` loads the judged queries of the split (:func:`eval.beir.load_split`), calls
 ``search`` once per query and mode (the order of the returned list is the ranking; scores are
-only recorded), times each call with :func:`time.perf_counter_ns`, scores the rankings with
+only recorded), times each call with :func:`time.perf_counter_ns` (or the ``clock_ns`` given), scores the rankings with
 ``pytrec_eval`` (:mod:`eval.metrics`), reads the published numbers of the dataset from
 ``<beir_dir>/../REFERENCE_SCORES.md`` (:mod:`eval.reference`) and writes ``summary.json``,
 ``per_query.json``, ``report.md`` and two PNGs into ``out_dir`` (:mod:`eval.report`).
@@ -37,7 +37,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from eval.beir import BeirSplit, load_split
 from eval.metrics import mean_metrics, per_query_metrics
 from eval.reference import load_references
-from eval.report import write_report
+from eval.report import require_plots, write_report
 from eval.summary import ModeResult, Summary
 from quarry.errors import EvaluationError, InvalidRequest
 
@@ -87,6 +87,7 @@ def run_mode(
     mode: str,
     top_k: int,
     progress: Progress | None = None,
+    clock_ns: Callable[[], int] = time.perf_counter_ns,
 ) -> tuple[dict[str, list[str]], dict[str, float]]:
     """Search every query in one mode, timing each call.
 
@@ -96,6 +97,7 @@ def run_mode(
         mode: Passed through to ``search``.
         top_k: Passed through to ``search``; longer answers are cut to ``top_k``.
         progress: A started rich progress display to advance, or None.
+        clock_ns: Nanoseconds of a monotonic clock, read before and after each call.
 
     Returns:
         ``(rankings, latencies_ms)``: query id -> document ids best first, and
@@ -113,9 +115,9 @@ def run_mode(
             if progress is not None and task is not None:
                 progress.advance(task)
             continue
-        start = time.perf_counter_ns()
+        start = clock_ns()
         hits = search(text, mode, top_k)
-        latencies_ms[qid] = (time.perf_counter_ns() - start) / 1e6
+        latencies_ms[qid] = (clock_ns() - start) / 1e6
         rankings[qid] = [doc_id for doc_id, _score in hits[:top_k]]
         if progress is not None and task is not None:
             progress.advance(task)
@@ -131,6 +133,7 @@ def run_modes(
     *,
     warmup: int = 1,
     show_progress: bool = True,
+    clock_ns: Callable[[], int] = time.perf_counter_ns,
 ) -> Summary:
     """Run and score each mode over a loaded split (no files written).
 
@@ -142,6 +145,7 @@ def run_modes(
         top_k: Depth asked of ``search``; Recall@100 needs ``top_k >= 100``.
         warmup: Untimed ``search`` calls per mode before timing (the first queries).
         show_progress: Show a rich progress bar on stderr.
+        clock_ns: Times the calls (see :func:`run_mode`); tests pass one the search steps.
 
     Returns:
         The summary, modes in the given order.
@@ -160,7 +164,7 @@ def run_modes(
         for mode in dict.fromkeys(modes):
             for text in [t for t in split.queries.values() if t.strip()][:warmup]:
                 search(text, mode, top_k)
-            rankings, latencies = run_mode(search, split.queries, mode, top_k, progress)
+            rankings, latencies = run_mode(search, split.queries, mode, top_k, progress, clock_ns)
             per_query = per_query_metrics(split.qrels, rankings)
             results[mode] = ModeResult(mode, mean_metrics(per_query), per_query, latencies)
     return Summary(config=dict(config), modes=results)
@@ -178,6 +182,7 @@ def evaluate(
     references_path: Path | None = None,
     warmup: int = 1,
     show_progress: bool = True,
+    clock_ns: Callable[[], int] = time.perf_counter_ns,
 ) -> Summary:
     """Evaluate ``search`` on a BEIR split and write the report (see the module docstring).
 
@@ -195,15 +200,19 @@ def evaluate(
             A missing file means no published numbers in the report.
         warmup: Untimed calls per mode before timing.
         show_progress: Show a rich progress bar on stderr.
+        clock_ns: Nanoseconds of a monotonic clock that times each call
+            (:func:`time.perf_counter_ns` by default).
 
     Returns:
         The summary that was written to ``out_dir/summary.json``.
 
     Raises:
+        ConfigError: matplotlib is not installed (``pip install 'quarry[eval]'``).
         InvalidRequest: Unknown split or folder, no modes, bad ``top_k``.
         InvalidDocument: A BEIR file is malformed.
         OSError: ``out_dir`` cannot be written.
     """
+    require_plots()
     beir_dir = Path(beir_dir)
     loaded = load_split(beir_dir, split)
     facts = {
@@ -219,7 +228,7 @@ def evaluate(
     }
     run_config = {**config, **facts}
     summary = run_modes(
-        search, loaded, modes, run_config, top_k, warmup=warmup, show_progress=show_progress
+        search, loaded, modes, run_config, top_k, warmup=warmup, show_progress=show_progress, clock_ns=clock_ns
     )
     ref_file = references_path or beir_dir.resolve().parent / REFERENCE_FILE
     write_report(summary, load_references(ref_file, str(facts["dataset"])), Path(out_dir))

@@ -82,13 +82,18 @@ def read_documents(path: Path) -> list[SourceDocument]:
     return list(iter_folder(path))
 
 
-def iter_jsonl(path: Path) -> Iterator[SourceDocument]:
-    """Parse a JSONL file line by line (blank lines are skipped).
+def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(1-based line number, object)`` for each non-blank line of a JSONL file.
+
+    The one JSONL reader: documents to ingest (:func:`iter_jsonl`) and BEIR's corpus and
+    queries (:mod:`eval.beir`) are read with it.
 
     Raises:
-        InvalidDocument: Bad JSON, missing/empty id or text, duplicate id, bad metadata.
+        InvalidRequest: ``path`` does not exist or is not a file.
+        InvalidDocument: A line is not valid JSON or not a JSON object (file and line named).
     """
-    seen: dict[str, int] = {}
+    if not path.is_file():
+        raise InvalidRequest(f"{path} does not exist or is not a file")
     with path.open(encoding="utf-8") as fh:
         for line_no, line in enumerate(fh, start=1):
             if not line.strip():
@@ -97,18 +102,34 @@ def iter_jsonl(path: Path) -> Iterator[SourceDocument]:
                 raw = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise InvalidDocument(f"invalid JSON: {exc.msg}", line=line_no, source=str(path)) from exc
-            try:
-                doc = parse_document(raw)
-            except InvalidDocument as exc:
-                raise InvalidDocument(exc.message, line=line_no, source=str(path)) from exc
-            if doc.id in seen:
+            if not isinstance(raw, dict):
                 raise InvalidDocument(
-                    f"duplicate document id {doc.id!r} (first at line {seen[doc.id]})",
-                    line=line_no,
-                    source=str(path),
+                    f"expected a JSON object, got {type(raw).__name__}", line=line_no, source=str(path)
                 )
-            seen[doc.id] = line_no
-            yield doc
+            yield line_no, raw
+
+
+def iter_jsonl(path: Path) -> Iterator[SourceDocument]:
+    """Parse a JSONL file of documents line by line (blank lines are skipped).
+
+    Raises:
+        InvalidRequest: ``path`` does not exist or is not a file.
+        InvalidDocument: Bad JSON, missing/empty id or text, duplicate id, bad metadata.
+    """
+    seen: dict[str, int] = {}
+    for line_no, raw in read_jsonl(path):
+        try:
+            doc = parse_document(raw)
+        except InvalidDocument as exc:
+            raise InvalidDocument(exc.message, line=line_no, source=str(path)) from exc
+        if doc.id in seen:
+            raise InvalidDocument(
+                f"duplicate document id {doc.id!r} (first at line {seen[doc.id]})",
+                line=line_no,
+                source=str(path),
+            )
+        seen[doc.id] = line_no
+        yield doc
 
 
 def iter_folder(path: Path) -> Iterator[SourceDocument]:
@@ -132,7 +153,11 @@ def iter_folder(path: Path) -> Iterator[SourceDocument]:
 
 
 def parse_document(raw: Any) -> SourceDocument:
-    """Validate one JSON object as a document.
+    """Validate one JSON object as a document: the one set of document rules.
+
+    A JSONL line (:func:`iter_jsonl`) and a document of the REST API's upsert body (whose
+    pydantic model, ``quarry.api.models.DocumentIn``, only declares the fields and their JSON
+    types) both go through here.
 
     Raises:
         InvalidDocument: Not an object, missing/empty id or text, non-string title, bad metadata,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
@@ -44,15 +45,24 @@ class OutageBreaker(Generic[E]):
         timeout: The subclass of ``kind`` that means one call timed out (``StoreTimeout``,
             ``EmbeddingTimeout``); ``None``: every ``kind`` error opens the skip.
         timeouts_to_open: Timeouts in a row, with no answer between, that open the skip.
+        clock: Seconds of a monotonic clock (:func:`time.monotonic` by default); tests pass one
+            they step by hand, so that the skip's window does not depend on the machine's speed.
     """
 
     def __init__(
-        self, kind: type[E], retry_after_s: float, *, timeout: type[E] | None = None, timeouts_to_open: int = 3
+        self,
+        kind: type[E],
+        retry_after_s: float,
+        *,
+        timeout: type[E] | None = None,
+        timeouts_to_open: int = 3,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._kind = kind
         self._retry_after_s = retry_after_s
         self._timeout = timeout
         self._timeouts_to_open = timeouts_to_open
+        self._clock = clock
         self._lock = threading.Lock()
         self._outage: tuple[float, E] | None = None  # (skip until, monotonic s; cause)
         self._trial = False  # one call is trying the dependency after the skip
@@ -74,7 +84,7 @@ class OutageBreaker(Generic[E]):
             if self._outage is None:
                 return None
             until, cause = self._outage
-            left = until - time.monotonic()
+            left = until - self._clock()
             if left <= 0 and not self._trial:
                 self._trial = True
                 return None
@@ -98,4 +108,4 @@ class OutageBreaker(Generic[E]):
                 if self._timeouts < self._timeouts_to_open:
                     return
             if self._retry_after_s > 0:
-                self._outage = (time.monotonic() + self._retry_after_s, error)
+                self._outage = (self._clock() + self._retry_after_s, error)

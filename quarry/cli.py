@@ -279,10 +279,11 @@ def _check_eval_inputs(beir: Path, split: str, modes: list[str], out_dir: Path) 
         InvalidDocument: A malformed corpus, queries or qrels file (file and line named).
     """
     from eval.beir import load_split
-    from eval.report import ARTIFACTS
+    from eval.report import ARTIFACTS, require_plots
     from indexing.sources import read_documents
     from retrieval.search import MODES
 
+    require_plots()  # before the ingest, not after the run
     if not (beir / "corpus.jsonl").is_file():
         raise InvalidRequest(f"{beir} is not a BEIR folder (no corpus.jsonl)")
     unknown = [m for m in modes if m not in MODES]

@@ -29,13 +29,15 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 SETTLE_EVERY_S = 2.0  # at most one settle per this many seconds after snapshot swaps
 
 _lock = threading.Lock()  # serialises settles (each walks the whole heap); taken before _state
 _state = threading.Lock()  # guards _holders and _timer
 _holders = 0
-_timer: threading.Timer | None = None
+_timer: Timer | None = None
 
 
 def settle() -> float:
@@ -68,18 +70,41 @@ def retain() -> float:
     return settle()
 
 
-def settle_soon(delay_s: float | None = None) -> None:
+class Timer(Protocol):
+    """What :func:`settle_soon` needs of a timer (:class:`threading.Timer` has it)."""
+
+    def start(self) -> None:
+        """Call the function once the interval has passed."""
+
+    def cancel(self) -> None:
+        """Do not call it, if it has not been called yet."""
+
+
+def _thread_timer(interval_s: float, function: Callable[[], None]) -> Timer:
+    timer = threading.Timer(interval_s, function)
+    timer.name, timer.daemon = "quarry-heap-settle", True
+    return timer
+
+
+def settle_soon(
+    delay_s: float | None = None, *, timer: Callable[[float, Callable[[], None]], Timer] = _thread_timer
+) -> None:
     """Settle on a timer thread ``delay_s`` (default ``SETTLE_EVERY_S``) from now, unless one is pending.
 
     Requests that come while one is pending ride on it, so writes in a burst cost one settle.
     Does nothing while no server holds the heap (:func:`retain`).
+
+    Args:
+        delay_s: Seconds from now.
+        timer: Makes the (unstarted) timer from ``(delay_s, function)``; a daemon
+            :class:`threading.Timer` by default. Tests pass one they fire by hand, so that the
+            order of settle and check does not depend on the machine's speed.
     """
     global _timer
     with _state:
         if _holders == 0 or _timer is not None:
             return
-        _timer = threading.Timer(SETTLE_EVERY_S if delay_s is None else delay_s, _settle_from_timer)
-        _timer.name, _timer.daemon = "quarry-heap-settle", True
+        _timer = timer(SETTLE_EVERY_S if delay_s is None else delay_s, _settle_from_timer)
         _timer.start()
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -47,7 +48,18 @@ class Quarry:
         store: VectorStore | None = None,
         embedder: Embedder | None = None,
         reranker: Reranker | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """Open the backends ``settings`` name, or use the ones passed in.
+
+        Args:
+            settings: The configuration.
+            store: A vector store to use instead of opening ``settings.store_url``.
+            embedder: An embedder to use instead of opening ``settings.embedding.url``.
+            reranker: A reranker to use instead of loading ``settings.rerank.model``.
+            clock: Seconds of a monotonic clock for the outage breakers and the rerank budget
+                (see :class:`~retrieval.search.Searcher`); tests step one by hand.
+        """
         self.settings = settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         router = FilterRouter(settings.store.exact_filter_rows or None, settings.store.filter_count_ttl_s)
@@ -69,7 +81,7 @@ class Quarry:
             else BatchingEmbedder(self.embedder)
         )
         self.searcher = Searcher(
-            self.store, self.docstore, self.query_embedder, self.bm25, settings.search, self.reranker
+            self.store, self.docstore, self.query_embedder, self.bm25, settings.search, self.reranker, clock=clock
         )
         self._write_locks: dict[str, threading.RLock] = {}
         self._write_locks_guard = threading.Lock()

@@ -20,7 +20,9 @@ count as an outage.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +65,7 @@ class BatchingSearch:
         filtered_workers: Store calls with a filter that may run at once (beside ``workers``).
         retry_after_s: Seconds searches skip the store after it raised ``StoreUnavailable``
             (0: never skip).
+        clock: The breaker's clock, seconds (see :class:`~quarry.breaker.OutageBreaker`).
 
     Attributes:
         breaker: The store's :class:`~quarry.breaker.OutageBreaker` (a caller that stops waiting
@@ -77,9 +80,10 @@ class BatchingSearch:
         workers: int = 2,
         filtered_workers: int = 4,
         retry_after_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
-        self.breaker = OutageBreaker(StoreUnavailable, retry_after_s, timeout=StoreTimeout)
+        self.breaker = OutageBreaker(StoreUnavailable, retry_after_s, timeout=StoreTimeout, clock=clock)
         self._workers = {False: workers, True: filtered_workers}
         self._lanes: dict[bool, MicroBatcher[_Query, list[ScoredId]]] = {
             filtered: MicroBatcher(

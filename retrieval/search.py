@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, cast
@@ -148,7 +148,19 @@ class RerankOptions:
 
 
 class Searcher:
-    """Runs queries over collections; safe to share across threads."""
+    """Runs queries over collections; safe to share across threads.
+
+    Args:
+        store: The vector store.
+        docstore: Chunks and collection configs.
+        embedder: Encodes the queries.
+        bm25: The collections' BM25 snapshots.
+        settings: ``QUARRY_SEARCH__*``.
+        reranker: The cross-encoder, if one is configured.
+        clock: Seconds of a monotonic clock (:func:`time.monotonic` by default), read by the
+            outage breakers' skip windows and the rerank budget; not by the dense deadline,
+            which is real time.
+    """
 
     def __init__(
         self,
@@ -158,9 +170,14 @@ class Searcher:
         bm25: BM25Registry,
         settings: SearchSettings,
         reranker: Reranker | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._ann = BatchingSearch(store, max_batch=settings.ann_max_batch, retry_after_s=settings.retry_after_s)
-        self._embed_breaker = OutageBreaker(EmbeddingUnavailable, settings.retry_after_s)
+        self._ann = BatchingSearch(
+            store, max_batch=settings.ann_max_batch, retry_after_s=settings.retry_after_s, clock=clock
+        )
+        self._embed_breaker = OutageBreaker(EmbeddingUnavailable, settings.retry_after_s, clock=clock)
+        self._clock = clock
         self._docstore = docstore
         self._embedder = embedder
         self._bm25 = bm25
@@ -416,7 +433,9 @@ class Searcher:
         chunks = self._docstore.get_chunks(cfg.name, [item.best.chunk_id for item in head])
         passages = [chunks[i.best.chunk_id].text if i.best.chunk_id in chunks else "" for i in head]
         started = time.perf_counter()
-        outcome = rerank_within_budget(self._reranker, query, passages, opts.budget_ms, opts.batch_size)
+        outcome = rerank_within_budget(
+            self._reranker, query, passages, opts.budget_ms, opts.batch_size, clock=self._clock
+        )
         result.timings_ms["rerank"] = (time.perf_counter() - started) * 1000
         result.reranked, result.rerank_reason = outcome.reranked, outcome.reason
         if not outcome.reranked or outcome.scores is None:

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Set up, start the services, lint, type-check and run the whole test suite (every marker:
 # integration, slow; gpu tests run only where CUDA is present). Extra args go to pytest.
+# A run without arguments (CI's) then checks the core install alone (scripts/smoke_core.sh:
+# a throwaway venv, numpy 2, ingest + search; ~5 min on a loaded 2-core machine, most of it pip);
+# QUARRY_SMOKE_CORE=0 skips it, =1 runs it after a run with arguments too.
 #   bash scripts/test.sh              # everything
 #   bash scripts/test.sh -m "not slow" tests/core
 set -euo pipefail
@@ -26,3 +29,7 @@ echo "== ruff"; ruff check .
 echo "== mypy"; mypy
 echo "== pytest"
 python -m pytest -p no:cacheprovider "$@"
+if [ "${QUARRY_SMOKE_CORE:-$([ $# -eq 0 ] && echo 1 || echo 0)}" = "1" ]; then
+  echo "== the core install alone (scripts/smoke_core.sh)"
+  bash scripts/smoke_core.sh
+fi

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from quarry.errors import ConfigError
+from quarry.errors import ConfigError, missing_extra
 from stores.base import VectorStore
 from stores.routing import FilterRouter
 
@@ -48,7 +48,10 @@ def open_store(url: str, router: FilterRouter | None = None) -> VectorStore:
 
         return open_qdrant(url, router)
     if scheme in ("postgresql", "postgres"):
-        from stores.pgvector import PgVectorStore
+        try:
+            from stores.pgvector import PgVectorStore
+        except ImportError as exc:  # psycopg, psycopg_pool or pgvector (stores.pgvector_sql imports psycopg first)
+            raise missing_extra(exc.name or "psycopg", "pgvector") from exc
 
         return PgVectorStore.from_url(url, router)
     raise ConfigError(

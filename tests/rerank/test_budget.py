@@ -2,26 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 import pytest
 
 from quarry.errors import ConfigError, RerankError
 from rerank.budget import RerankOutcome, reorder, rerank_order, rerank_within_budget
 from rerank.cross_encoder import CrossEncoderReranker
-from tests.rerank.conftest import Pairs
-
-
-def stepping_clock(step_s: float) -> Callable[[], float]:
-    """A clock that advances ``step_s`` seconds at every read."""
-    now = [0.0]
-
-    def read() -> float:
-        now[0] += step_s
-        return now[0]
-
-    return read
+from tests.rerank.conftest import Pairs, stepping_clock
 
 
 def test_a_generous_budget_reranks_everything(reranker: CrossEncoderReranker, scifact_pairs: Pairs) -> None:
@@ -42,13 +29,22 @@ def test_a_generous_budget_reranks_everything(reranker: CrossEncoderReranker, sc
 
 
 def test_a_budget_of_a_few_ms_keeps_the_fused_order(reranker: CrossEncoderReranker, scifact_pairs: Pairs) -> None:
-    outcome = rerank_within_budget(reranker, scifact_pairs.query, scifact_pairs.passages, budget_ms=2, batch_size=8)
+    # Each clock read advances 1 ms, whatever the machine: batches end at 1, 2, 3 ms; the third is past 2 ms.
+    outcome = rerank_within_budget(
+        reranker, scifact_pairs.query, scifact_pairs.passages, budget_ms=2, batch_size=8, clock=stepping_clock(0.001)
+    )
     assert not outcome.reranked
     assert outcome.scores is None
-    assert outcome.reason is not None
-    assert outcome.reason.startswith("rerank budget 2 ms exceeded after ")
-    assert "/50 pairs" in outcome.reason
-    assert outcome.elapsed_ms > 2
+    assert outcome.reason == "rerank budget 2 ms exceeded after 24/50 pairs (3.0 ms spent)"
+    assert outcome.elapsed_ms == pytest.approx(3.0)
+
+
+def test_the_real_clock_is_read(reranker: CrossEncoderReranker, scifact_pairs: Pairs) -> None:
+    # The default clock: a model call takes more than a nanosecond on any machine.
+    outcome = rerank_within_budget(reranker, scifact_pairs.query, scifact_pairs.passages, budget_ms=1e-6, batch_size=8)
+    assert not outcome.reranked
+    assert (outcome.reason or "").startswith("rerank budget 1e-06 ms exceeded after 8/50 pairs")
+    assert outcome.elapsed_ms > 1e-6
 
 
 def test_the_budget_is_checked_after_every_batch(reranker: CrossEncoderReranker, scifact_pairs: Pairs) -> None:

@@ -78,10 +78,38 @@ def test_concurrent_callers_get_the_sequential_scores(reranker: CrossEncoderRera
         np.testing.assert_allclose(scores, expected[i % 4], rtol=0, atol=1e-5)
 
 
-def test_long_passages_are_truncated_not_rejected(reranker: CrossEncoderReranker) -> None:
-    scores = reranker.score("query", ["word " * 5000, "short"])
-    assert scores.shape == (2,)
+def _filling(reranker: CrossEncoderReranker, limit: int) -> str:
+    """A passage that fills the pair ("query", passage) to exactly ``limit`` tokens."""
+    encoder = reranker._encoder
+    assert encoder is not None
+    tokenizer = encoder.tokenizer
+    assert tokenizer.tokenize("query word other") == ["query", "word", "other"]  # one token a word
+    passage = "word " * (limit - 4)  # [CLS] query [SEP] passage [SEP]
+    assert len(tokenizer("query", passage)["input_ids"]) == limit
+    return passage
+
+
+def test_long_passages_are_truncated_to_the_model_max_length(reranker: CrossEncoderReranker) -> None:
+    limit = 512  # the tiny model's max_position_embeddings, as for ms-marco-MiniLM-L-6-v2
+    fits = _filling(reranker, limit)
+    beyond = fits + "other " * 5000  # 5,000 tokens past the limit
+    scores = reranker.score("query", [beyond, fits, fits[: -len("word ")], "other " * 508])
     assert np.isfinite(scores).all()
+    # what lies past the limit is cut off: the long passage scores as its truncated prefix ...
+    np.testing.assert_allclose(scores[0], scores[1], rtol=0, atol=1e-5)
+    # ... while every token inside the limit counts
+    assert abs(scores[1] - scores[2]) > 1e-4 and abs(scores[1] - scores[3]) > 1e-4, scores
+
+
+def test_max_length_truncates_each_pair_there(tiny_model_dir: Path, reranker: CrossEncoderReranker) -> None:
+    short = CrossEncoderReranker(str(tiny_model_dir), device="cpu", max_length=64)
+    short.warm_up()
+    fits = _filling(short, 64)
+    beyond = fits + "other " * 100
+    scores = short.score("query", [beyond, fits])
+    np.testing.assert_allclose(scores[0], scores[1], rtol=0, atol=1e-5)
+    full = reranker.score("query", [beyond, fits])  # the model's own 512 sees the tail
+    assert abs(full[0] - full[1]) > 1e-4, full
 
 
 def test_warm_up_is_idempotent(tiny_model_dir: Path) -> None:

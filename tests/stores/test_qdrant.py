@@ -10,6 +10,8 @@ hidden id/boolean payload keys, and the URL forms.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -171,6 +173,19 @@ def test_spec_mapping() -> None:
 # -- the edge engine: HNSW really built and walked ------------------------------------------
 
 
+def pause_build(edge: QdrantEdgeStore, name: str) -> int:
+    """Wait for the optimizer child of ``name``'s build and stop it (SIGSTOP); return its pid.
+
+    A stopped build lasts as long as the test needs, on a fast machine as on a loaded one.
+    """
+    deadline = time.monotonic() + 120
+    while (proc := edge._builds.get(name)) is None:
+        assert time.monotonic() < deadline, f"no build of {name!r} started"
+        time.sleep(0.001)
+    os.kill(proc.pid, signal.SIGSTOP)
+    return proc.pid
+
+
 def _load(store: QdrantEdgeStore, name: str, data: np.ndarray, rare: set[int]) -> None:
     store.create_collection(name, data.shape[1])
     store.upsert(name, [
@@ -191,10 +206,13 @@ def test_edge_hnsw_is_walked_and_filtered_search_returns_k(edge: QdrantEdgeStore
     )
     build = threading.Thread(target=edge.build_index, args=("big", spec, 600))
     build.start()
-    time.sleep(0.2)
-    with pytest.raises(StoreUnavailable):
-        edge.count("big")  # the shard belongs to the build process meanwhile
-    assert edge.count("other") == 100  # other collections keep serving
+    child = pause_build(edge, "big")
+    try:
+        with pytest.raises(StoreUnavailable):
+            edge.count("big")  # the shard belongs to the build process meanwhile
+        assert edge.count("other") == 100  # other collections keep serving
+    finally:
+        os.kill(child, signal.SIGCONT)
     build.join()
     shard_info = edge._coll("big").shard.info()
     assert shard_info.indexed_vectors_count == N  # the whole collection is in the graph
@@ -237,10 +255,13 @@ def test_edge_build_timeout_kills_and_rolls_back(edge: QdrantEdgeStore, tmp_path
     config = tmp_path / "edge" / "collections" / "slow" / "shard" / "edge_config.json"
     before = config.read_bytes()
     spec = IndexSpec("HNSW", params={"M": 32, "efConstruction": 400, "full_scan_threshold_kb": 10})
+    pauser = threading.Thread(target=pause_build, args=(edge, "slow"))  # a hung build, however fast the machine
+    pauser.start()
     start = time.monotonic()
-    with pytest.raises(IndexBuildFailed, match="did not finish"):
+    with pytest.raises(IndexBuildFailed, match="did not finish within 0.5 s"):
         edge.build_index("slow", spec, timeout_s=0.5)
     assert time.monotonic() - start < 15
+    pauser.join()
     assert config.read_bytes() == before
     assert edge.describe_index("slow") is None
     assert edge.count("slow") == N
