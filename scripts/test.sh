@@ -25,4 +25,5 @@ eval "$(bash scripts/services.sh env)"
 echo "== ruff"; ruff check .
 echo "== mypy"; mypy
 echo "== pytest"
-python -m pytest -p no:cacheprovider "$@"
+# --durations=25: the run ends with its 25 slowest setups, calls and teardowns (where the time goes)
+python -m pytest -p no:cacheprovider --durations=25 "$@"
