@@ -73,7 +73,7 @@ def quarry_cli(minilm_vectors: CachedEmbedder) -> Iterator[Runner]:
                 cli.main()
                 code = 0
             except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
+                code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
             finally:
                 get_settings.cache_clear()
                 while opened:
