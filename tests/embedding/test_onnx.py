@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -11,20 +10,18 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from embedding import length_batches, onnx_export, st_layout
-from embedding import onnx as onnx_module
 from embedding.base import Embedder
 from embedding.onnx import OnnxEmbedder, parse_onnx_url
 from embedding.onnx_export import cache_folder, int8_recipe
 from embedding.sentence_transformers import resolve_model_path
 from eval.runner import collection_search, evaluate
-from indexing.chunking import chunk_text
-from indexing.pipeline import indexed_text
 from indexing.sources import read_documents
 from quarry.errors import ConfigError, EmbeddingError
 from quarry.service import Quarry
-from quarry.settings import IngestSettings, Settings
-from tests.embedding_cache import CachedEmbedder, cache_file, fingerprint, folder_files
+from quarry.settings import Settings
+from tests.embedding_cache import CachedEmbedder
+
+from .conftest import scifact_texts
 
 
 @pytest.fixture(scope="module")
@@ -217,68 +214,30 @@ def test_an_unusable_cache_dir_is_a_typed_error(tmp_path: Path) -> None:
         OnnxEmbedder("all-MiniLM-L6-v2", cache_dir=not_a_folder).warm_up()
 
 
-def pipeline_texts(beir: Path) -> list[str]:
-    """The texts ingestion embeds for a corpus under the default chunking (``title\\nchunk``)."""
-    ingest = IngestSettings()
-    return [
-        indexed_text(doc.title if doc.text else "", piece.text)
-        for doc in read_documents(beir)
-        for piece in chunk_text(doc.text or doc.title, ingest.chunk_size, ingest.chunk_overlap)
-    ]
-
-
-def onnx_vectors(embedder: OnnxEmbedder) -> CachedEmbedder:
-    """An ONNX model's own vectors, each distinct text run once per machine (``tests/embedding_cache.py``)."""
-    embedder.warm_up()
-    assert embedder.onnx_path is not None
-    files = {**folder_files(resolve_model_path("all-MiniLM-L6-v2")), "model.onnx": embedder.onnx_path}
-    digest = fingerprint(
-        files, [onnx_module, st_layout, onnx_export, length_batches], ["onnxruntime", "tokenizers", "numpy"],
-        quantize=embedder.quantize,
-    )
-    return CachedEmbedder(embedder, cache_file(f"{embedder.model_id}-onnx-{embedder.quantize}", digest))
-
-
-@pytest.fixture(scope="module")
-def int8_vectors(int8: OnnxEmbedder) -> Iterator[CachedEmbedder]:
-    cached = onnx_vectors(int8)
-    yield cached
-    cached.close()
-
-
-@pytest.fixture(scope="module")
-def fp32_vectors(fp32: OnnxEmbedder) -> Iterator[CachedEmbedder]:
-    cached = onnx_vectors(fp32)
-    yield cached
-    cached.close()
-
-
 @pytest.mark.slow
-def test_int8_and_fp32_match_torch_on_every_scifact_chunk(
+def test_int8_and_fp32_match_torch_on_all_scifact_documents(
     shared_data: Path,
     minilm_vectors: CachedEmbedder,
-    int8_vectors: CachedEmbedder,
-    fp32_vectors: CachedEmbedder,
+    int8: OnnxEmbedder,
+    fp32: OnnxEmbedder,
 ) -> None:
-    """Every text the pipeline embeds for SciFact (the quality tests' texts: one torch pass for both)."""
-    texts = pipeline_texts(shared_data / "scifact")
-    assert len(texts) == 7559
+    texts = scifact_texts(shared_data)
+    assert len(texts) == 5183
     want = minilm_vectors.embed(texts)
-    assert 0 < want.truncated.sum() < len(texts)  # both sides of the 256-token cut are compared
-    for embedder, floor in ((int8_vectors, 0.99), (fp32_vectors, 0.9999)):
+    for embedder, floor in ((int8, 0.99), (fp32, 0.9999)):
         got = embedder.embed(texts)
         cos = cosines(got.vectors, want.vectors)
-        print(f"{embedder.inner.quantize}: cosine vs torch min {cos.min():.5f} mean {cos.mean():.5f}")
-        assert cos.min() >= floor, f"{embedder.inner.quantize}: min cosine {cos.min():.5f} over SciFact"
+        print(f"{embedder.quantize}: cosine vs torch min {cos.min():.5f} mean {cos.mean():.5f}")
+        assert cos.min() >= floor, f"{embedder.quantize}: min cosine {cos.min():.5f} over SciFact"
         np.testing.assert_array_equal(got.truncated, want.truncated)
 
 
 @pytest.mark.slow
 def test_int8_keeps_scifact_hybrid_ndcg_within_001_of_torch(
-    int8_vectors: CachedEmbedder, shared_data: Path, tmp_path: Path
+    int8: OnnxEmbedder, shared_data: Path, tmp_path: Path
 ) -> None:
     """Documents and queries both embedded by int8; the torch figure is the committed baseline's."""
-    quarry = Quarry(Settings(data_dir=tmp_path), embedder=int8_vectors)
+    quarry = Quarry(Settings(data_dir=tmp_path), embedder=int8)
     try:
         quarry.create_collection("scifact", language="auto")
         quarry.upsert("scifact", read_documents(shared_data / "scifact"))
