@@ -28,7 +28,8 @@ eval "$(bash scripts/services.sh env)"
 echo "== ruff"; ruff check .
 echo "== mypy"; mypy
 echo "== pytest"
-python -m pytest -p no:cacheprovider "$@"
+# --durations=25: the run ends with its 25 slowest setups, calls and teardowns (where the time goes)
+python -m pytest -p no:cacheprovider --durations=25 "$@"
 if [ "${QUARRY_SMOKE_CORE:-$([ $# -eq 0 ] && echo 1 || echo 0)}" = "1" ]; then
   echo "== the core install alone (scripts/smoke_core.sh)"
   bash scripts/smoke_core.sh

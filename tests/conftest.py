@@ -1,11 +1,16 @@
-"""Shared fixtures: offline model hub, paths to the shared evaluation data."""
+"""Shared fixtures: offline model hub, the shared evaluation data, the one torch MiniLM."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from embedding import length_batches
+from embedding import sentence_transformers as st
+from tests.embedding_cache import CachedEmbedder, cache_file, fingerprint, folder_files
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -21,3 +26,27 @@ def shared_data() -> Path:
         if candidate.is_dir():
             return candidate
     raise RuntimeError(f"shared evaluation data not found beside {REPO} (expected ../shared/data)")
+
+
+@pytest.fixture(scope="session")
+def minilm() -> st.SentenceTransformerEmbedder:
+    """The packaged MiniLM in torch on CPU, loaded once per session: for tests of the embedder itself."""
+    model = st.SentenceTransformerEmbedder("all-MiniLM-L6-v2", batch_size=64, device="cpu")
+    model.warm_up()
+    return model
+
+
+@pytest.fixture(scope="session")
+def minilm_vectors(minilm: st.SentenceTransformerEmbedder) -> Iterator[CachedEmbedder]:
+    """The torch MiniLM's own vectors, each distinct text run once per machine (``tests/embedding_cache.py``).
+
+    For tests that need its vectors as data: the reference other backends are compared with,
+    the service's embedder in the pipeline, API and quality tests.
+    """
+    digest = fingerprint(
+        folder_files(minilm._path), [st, length_batches],
+        ["torch", "sentence-transformers", "transformers", "tokenizers", "numpy"], device="cpu",
+    )
+    cached = CachedEmbedder(minilm, cache_file(minilm.model_id, digest))
+    yield cached
+    cached.close()

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from embedding.base import Embedder, Embeddings
-from embedding.sentence_transformers import SentenceTransformerEmbedder
 from indexing.sources import SourceDocument, iter_jsonl
 from quarry.service import Quarry
 from quarry.settings import Settings
+from tests.embedding_cache import CachedEmbedder
 
 
 def wait_until(condition: Callable[[], bool]) -> None:
@@ -27,7 +27,11 @@ def wait_until(condition: Callable[[], bool]) -> None:
 
 
 class CountingEmbedder:
-    """Wraps the REAL embedder and counts the texts it is asked to embed (no fake inference)."""
+    """Wraps the REAL embedder and counts the calls and texts it is asked to embed (no fake inference).
+
+    The counts are what the caller asked for, whether the rows then came from the model or from
+    the memo of its earlier output (:class:`tests.embedding_cache.CachedEmbedder`).
+    """
 
     def __init__(self, inner: Embedder) -> None:
         self.inner = inner
@@ -60,15 +64,9 @@ class CountingEmbedder:
 
 
 @pytest.fixture(scope="session")
-def minilm() -> SentenceTransformerEmbedder:
-    model = SentenceTransformerEmbedder("all-MiniLM-L6-v2", batch_size=64, device="cpu")
-    model.warm_up()
-    return model
-
-
-@pytest.fixture(scope="session")
-def counting(minilm: SentenceTransformerEmbedder) -> CountingEmbedder:
-    return CountingEmbedder(minilm)
+def counting(minilm_vectors: CachedEmbedder) -> CountingEmbedder:
+    """The service's embedder in these tests: the torch MiniLM's vectors, each text run once per machine."""
+    return CountingEmbedder(minilm_vectors)
 
 
 @pytest.fixture(scope="session")

@@ -19,17 +19,29 @@ def client(service: Quarry) -> Iterator[TestClient]:
         yield c
 
 
-@pytest.fixture()
-def api_collection(client: TestClient, scifact_docs: list[SourceDocument]) -> Iterator[str]:
-    name = "api_docs"
+def _ingest(client: TestClient, name: str, scifact_docs: list[SourceDocument]) -> str:
+    """Create ``name`` over REST and add 60 SciFact documents (metadata ``n`` = their position)."""
     assert client.post("/v1/collections", json={"name": name, "language": "en"}).status_code == 201
     docs = [
         {"id": d.id, "title": d.title, "text": d.text, "metadata": {"n": i}} for i, d in enumerate(scifact_docs[:60])
     ]
     r = client.post(f"/v1/collections/{name}/documents", json={"documents": docs})
     assert r.status_code == 200 and r.json()["added"] == 60
-    yield name
-    client.delete(f"/v1/collections/{name}")
+    return name
+
+
+@pytest.fixture(scope="module")
+def api_collection(client: TestClient, scifact_docs: list[SourceDocument]) -> Iterator[str]:
+    """The module's collection, for tests that only read it (ingested once)."""
+    yield _ingest(client, "api_docs", scifact_docs)
+    client.delete("/v1/collections/api_docs")
+
+
+@pytest.fixture()
+def own_collection(client: TestClient, scifact_docs: list[SourceDocument]) -> Iterator[str]:
+    """A fresh copy for a test that writes or deletes documents."""
+    yield _ingest(client, "api_own", scifact_docs)
+    client.delete("/v1/collections/api_own")
 
 
 def _error(r: object, status: int) -> str:
@@ -150,9 +162,9 @@ def test_unknown_collection_is_404(client: TestClient) -> None:
     assert _error(client.post("/v1/collections/ghost/documents", json={"documents": [{"id": "a", "text": "b"}]}), 404)
 
 
-def test_bad_documents_write_nothing(client: TestClient, api_collection: str) -> None:
-    url = f"/v1/collections/{api_collection}/documents"
-    before = client.get(f"/v1/collections/{api_collection}").json()["documents"]
+def test_bad_documents_write_nothing(client: TestClient, own_collection: str) -> None:
+    url = f"/v1/collections/{own_collection}/documents"
+    before = client.get(f"/v1/collections/{own_collection}").json()["documents"]
     bad_batches = [
         (
             [{"id": "ok1", "text": "fine"}, {"id": "bad", "text": "x", "metadata": {"n": "not-an-int"}}],
@@ -189,16 +201,16 @@ def test_bad_documents_write_nothing(client: TestClient, api_collection: str) ->
     ]
     for docs, status, needle in bad_batches:
         assert needle in _error(_post_json(client, url, {"documents": docs}), status)
-    assert client.get(f"/v1/collections/{api_collection}").json()["documents"] == before
+    assert client.get(f"/v1/collections/{own_collection}").json()["documents"] == before
 
 
 def test_delete_documents_over_rest(
-    client: TestClient, api_collection: str, scifact_docs: list[SourceDocument]
+    client: TestClient, own_collection: str, scifact_docs: list[SourceDocument]
 ) -> None:
     doc = scifact_docs[5]
-    r = client.post(f"/v1/collections/{api_collection}/documents/delete", json={"ids": [doc.id, "never-there"]})
+    r = client.post(f"/v1/collections/{own_collection}/documents/delete", json={"ids": [doc.id, "never-there"]})
     assert r.status_code == 200 and r.json()["deleted"] == 1
-    hits = client.post(f"/v1/collections/{api_collection}/search", json={"query": doc.title, "top_k": 20}).json()[
+    hits = client.post(f"/v1/collections/{own_collection}/search", json={"query": doc.title, "top_k": 20}).json()[
         "hits"
     ]
     assert doc.id not in [h["document_id"] for h in hits]
@@ -214,8 +226,8 @@ def test_collection_names_differing_only_in_case_are_one_collection(client: Test
     assert client.delete("/v1/collections/caseonly").status_code == 200
 
 
-def test_a_document_id_with_slashes_is_deleted_by_its_path(client: TestClient, api_collection: str) -> None:
-    url = f"/v1/collections/{api_collection}/documents"
+def test_a_document_id_with_slashes_is_deleted_by_its_path(client: TestClient, own_collection: str) -> None:
+    url = f"/v1/collections/{own_collection}/documents"
     assert client.post(url, json={"documents": [{"id": "notes/2024/a.md", "text": "slash id"}]}).status_code == 200
     r = client.delete(f"{url}/notes/2024/a.md")
     assert r.status_code == 200 and r.json()["deleted"] == 1

@@ -1,20 +1,91 @@
+"""The ``quarry`` command line: a few real ``python -m quarry.cli`` processes (exit codes, output
+streams, the model built from settings), the rest in this process through typer's ``CliRunner``.
+"""
+
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from unittest.mock import patch
 
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from quarry import cli
+from quarry.service import Quarry
+from quarry.settings import Settings, get_settings
 from tests.core.conftest import write_jsonl
+from tests.embedding_cache import CachedEmbedder
+
+
+@dataclass
+class Ran:
+    """What a ``quarry`` run left: its exit status and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
 
 
 def _quarry(args: list[str], data_dir: Path, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m quarry.cli`` in a child process, as a user runs it."""
     env = {**os.environ, "QUARRY_DATA_DIR": str(data_dir), "HF_HUB_OFFLINE": "1", **extra_env}
     return subprocess.run(
         [sys.executable, "-m", "quarry.cli", *args], env=env, capture_output=True, text=True, timeout=600
     )
 
 
-def test_cli_ingest_search_and_bad_line(tmp_path: Path) -> None:
+Runner = Callable[..., Ran]
+
+
+@pytest.fixture()
+def quarry_cli(minilm_vectors: CachedEmbedder) -> Iterator[Runner]:
+    """``quarry`` in this process: ``quarry.cli.main`` (the console entry point, with its mapping of
+    errors to exit 2) under typer's ``CliRunner`` isolation (environment, captured streams).
+
+    Each run reads the environment afresh (``get_settings`` is cached per process). The services
+    a command opens get the session's MiniLM instead of loading it again, and are closed after
+    the command (a process would exit); the child-process runs build it from settings.
+    """
+    opened: list[Quarry] = []
+
+    def open_service(settings: Settings | None = None) -> Any:
+        service = Quarry(settings or get_settings(), embedder=minilm_vectors)
+        opened.append(service)
+        return service
+
+    def run(args: list[str], data_dir: Path, **extra_env: str) -> Ran:
+        env = {"QUARRY_DATA_DIR": str(data_dir), **extra_env}
+        with (
+            CliRunner().isolation(env=env) as (stdout, stderr, _),
+            patch.object(sys, "argv", ["quarry", *args]),
+            patch.object(cli, "_quarry", open_service),
+            patch.object(cli, "out", Console()),  # made here: they write to the captured streams
+            patch.object(cli, "err", Console(stderr=True)),
+        ):
+            get_settings.cache_clear()
+            try:
+                cli.main()
+                code = 0
+            except SystemExit as exc:
+                code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
+            finally:
+                get_settings.cache_clear()
+                while opened:
+                    opened.pop().close()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            return Ran(code, stdout.getvalue().decode(), stderr.getvalue().decode())
+
+    yield run
+
+
+def test_cli_ingest_search_and_bad_line(tmp_path: Path, quarry_cli: Runner) -> None:
     docs = [
         {"id": f"d{i}", "title": f"title {i}", "text": t, "metadata": {"year": 2000 + i}}
         for i, t in enumerate(
@@ -30,26 +101,29 @@ def test_cli_ingest_search_and_bad_line(tmp_path: Path) -> None:
     first = _quarry(["ingest", str(corpus), "--collection", "demo"], data)
     assert first.returncode == 0, first.stderr
     assert "3 added" in first.stdout and "exceed" not in first.stdout
-    again = _quarry(["ingest", str(corpus), "--collection", "demo", "--chunk-size", "50", "--language", "auto"], data)
+    again = quarry_cli(
+        ["ingest", str(corpus), "--collection", "demo", "--chunk-size", "50", "--language", "auto"], data
+    )
+    assert again.returncode == 0, again.stderr
     assert "3 unchanged; 0 chunks embedded" in " ".join(again.stdout.split())
     note = " ".join(again.stderr.split())
     assert "exists with chunk_size=256; --chunk-size applies to a new collection only" in note
-    found = _quarry(["search", "gas giant", "--collection", "demo", "--json", "-k", "1"], data)
+    found = quarry_cli(["search", "gas giant", "--collection", "demo", "--json", "-k", "1"], data)
     assert found.returncode == 0, found.stderr
     assert json.loads(found.stdout)["hits"][0]["document_id"] == "d1"
-    zh = _quarry(["search", "熊猫", "--collection", "demo", "--json", "--mode", "bm25"], data)
+    zh = quarry_cli(["search", "熊猫", "--collection", "demo", "--json", "--mode", "bm25"], data)
     assert json.loads(zh.stdout)["hits"][0]["document_id"] == "d2"
     bad = write_jsonl(tmp_path / "bad.jsonl", [docs[0], "{not json"])
     failed = _quarry(["ingest", str(bad), "--collection", "demo2"], data)
     assert failed.returncode == 2 and "line 2" in failed.stderr
-    missing = _quarry(["search", "x", "--collection", "nope"], data)
+    missing = quarry_cli(["search", "x", "--collection", "nope"], data)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
-def test_cli_ingest_says_when_chunks_exceed_the_model_length(tmp_path: Path) -> None:
+def test_cli_ingest_says_when_chunks_exceed_the_model_length(tmp_path: Path, quarry_cli: Runner) -> None:
     long_text = " ".join(f"word{i}" for i in range(400))  # ~5 word-pieces each, far over 256
     corpus = write_jsonl(tmp_path / "long.jsonl", [{"id": "a", "text": long_text}, {"id": "b", "text": "short"}])
-    done = _quarry(["ingest", str(corpus), "--collection", "long", "--chunk-size", "1000"], tmp_path / "data")
+    done = quarry_cli(["ingest", str(corpus), "--collection", "long", "--chunk-size", "1000"], tmp_path / "data")
     assert done.returncode == 0, done.stderr
     said = " ".join(done.stdout.split())
     assert "(1 truncated)" in said
@@ -73,7 +147,9 @@ def _beir(folder: Path, docs: list[dict[str, str]]) -> Path:
     return folder
 
 
-def test_eval_checks_its_inputs_before_ingesting_and_refuses_a_stale_collection(tmp_path: Path) -> None:
+def test_eval_checks_its_inputs_before_ingesting_and_refuses_a_stale_collection(
+    tmp_path: Path, quarry_cli: Runner
+) -> None:
     docs = [
         {"_id": "jupiter", "title": "Jupiter", "text": "jupiter is a gas giant planet"},
         {"_id": "cell", "title": "Cells", "text": "the mitochondria is the powerhouse of the cell"},
@@ -85,29 +161,29 @@ def test_eval_checks_its_inputs_before_ingesting_and_refuses_a_stale_collection(
         (["--modes", "bm25,sparse"], "--modes must name some of bm25, dense, hybrid"),
         (["--out", str(write_jsonl(tmp_path / "a-file", []))], "is not a writable folder"),
     ]:
-        bad = _quarry(["eval", "--beir", str(beir), "--out", str(out), *args], data)
+        bad = quarry_cli(["eval", "--beir", str(beir), "--out", str(out), *args], data)
         assert bad.returncode == 2 and says in " ".join(bad.stderr.split()), bad.stderr
         assert "ingest" not in bad.stderr  # failed before any document was read into a collection
     empty = _beir(tmp_path / "empty", [])
-    bad = _quarry(["eval", "--beir", str(empty), "--out", str(out)], data)
+    bad = quarry_cli(["eval", "--beir", str(empty), "--out", str(out)], data)
     assert bad.returncode == 2 and "holds no documents" in bad.stderr, bad.stderr
 
-    done = _quarry(["eval", "--beir", str(beir), "--modes", "bm25", "--out", str(out)], data)
+    done = quarry_cli(["eval", "--beir", str(beir), "--modes", "bm25", "--out", str(out)], data)
     assert done.returncode == 0, done.stderr
     assert json.loads((out / "summary.json").read_text())["modes"]["bm25"]["ndcg@10"] == 1.0
     write_jsonl(beir / "corpus.jsonl", docs[1:])  # jupiter left the corpus; the collection still holds it
-    stale = _quarry(["eval", "--beir", str(beir), "--modes", "bm25", "--out", str(out)], data)
+    stale = quarry_cli(["eval", "--beir", str(beir), "--modes", "bm25", "--out", str(out)], data)
     assert stale.returncode == 2
     assert "collection 'eval_toy' holds 3 documents but" in " ".join(stale.stderr.split()), stale.stderr
 
 
-def test_bad_settings_and_stores_are_one_error_line_not_a_traceback(tmp_path: Path) -> None:
-    bad = _quarry(["search", "x", "-c", "c"], tmp_path, QUARRY_SEARCH__CANDIDATES="abc")
+def test_bad_settings_and_stores_are_one_error_line_not_a_traceback(tmp_path: Path, quarry_cli: Runner) -> None:
+    bad = quarry_cli(["search", "x", "-c", "c"], tmp_path, QUARRY_SEARCH__CANDIDATES="abc")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "QUARRY_SEARCH__CANDIDATES" in bad.stderr and "'abc'" in bad.stderr
     for value in ("inf", "1e10", "nan"):  # a wait past threading's TIMEOUT_MAX failed every rerank request
-        late = _quarry(["search", "x", "-c", "c"], tmp_path, QUARRY_SEARCH__DENSE_TIMEOUT_S=value)
+        late = quarry_cli(["search", "x", "-c", "c"], tmp_path, QUARRY_SEARCH__DENSE_TIMEOUT_S=value)
         assert late.returncode == 2 and "QUARRY_SEARCH__DENSE_TIMEOUT_S" in late.stderr, late.stderr
-    scheme = _quarry(["collections", "list"], tmp_path, QUARRY_STORE__URL="nosuch://x")
+    scheme = quarry_cli(["collections", "list"], tmp_path, QUARRY_STORE__URL="nosuch://x")
     assert scheme.returncode == 2 and "Traceback" not in scheme.stderr
     assert "unsupported store URL scheme 'nosuch'" in scheme.stderr

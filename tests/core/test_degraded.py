@@ -26,22 +26,27 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])  # closed again when the socket goes: nothing listens there
 
 
-def _ingested(tmp_path: Path, counting: CountingEmbedder, docs: list[SourceDocument], **search: float) -> Settings:
-    """Settings of a data dir holding collection ``docs`` (30 SciFact documents, the packaged model)."""
-    settings = Settings(data_dir=tmp_path, search=search)
-    up = Quarry(settings, embedder=counting)
+@pytest.fixture(scope="module")
+def ingested(
+    tmp_path_factory: pytest.TempPathFactory, counting: CountingEmbedder, scifact_docs: list[SourceDocument]
+) -> Path:
+    """A data dir holding collection ``docs`` (30 SciFact documents, the packaged model), made once.
+
+    Each test opens its own service on it (its own breaker state and settings); none writes to it.
+    """
+    data = tmp_path_factory.mktemp("degraded-data")
+    up = Quarry(Settings(data_dir=data), embedder=counting)
     up.create_collection("docs")
-    up.upsert("docs", docs[:30])
+    up.upsert("docs", scifact_docs[:30])
     up.close()
-    return settings
+    return data
 
 
 @pytest.fixture()
-def down(tmp_path: Path, counting: CountingEmbedder, scifact_docs: list[SourceDocument]) -> Iterator[Quarry]:
-    settings = _ingested(tmp_path, counting, scifact_docs, retry_after_s=60)
+def down(ingested: Path) -> Iterator[Quarry]:
     # the same data, now with a real Triton client pointed at a server that is not running
     dead = TritonEmbedder.from_url(f"triton+grpc://127.0.0.1:{_closed_port()}/minilm", timeout_s=1.0)
-    quarry = Quarry(settings, embedder=dead)
+    quarry = Quarry(Settings(data_dir=ingested, search={"retry_after_s": 60}), embedder=dead)
     yield quarry
     quarry.close()
 
@@ -89,11 +94,9 @@ def test_submit_to_a_down_server_never_blocks_the_caller_and_the_future_raises(d
 
 
 @pytest.fixture(params=[0.0, 60.0], ids=["no-skip", "skip"])
-def hung(
-    request: pytest.FixtureRequest, tmp_path: Path, counting: CountingEmbedder, scifact_docs: list[SourceDocument]
-) -> Iterator[Quarry]:
+def hung(request: pytest.FixtureRequest, ingested: Path) -> Iterator[Quarry]:
     """A Triton address that accepts TCP connections and never answers (a hung server)."""
-    settings = _ingested(tmp_path, counting, scifact_docs, dense_timeout_s=0.5, retry_after_s=request.param)
+    settings = Settings(data_dir=ingested, search={"dense_timeout_s": 0.5, "retry_after_s": request.param})
     with socket.socket() as peer:
         peer.bind(("127.0.0.1", 0))
         peer.listen(16)  # the kernel completes handshakes; nothing reads or writes

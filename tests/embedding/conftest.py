@@ -1,4 +1,4 @@
-"""Fixtures of the embedding tests: SciFact texts, the torch reference model, an ONNX cache."""
+"""Fixtures of the embedding tests: SciFact texts, an ONNX cache (the torch model is in ``tests/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
-from embedding.sentence_transformers import SentenceTransformerEmbedder
 
 
 def scifact_texts(shared_data: Path, limit: int | None = None) -> list[str]:
@@ -25,13 +23,6 @@ def scifact_texts(shared_data: Path, limit: int | None = None) -> list[str]:
 @pytest.fixture(scope="session")
 def scifact_subset(shared_data: Path) -> list[str]:
     return scifact_texts(shared_data, 96)
-
-
-@pytest.fixture(scope="session")
-def torch_embedder() -> SentenceTransformerEmbedder:
-    embedder = SentenceTransformerEmbedder("all-MiniLM-L6-v2", batch_size=32, device="cpu")
-    embedder.warm_up()
-    return embedder
 
 
 @pytest.fixture(scope="session")

@@ -10,17 +10,18 @@ import torch
 
 from embedding.sentence_transformers import SentenceTransformerEmbedder
 from tests.embedding.conftest import scifact_texts
+from tests.embedding_cache import CachedEmbedder
 
 
 @pytest.mark.gpu
-def test_cuda_fp16_embeddings_match_cpu_fp32(torch_embedder: SentenceTransformerEmbedder, shared_data: Path) -> None:
+def test_cuda_fp16_embeddings_match_cpu_fp32(minilm_vectors: CachedEmbedder, shared_data: Path) -> None:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device visible to torch (runs on the GPU machine)")
     texts = scifact_texts(shared_data, 512)
     gpu = SentenceTransformerEmbedder("all-MiniLM-L6-v2", batch_size=64, device="cuda")
     gpu.warm_up()
     assert next(gpu._model.parameters()).dtype == torch.float16
-    cpu_out = torch_embedder.embed(texts)
+    cpu_out = minilm_vectors.embed(texts)
     gpu_out = gpu.embed(texts)
     assert gpu_out.vectors.dtype == np.float32
     assert gpu_out.vectors.shape == cpu_out.vectors.shape == (512, 384)
@@ -29,7 +30,7 @@ def test_cuda_fp16_embeddings_match_cpu_fp32(torch_embedder: SentenceTransformer
     assert cosine.min() >= 0.999, f"worst cosine {cosine.min():.5f}"
     np.testing.assert_array_equal(gpu_out.truncated, cpu_out.truncated)
     # Nearest neighbours among the documents agree: fp16 moves scores, not the top hit.
-    queries = torch_embedder.embed(["vitamin D and bone density", "tumour suppressor genes", "malaria vaccine"])
+    queries = minilm_vectors.embed(["vitamin D and bone density", "tumour suppressor genes", "malaria vaccine"])
     gpu_queries = gpu.embed(["vitamin D and bone density", "tumour suppressor genes", "malaria vaccine"])
     top_cpu = np.argsort(-(queries.vectors @ cpu_out.vectors.T), axis=1)[:, 0]
     top_gpu = np.argsort(-(gpu_queries.vectors @ gpu_out.vectors.T), axis=1)[:, 0]

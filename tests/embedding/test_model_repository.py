@@ -13,11 +13,11 @@ import pytest
 from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2
 
-from embedding.sentence_transformers import SentenceTransformerEmbedder
 from embedding.triton import TritonEmbedder
 from embedding.triton_protocol import parse_spec
 from embedding.triton_standalone import standalone_command
 from indexing.collections import CollectionConfig, model_mismatch
+from tests.embedding_cache import CachedEmbedder
 
 from .server_process import ServerProcess, free_ports
 
@@ -71,21 +71,21 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Serve
 
 @pytest.mark.integration
 def test_standalone_tritonserver_serves_the_repository_unchanged(
-    standalone: tuple[ServerProcess, int], scifact_subset: list[str], torch_embedder: SentenceTransformerEmbedder
+    standalone: tuple[ServerProcess, int], scifact_subset: list[str], minilm_vectors: CachedEmbedder
 ) -> None:
     process, grpc = standalone
     embedder = TritonEmbedder.from_url(f"triton+grpc://127.0.0.1:{grpc}/minilm", timeout_s=60, batch_size=32)
     embedder.warm_up()
     assert (embedder.model_id, embedder.dim, embedder.max_seq_length) == ("all-MiniLM-L6-v2", 384, 256)
     # the config's published fingerprint is torch://'s: a collection made in-process is served here (no 409)
-    assert embedder.fingerprint == torch_embedder.fingerprint
+    assert embedder.fingerprint == minilm_vectors.fingerprint
     torch_made = CollectionConfig(
-        name="made_by_torch", embedding_model=torch_embedder.model_id, embedding_fingerprint=torch_embedder.fingerprint,
+        name="made_by_torch", embedding_model=minilm_vectors.model_id, embedding_fingerprint=minilm_vectors.fingerprint,
         dim=384, chunk_size=256, chunk_overlap=32,
     )
     assert model_mismatch(torch_made, embedder.model_id, embedder.fingerprint) is None
     texts = scifact_subset[:40]
-    got, want = embedder.embed(texts), torch_embedder.embed(texts)
+    got, want = embedder.embed(texts), minilm_vectors.embed(texts)
     assert np.einsum("ij,ij->i", got.vectors, want.vectors).min() >= 0.999
     np.testing.assert_array_equal(got.truncated, want.truncated)
     embedder.close()

@@ -13,12 +13,13 @@ from tokenizers import Tokenizer
 from embedding.base import Embedder
 from embedding.onnx import OnnxEmbedder, parse_onnx_url
 from embedding.onnx_export import cache_folder, int8_recipe
-from embedding.sentence_transformers import SentenceTransformerEmbedder, resolve_model_path
+from embedding.sentence_transformers import resolve_model_path
 from eval.runner import collection_search, evaluate
 from indexing.sources import read_documents
 from quarry.errors import ConfigError, EmbeddingError
 from quarry.service import Quarry
 from quarry.settings import Settings
+from tests.embedding_cache import CachedEmbedder
 
 from .conftest import scifact_texts
 
@@ -52,11 +53,11 @@ def test_matches_torch_on_scifact_subset(
     variant: str,
     floor: float,
     scifact_subset: list[str],
-    torch_embedder: SentenceTransformerEmbedder,
+    minilm_vectors: CachedEmbedder,
 ) -> None:
     embedder: OnnxEmbedder = request.getfixturevalue(variant)
     got = embedder.embed(scifact_subset)
-    want = torch_embedder.embed(scifact_subset)
+    want = minilm_vectors.embed(scifact_subset)
     assert got.vectors.shape == (len(scifact_subset), 384) and got.vectors.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(got.vectors, axis=1), 1.0, atol=1e-5)
     cos = cosines(got.vectors, want.vectors)
@@ -216,13 +217,13 @@ def test_an_unusable_cache_dir_is_a_typed_error(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_int8_and_fp32_match_torch_on_all_scifact_documents(
     shared_data: Path,
-    torch_embedder: SentenceTransformerEmbedder,
+    minilm_vectors: CachedEmbedder,
     int8: OnnxEmbedder,
     fp32: OnnxEmbedder,
 ) -> None:
     texts = scifact_texts(shared_data)
     assert len(texts) == 5183
-    want = torch_embedder.embed(texts)
+    want = minilm_vectors.embed(texts)
     for embedder, floor in ((int8, 0.99), (fp32, 0.9999)):
         got = embedder.embed(texts)
         cos = cosines(got.vectors, want.vectors)

@@ -11,11 +11,11 @@ import pytest
 from embedding.sentence_transformers import _DIRECT_MAX, SentenceTransformerEmbedder, model_id_for, resolve_model_path
 
 
-def test_short_inputs_match_encode(torch_embedder: SentenceTransformerEmbedder, scifact_subset: list[str]) -> None:
+def test_short_inputs_match_encode(minilm: SentenceTransformerEmbedder, scifact_subset: list[str]) -> None:
     texts = ["vitamin D and bone density", "0-dimensional biomaterials show inductive properties.", *scifact_subset[:5]]
     assert len(texts) <= _DIRECT_MAX
-    direct = torch_embedder.embed(texts)
-    encoded = torch_embedder._model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+    direct = minilm.embed(texts)
+    encoded = minilm._model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
     assert direct.vectors.shape == (len(texts), 384)
     assert direct.vectors.dtype == np.float32
     np.testing.assert_allclose(direct.vectors, encoded, atol=2e-6)
@@ -26,33 +26,33 @@ def test_short_inputs_match_encode(torch_embedder: SentenceTransformerEmbedder, 
 
 
 def test_one_query_equals_its_row_in_a_large_batch(
-    torch_embedder: SentenceTransformerEmbedder, scifact_subset: list[str]
+    minilm: SentenceTransformerEmbedder, scifact_subset: list[str]
 ) -> None:
     assert len(scifact_subset) > _DIRECT_MAX
-    batch = torch_embedder.embed(scifact_subset)  # encode(): sorted, batched
-    one = torch_embedder.embed(scifact_subset[3:4])  # one forward pass
+    batch = minilm.embed(scifact_subset)  # encode(): sorted, batched
+    one = minilm.embed(scifact_subset[3:4])  # one forward pass
     np.testing.assert_allclose(one.vectors[0], batch.vectors[3], atol=2e-6)
     assert one.truncated[0] == batch.truncated[3]
 
 
 def test_mixed_length_queries_are_grouped_and_come_back_in_order(
-    torch_embedder: SentenceTransformerEmbedder, scifact_subset: list[str]
+    minilm: SentenceTransformerEmbedder, scifact_subset: list[str]
 ) -> None:
     # What the query batcher hands over under load: short and long texts in arrival order.
     texts = [t if i % 3 else t[:40] for i, t in enumerate(scifact_subset[:24])]
-    grouped = torch_embedder.embed(texts)
-    encoded = torch_embedder._model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+    grouped = minilm.embed(texts)
+    encoded = minilm._model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
     np.testing.assert_allclose(grouped.vectors, encoded, atol=2e-6)
 
 
 def test_concurrent_callers_get_the_sequential_result(
-    torch_embedder: SentenceTransformerEmbedder, scifact_subset: list[str]
+    minilm: SentenceTransformerEmbedder, scifact_subset: list[str]
 ) -> None:
     # Forward passes run in parallel (only tokenisation is serialised), beside a long encode().
     chunks = [scifact_subset[i : i + 3] for i in range(0, 24, 3)] + [scifact_subset]
-    sequential = [torch_embedder.embed(c).vectors for c in chunks]
+    sequential = [minilm.embed(c).vectors for c in chunks]
     with ThreadPoolExecutor(6) as pool:
-        concurrent = list(pool.map(lambda c: torch_embedder.embed(c).vectors, chunks))
+        concurrent = list(pool.map(lambda c: minilm.embed(c).vectors, chunks))
     for a, b in zip(sequential, concurrent, strict=True):
         np.testing.assert_allclose(a, b, atol=2e-6)
 

@@ -25,13 +25,13 @@ import pytest
 from pydantic import ValidationError
 
 from embedding.base import Embedder
-from embedding.sentence_transformers import SentenceTransformerEmbedder
 from embedding.triton import TritonEmbedder, parse_triton_url
 from embedding.triton_server import OWNER_ENV, ServeConfig, check_ports_free, kill_leftovers
 from indexing.sources import SourceDocument, iter_jsonl
 from quarry.errors import ConfigError, EmbeddingUnavailable
 from quarry.service import Quarry
 from quarry.settings import Settings
+from tests.embedding_cache import CachedEmbedder
 
 from .server_process import ServerProcess, environ, free_ports, tagged_pids
 
@@ -120,16 +120,16 @@ def test_health_endpoints_metrics_and_batching_config(triton: TritonServer) -> N
 @pytest.mark.integration
 @pytest.mark.parametrize("wire", ["grpc", "http"])
 def test_same_vectors_as_the_in_process_model(
-    triton: TritonServer, wire: str, scifact_subset: list[str], torch_embedder: SentenceTransformerEmbedder
+    triton: TritonServer, wire: str, scifact_subset: list[str], minilm_vectors: CachedEmbedder
 ) -> None:
     embedder = TritonEmbedder.from_url(triton.url(wire), timeout_s=30, batch_size=64)
     embedder.warm_up()
     assert isinstance(embedder, Embedder)
     assert (embedder.model_id, embedder.dim, embedder.max_seq_length) == ("all-MiniLM-L6-v2", 384, 256)
-    torch_embedder.warm_up()  # the server publishes the model folder's fingerprint: the same model as torch://
-    assert embedder.fingerprint == torch_embedder.fingerprint and embedder.fingerprint.startswith("sha256:")
+    minilm_vectors.warm_up()  # the server publishes the model folder's fingerprint: the same model as torch://
+    assert embedder.fingerprint == minilm_vectors.fingerprint and embedder.fingerprint.startswith("sha256:")
     texts = [*scifact_subset, "", "a short query about cells"]
-    got, want = embedder.embed(texts), torch_embedder.embed(texts)
+    got, want = embedder.embed(texts), minilm_vectors.embed(texts)
     assert got.vectors.shape == (len(texts), 384) and got.vectors.dtype == np.float32
     cos = np.einsum("ij,ij->i", got.vectors, want.vectors)
     assert cos.min() >= 0.999, f"min cosine {cos.min():.5f}"
@@ -138,16 +138,21 @@ def test_same_vectors_as_the_in_process_model(
     embedder.close()
 
 
-def settled_counts(url: str, at_least: float = 0.0, timeout_s: float = 10.0) -> tuple[float, float]:
-    """``(nv_inference_count, nv_inference_exec_count)`` once the count is ``>= at_least`` and
-    two reads 0.3 s apart agree: Triton records a request's statistics just after its response,
-    so a read right after a call can still miss the call's last batch."""
+COUNTERS = ("nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count")
+
+
+def settled_counts(url: str, at_least: float = 0.0, timeout_s: float = 10.0) -> tuple[float, float, float]:
+    """``(requests, inferences, executions)``: Triton's ``nv_inference_request_success``,
+    ``nv_inference_count`` (texts) and ``nv_inference_exec_count`` (model runs, batches) once the
+    inference count is ``>= at_least`` and two reads 0.3 s apart agree: Triton records a request's
+    statistics just after its response, so a read right after a call can still miss its last batch."""
     deadline = time.monotonic() + timeout_s
     last = None
     while True:
         text = get(url)
-        now = metric(text, "nv_inference_count"), metric(text, "nv_inference_exec_count")
-        if (now == last and now[0] >= at_least) or time.monotonic() > deadline:
+        requests, inferences, executions = (metric(text, name) for name in COUNTERS)
+        now = requests, inferences, executions
+        if (now == last and inferences >= at_least) or time.monotonic() > deadline:
             return now
         last = now
         time.sleep(0.3)
@@ -161,65 +166,67 @@ def test_many_threads_share_one_embedder_and_get_batched(
     embedder = TritonEmbedder.from_url(triton.url(wire), timeout_s=30)
     metrics = f"http://127.0.0.1:{triton.metrics}/metrics"
     texts = [t[:200] for t in scifact_subset[:48]]
-    start, _ = settled_counts(metrics)
+    _, start, _ = settled_counts(metrics)
     expected = embedder.embed(texts).vectors  # client-side batches of MAX_BATCH
     before = settled_counts(metrics, at_least=start + len(texts))
     with ThreadPoolExecutor(8) as pool:  # one text per request, 8 at a time: Triton batches them
         rows = list(pool.map(lambda t: embedder.embed([t]).vectors[0], texts))
     np.testing.assert_allclose(np.vstack(rows), expected, atol=1e-5)
-    after = settled_counts(metrics, at_least=before[0] + len(texts))
-    requests, executions = after[0] - before[0], after[1] - before[1]
-    assert requests == len(texts) and executions < requests, (requests, executions)
+    after = settled_counts(metrics, at_least=before[1] + len(texts))
+    requests, inferences, executions = (a - b for a, b in zip(after, before, strict=True))
+    assert requests == inferences == len(texts), (requests, inferences)
+    assert executions < requests, (requests, executions)
     embedder.close()
+
+
+@pytest.fixture(scope="module")
+def shm_triton(tmp_path_factory: pytest.TempPathFactory, onnx_cache: Path) -> Iterator[TritonServer]:
+    """A second server, with ``--shared-memory`` and batches of <= 8; the busy-client SIGTERM test stops it."""
+    server = start_triton(tmp_path_factory.mktemp("triton-shm"), onnx_cache, "--shared-memory", "--max-batch-size", "8")
+    try:
+        yield server
+    finally:
+        server.process.stop()
+        server.process.kill_all()
 
 
 @pytest.mark.integration
 def test_tensors_travel_inline_unless_shared_memory_is_asked_for(
-    triton: TritonServer, tmp_path: Path, onnx_cache: Path, scifact_subset: list[str],
-    torch_embedder: SentenceTransformerEmbedder,
+    triton: TritonServer, shm_triton: TritonServer, scifact_subset: list[str], minilm_vectors: CachedEmbedder,
 ) -> None:
     """By default PyTriton's stubs get ``PYTRITON_NO_TENSORSTORE=1``; ``--shared-memory`` serves
     the same vectors through PyTriton's TensorStore."""
     default = stub_environments(triton)
     assert default and all(env.get("PYTRITON_NO_TENSORSTORE") == "1" for env in default), default
-    server = start_triton(tmp_path, onnx_cache, "--shared-memory")
-    try:
-        stubs = stub_environments(server)
-        assert stubs and not any(env.get("PYTRITON_NO_TENSORSTORE") for env in stubs)
-        embedder = TritonEmbedder.from_url(server.url("grpc"), timeout_s=30)
-        texts = scifact_subset[:16]
-        cos = np.einsum("ij,ij->i", embedder.embed(texts).vectors, torch_embedder.embed(texts).vectors)
-        assert cos.min() >= 0.999, f"min cosine {cos.min():.5f}"
-        embedder.close()
-        assert server.process.stop() == 0, server.process.log_tail()
-        assert server.process.leftovers() == [], server.process.log_tail()
-    finally:
-        server.process.stop()
-        server.process.kill_all()
+    stubs = stub_environments(shm_triton)
+    assert stubs and not any(env.get("PYTRITON_NO_TENSORSTORE") for env in stubs)
+    embedder = TritonEmbedder.from_url(shm_triton.url("grpc"), timeout_s=30)
+    texts = scifact_subset[:16]
+    cos = np.einsum("ij,ij->i", embedder.embed(texts).vectors, minilm_vectors.embed(texts).vectors)
+    assert cos.min() >= 0.999, f"min cosine {cos.min():.5f}"
+    embedder.close()
 
 
 @pytest.mark.integration
 def test_sigterm_while_an_http_client_is_busy_leaves_nothing_running(
-    tmp_path: Path, onnx_cache: Path, scifact_subset: list[str]
+    shm_triton: TritonServer, scifact_subset: list[str]
 ) -> None:
     """tritonserver waits out its exit timeout for connected HTTP clients, then exits without
-    stopping its backend stub; the serve kills what is left and removes its /dev/shm regions."""
-    server = start_triton(tmp_path, onnx_cache, "--max-batch-size", "8")
-    try:
-        embedder = TritonEmbedder.from_url(server.url("http") + "?retries=1", timeout_s=60)
-        texts = scifact_subset * 20
-        with ThreadPoolExecutor(1) as pool:
-            busy = pool.submit(lambda: [embedder.embed(texts) for _ in range(3)])
-            time.sleep(3)
-            assert server.process.stop(timeout_s=90) == 0, server.process.log_tail()
-            with pytest.raises(EmbeddingUnavailable):
-                busy.result(timeout=120)
-        embedder.close()
-        assert server.process.leftovers() == [], server.process.log_tail()
-        assert not list(Path("/dev/shm").glob(f"pytrtion{server.process.proc.pid}-*"))
-    finally:
-        server.process.stop()
-        server.process.kill_all()
+    stopping its backend stub; the serve kills what is left and removes its /dev/shm regions
+    (the TensorStore's too: this is the ``--shared-memory`` server, stopped here)."""
+    server = shm_triton
+    embedder = TritonEmbedder.from_url(server.url("http") + "?retries=1", timeout_s=60)
+    texts = scifact_subset * 20
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(lambda: [embedder.embed(texts) for _ in range(3)])
+        time.sleep(3)
+        assert list(Path("/dev/shm").glob(f"pytrtion{server.process.proc.pid}-*")), "no TensorStore regions"
+        assert server.process.stop(timeout_s=90) == 0, server.process.log_tail()
+        with pytest.raises(EmbeddingUnavailable):
+            busy.result(timeout=120)
+    embedder.close()
+    assert server.process.leftovers() == [], server.process.log_tail()
+    assert not list(Path("/dev/shm").glob(f"pytrtion{server.process.proc.pid}-*"))
 
 
 @pytest.mark.integration
@@ -243,8 +250,17 @@ def test_tritonserver_dying_fails_the_serve(tmp_path: Path, onnx_cache: Path) ->
 @pytest.mark.integration
 def test_client_batches_never_exceed_the_server_max(triton: TritonServer, scifact_subset: list[str]) -> None:
     embedder = TritonEmbedder.from_url(triton.url("grpc"), timeout_s=30, batch_size=1000)
-    result = embedder.embed([t[:100] for t in scifact_subset[: 3 * MAX_BATCH + 1]])  # 4 requests of <= 16
+    metrics = f"http://127.0.0.1:{triton.metrics}/metrics"
+    texts = [t[:100] for t in scifact_subset[: 3 * MAX_BATCH + 1]]
+    before = settled_counts(metrics)
+    result = embedder.embed(texts)
+    after = settled_counts(metrics, at_least=before[1] + len(texts))
     assert result.vectors.shape == (3 * MAX_BATCH + 1, 384)
+    requests, inferences, executions = (a - b for a, b in zip(after, before, strict=True))
+    # 49 texts asked for at once leave as 4 requests of <= 16 (16, 16, 16, 1), the fewest that
+    # fit; Triton runs each alone (no two of them fit in one batch of 16)
+    assert (requests, inferences, executions) == (4, 3 * MAX_BATCH + 1, 4)
+    embedder.close()
 
 
 @pytest.mark.parametrize("wire", ["grpc", "http"])
@@ -373,10 +389,10 @@ def dense_hits(quarry: Quarry, collection: str) -> list[list[str]]:
 @pytest.fixture(scope="module")
 def reference_hits(
     tmp_path_factory: pytest.TempPathFactory,
-    torch_embedder: SentenceTransformerEmbedder,
+    minilm_vectors: CachedEmbedder,
     scifact_docs: list[SourceDocument],
 ) -> list[list[str]]:
-    quarry = Quarry(Settings(data_dir=tmp_path_factory.mktemp("torch-data")), embedder=torch_embedder)
+    quarry = Quarry(Settings(data_dir=tmp_path_factory.mktemp("torch-data")), embedder=minilm_vectors)
     try:
         quarry.create_collection("scifact")
         quarry.upsert("scifact", scifact_docs)

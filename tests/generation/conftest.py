@@ -1,4 +1,4 @@
-"""Fixtures of the answer path: the packaged MiniLM, a SciFact sample, a real uvicorn server, SSE."""
+"""Fixtures of the answer path: a SciFact sample, a real uvicorn server, SSE (MiniLM: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -16,15 +16,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from embedding.sentence_transformers import SentenceTransformerEmbedder
 from indexing.sources import SourceDocument, iter_jsonl
-
-
-@pytest.fixture(scope="session")
-def minilm() -> SentenceTransformerEmbedder:
-    model = SentenceTransformerEmbedder("all-MiniLM-L6-v2", batch_size=64, device="cpu")
-    model.warm_up()
-    return model
 
 
 @pytest.fixture(scope="session")

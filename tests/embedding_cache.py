@@ -1,0 +1,191 @@
+"""Real model output, computed once: a per-text memo of an embedder's vectors, kept on disk.
+
+Tests that need a model's vectors as *data* (the reference other backends are compared with,
+the service's embedder in pipeline and quality tests) get them from :class:`CachedEmbedder`:
+each distinct text goes through the real model once per machine; later calls, in this run or
+the next, read the stored rows. Tests of an embedder's own behaviour use the model itself.
+
+The cache is keyed by a fingerprint of everything that decides the output (:func:`fingerprint`):
+the bytes of the model's files (not its folder's name), the source of the embedder's modules,
+the versions of the libraries that run it, and its settings; any change is a fresh cache. Rows
+live in one SQLite file per fingerprint under ``$QUARRY_TEST_EMBEDDING_CACHE`` (default
+``~/.cache/quarry-tests/embeddings``; ``off`` keeps the memo in memory only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import inspect
+import os
+import re
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from embedding.base import Embedder, Embeddings
+
+CACHE_ENV = "QUARRY_TEST_EMBEDDING_CACHE"
+_file_digests: dict[tuple[Path, int, int], str] = {}
+
+
+def cache_dir() -> Path | None:
+    """The folder of the on-disk cache, or ``None`` when ``$QUARRY_TEST_EMBEDDING_CACHE`` is ``off``."""
+    value = os.environ.get(CACHE_ENV, "")
+    if value.lower() in ("off", "0", "none"):
+        return None
+    if value:
+        return Path(value)
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "quarry-tests" / "embeddings"
+
+
+def _file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes, memoised per (path, size, mtime) for this process."""
+    stat = path.stat()
+    key = (path.resolve(), stat.st_size, stat.st_mtime_ns)
+    if key not in _file_digests:
+        digest = hashlib.sha256()
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+        _file_digests[key] = digest.hexdigest()
+    return _file_digests[key]
+
+
+def fingerprint(
+    files: dict[str, Path], code: Iterable[ModuleType], libraries: Iterable[str], **settings: object
+) -> str:
+    """A hex digest of what decides an embedder's output.
+
+    Args:
+        files: Name -> file (names are relative to the model, so the folder's name is not part
+            of the key; the contents are).
+        code: Modules whose source computes the vectors.
+        libraries: Distributions whose version matters (``torch``, ``onnxruntime``...).
+        settings: Anything else that changes the output (quantisation, device...).
+    """
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(f"file {name} {_file_digest(files[name])}\n".encode())
+    for module in sorted(code, key=lambda m: m.__name__):
+        source = inspect.getsource(module).encode()
+        digest.update(f"code {module.__name__} {hashlib.sha256(source).hexdigest()}\n".encode())
+    for dist in sorted(libraries):
+        digest.update(f"lib {dist} {importlib.metadata.version(dist)}\n".encode())
+    for key in sorted(settings):
+        digest.update(f"set {key} {settings[key]!r}\n".encode())
+    return digest.hexdigest()
+
+
+def folder_files(root: Path) -> dict[str, Path]:
+    """Every file under a model folder, by its path relative to the folder."""
+    return {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _key(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+
+
+class CachedEmbedder:
+    """An :class:`Embedder` that runs ``inner`` once per distinct text and remembers the rows.
+
+    Rows are exactly what ``inner.embed`` returned for the text (vector and truncation flag).
+    Thread-safe. With a ``path``, rows are also read from and written to that SQLite file
+    (several processes may share it).
+    """
+
+    def __init__(self, inner: Embedder, path: Path | None) -> None:
+        self.inner = inner
+        self.path = path
+        self.model_runs = 0  # texts that went through the model (not found in the cache)
+        self._rows: dict[bytes, tuple[np.ndarray, bool]] = {}
+        self._lock = threading.Lock()
+        self._db: sqlite3.Connection | None = None
+        self._loaded = False
+
+    @property
+    def model_id(self) -> str:
+        return self.inner.model_id
+
+    @property
+    def dim(self) -> int:
+        return self.inner.dim
+
+    @property
+    def max_seq_length(self) -> int:
+        return self.inner.max_seq_length
+
+    @property
+    def fingerprint(self) -> str:
+        return self.inner.fingerprint
+
+    def warm_up(self) -> None:
+        self.inner.warm_up()
+        with self._lock:
+            if not self._loaded:
+                self._open()
+                self._loaded = True
+
+    def _open(self) -> None:
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, timeout=120, check_same_thread=False, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(
+                "CREATE TABLE IF NOT EXISTS rows (key BLOB PRIMARY KEY, vector BLOB NOT NULL, truncated INTEGER NOT"
+                " NULL) WITHOUT ROWID"
+            )
+            for key, blob, truncated in db.execute("SELECT key, vector, truncated FROM rows"):
+                vector = np.frombuffer(blob, dtype=np.float32)
+                if vector.shape == (self.dim,):
+                    self._rows[key] = (vector, bool(truncated))
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            raise RuntimeError(
+                f"test embedding cache {self.path} is unreadable ({exc}); delete it or set {CACHE_ENV}=off"
+            ) from exc
+        self._db = db
+
+    def embed(self, texts: Sequence[str]) -> Embeddings:
+        """Rows for ``texts``: from the cache, else from one ``inner.embed`` call on the missing ones."""
+        self.warm_up()
+        if not texts or not all(isinstance(t, str) for t in texts):
+            return self.inner.embed(texts)  # nothing to remember (an empty call, or bad input to fail on)
+        keys = [_key(t) for t in texts]
+        with self._lock:
+            missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._rows}
+        if missing:
+            result = self.inner.embed(list(missing.values()))
+            fresh = {k: (result.vectors[i].copy(), bool(result.truncated[i])) for i, k in enumerate(missing)}
+            with self._lock:
+                self.model_runs += len(fresh)
+                self._rows.update(fresh)
+                if self._db is not None:
+                    self._db.executemany(
+                        "INSERT OR IGNORE INTO rows VALUES (?, ?, ?)",
+                        [(k, v.tobytes(), int(t)) for k, (v, t) in fresh.items()],
+                    )
+        rows = [self._rows[k] for k in keys]
+        vectors = np.vstack([v for v, _ in rows]).astype(np.float32, copy=False)
+        return Embeddings(vectors, np.array([t for _, t in rows], dtype=bool))
+
+    def close(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+
+def cache_file(model_id: str, digest: str) -> Path | None:
+    """Where the rows of the model with this fingerprint live (``None``: memory only)."""
+    folder = cache_dir()
+    if folder is None:
+        return None
+    return folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', model_id)}-{digest[:32]}.sqlite"

@@ -1,0 +1,52 @@
+"""The test suite's embedding cache returns the model's own rows and runs each text once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from embedding import sentence_transformers as st
+from tests.embedding_cache import CACHE_ENV, CachedEmbedder, cache_dir, cache_file, fingerprint
+
+
+def test_rows_are_the_models_own_and_each_text_runs_once(
+    minilm: st.SentenceTransformerEmbedder, tmp_path: Path
+) -> None:
+    texts = ["vitamin D and bone density", "word " * 300, "vitamin D and bone density", ""]
+    cached = CachedEmbedder(minilm, tmp_path / "rows.sqlite")
+    first = cached.embed(texts)
+    assert cached.model_runs == 3  # the repeated text ran once
+    want = minilm.embed(texts)
+    np.testing.assert_allclose(first.vectors, want.vectors, atol=2e-6)
+    assert first.truncated.tolist() == want.truncated.tolist() == [False, True, False, False]
+    again = cached.embed(texts[::-1])
+    assert cached.model_runs == 3 and np.array_equal(again.vectors, first.vectors[::-1])
+    cached.close()
+    # another process (here: another instance) reads the rows from disk; the model does not run
+    reopened = CachedEmbedder(minilm, tmp_path / "rows.sqlite")
+    assert np.array_equal(reopened.embed(texts).vectors, first.vectors) and reopened.model_runs == 0
+    assert reopened.embed([]).vectors.shape == (0, 384)
+    with pytest.raises(Exception, match="embedding model failed"):
+        reopened.embed([None])  # type: ignore[list-item]  # bad input still reaches the model's error
+    reopened.close()
+
+
+def test_the_key_is_the_files_contents_code_and_settings_not_the_folder_name(tmp_path: Path) -> None:
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "model.safetensors").write_bytes(b"weights")
+    def key(folder: str, **settings: object) -> str:
+        return fingerprint({"model.safetensors": tmp_path / folder / "model.safetensors"}, [st], ["numpy"], **settings)
+
+    assert key("a") == key("b")
+    (tmp_path / "b" / "model.safetensors").write_bytes(b"other weights")
+    assert key("b") != key("a") and key("a", quantize="int8") != key("a")
+
+
+def test_the_cache_folder_is_set_by_its_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    assert cache_dir() == tmp_path and cache_file("org/model", "ab" * 32) == tmp_path / f"org_model-{'ab' * 16}.sqlite"
+    monkeypatch.setenv(CACHE_ENV, "off")
+    assert cache_dir() is None and cache_file("m", "00") is None
