@@ -71,26 +71,40 @@ def read_documents(path: Path) -> list[SourceDocument]:
         The documents, in source order.
 
     Raises:
-        InvalidDocument: A malformed line or document (the message names file and line).
-        InvalidRequest: The path is not a readable source.
+        InvalidDocument: A malformed line or document, or bytes that are not UTF-8 (the message
+            names file and line).
+        InvalidRequest: The path is not a readable source (missing, not permitted, an I/O error).
     """
     fmt = detect_format(path)
-    if fmt == "beir":
-        return list(iter_jsonl(path / "corpus.jsonl"))
-    if fmt == "jsonl":
-        return list(iter_jsonl(path))
-    return list(iter_folder(path))
+    try:
+        if fmt == "beir":
+            return list(iter_jsonl(path / "corpus.jsonl"))
+        if fmt == "jsonl":
+            return list(iter_jsonl(path))
+        return list(iter_folder(path))
+    except OSError as exc:  # unreadable file, I/O error: one error line, not a traceback
+        where = exc.filename or path
+        raise InvalidRequest(f"{where}: cannot be read: {exc.strerror or exc}") from exc
 
 
 def iter_jsonl(path: Path) -> Iterator[SourceDocument]:
     """Parse a JSONL file line by line (blank lines are skipped).
 
     Raises:
-        InvalidDocument: Bad JSON, missing/empty id or text, duplicate id, bad metadata.
+        InvalidDocument: Bad JSON, bytes that are not UTF-8, missing/empty id or text, duplicate
+            id, bad metadata.
+        OSError: The file cannot be read.
     """
     seen: dict[str, int] = {}
-    with path.open(encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for line_no, raw_line in enumerate(fh, start=1):
+            try:
+                line = raw_line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InvalidDocument(
+                    f"not valid UTF-8 text: byte {raw_line[exc.start]:#04x} at byte {exc.start} of the line",
+                    line=line_no, source=str(path),
+                ) from exc
             if not line.strip():
                 continue
             try:

@@ -97,3 +97,13 @@ def test_config_show_prints_the_effective_settings_with_secrets_redacted(tmp_pat
     as_json = json.loads(_script(["config", "show", "--json"], tmp_path, **env).stdout)
     assert as_json["settings"]["QUARRY_API__PORT"] == 9000
     assert as_json["effective"]["store"] == "postgresql://quarry:***@db:5432/q?api_key=***"
+
+
+def test_an_unreadable_or_non_utf8_source_is_one_error_line(tmp_path: Path) -> None:
+    """Review of issue 20: bytes that are not UTF-8, or a file that fails to read, used to be a traceback (exit 1)."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"id": "a", "text": "fine"}\n{"id": "b", "text": "\xff\xfe"}\n')
+    _one_error_line(_script(["ingest", str(bad), "-c", "c"], tmp_path), "line 2")
+    unreadable = tmp_path / "io.jsonl"
+    unreadable.symlink_to("/proc/self/mem")  # readable by name, every read is an I/O error (even for root)
+    _one_error_line(_script(["ingest", str(unreadable), "-c", "c"], tmp_path), "cannot be read")
