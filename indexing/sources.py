@@ -26,6 +26,7 @@ from stores.filters import FIELD_NAME
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 RESERVED_FIELDS = frozenset({"document_id", "chunk_id", "position", "title", "text"})
+DOT_SEGMENTS = frozenset({".", ".."})  # refused as an id or a '/'-separated part of one
 TEXT_SUFFIXES = (".txt", ".md")
 
 
@@ -150,7 +151,8 @@ def parse_document(raw: Any) -> SourceDocument:
 
     Raises:
         InvalidDocument: Not an object, missing/empty id or text, non-string title, bad metadata,
-            a lone surrogate or a NUL character in a string, a control character in the id.
+            a lone surrogate or a NUL character in a string, a control character in the id, an id
+            that is or holds a ``.`` or ``..`` segment between slashes.
     """
     if not isinstance(raw, dict):
         raise InvalidDocument(f"expected a JSON object, got {type(raw).__name__}")
@@ -181,7 +183,7 @@ def parse_document(raw: Any) -> SourceDocument:
 
 
 def _check_id(doc_id: object) -> str:
-    """A document id: a non-empty string of at most 256 characters, none of them a control character."""
+    """A document id: at most 256 characters, none a control character, no ``.`` or ``..`` segment."""
     if not isinstance(doc_id, str) or not doc_id.strip():
         raise InvalidDocument("missing or empty 'id' (or '_id'): a non-empty string is required")
     if len(doc_id) > 256:
@@ -191,6 +193,15 @@ def _check_id(doc_id: object) -> str:
         raise InvalidDocument(
             f"document id {doc_id[:40]!r} holds a control character (U+{ord(control.group()):04X}) at "
             f"character {control.start()}; ids are printable text"
+        )
+    if DOT_SEGMENTS & set(doc_id.split("/")):
+        # HTTP clients remove dot segments from a URL (RFC 3986, 5.2.4) before sending it:
+        # DELETE .../collections/c/documents/.. reaches the server as DELETE .../collections/c,
+        # which drops the whole collection.
+        raise InvalidDocument(
+            f"document id {doc_id[:40]!r} is or holds a '.' or '..' path segment, which HTTP clients "
+            "resolve away in DELETE /v1/collections/{name}/documents/{id} (deleting another resource): "
+            "rename the document"
         )
     return doc_id
 

@@ -52,7 +52,11 @@ class DocumentIn(BaseModel):
         json_schema_extra={"anyOf": [{"required": [f], "properties": {f: {"minLength": 1}}} for f in _TEXTS]},
     )
 
-    id: str = Field(min_length=1, max_length=256)
+    id: str = Field(
+        min_length=1, max_length=256,
+        description="Printable text; not '.' or '..', and no '.' or '..' part between slashes (a URL path "
+        "segment that HTTP clients resolve away).",
+    )
     text: str = ""
     title: str = ""
     metadata: dict[str, Any] = Field(

@@ -328,3 +328,26 @@ def test_a_collection_whose_bm25_cannot_be_rebuilt_is_not_ready(
         r = client.get("/readyz")
         assert r.status_code == 503, r.text
         assert r.json()["status"] == "collection error" and "JSONDecodeError" in r.json()["collections"][collection]
+
+
+def test_document_ids_hold_no_dot_segment() -> None:
+    """Review of issue 20: HTTP clients resolve dot segments (RFC 3986), so deleting document `..` with
+    ``DELETE .../collections/c/documents/..`` sent ``DELETE .../collections/c`` and dropped the collection."""
+    for bad in ("..", ".", "x/../..", "a/./b", "../etc", "a/.."):
+        with pytest.raises(InvalidDocument, match="path segment"):
+            parse_document({"id": bad, "text": "t"})
+    for fine in ("...", "a..b", ".hidden", "dir/file.txt", "a/b."):
+        assert parse_document({"id": fine, "text": "t"}).id == fine
+
+
+def test_a_dot_segment_id_is_refused_before_a_delete_can_resolve_it_away(client: TestClient) -> None:
+    name = "h20_dots"
+    assert client.post("/v1/collections", json={"name": name}).status_code == 201
+    try:
+        said = _error(
+            client.post(f"/v1/collections/{name}/documents", json={"documents": [{"id": "..", "text": "x"}]}), 400
+        )
+        assert said["type"] == "InvalidDocument" and "path segment" in said["message"]
+        assert client.get(f"/v1/collections/{name}").json()["documents"] == 0
+    finally:
+        client.delete(f"/v1/collections/{name}")
