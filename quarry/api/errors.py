@@ -44,6 +44,11 @@ STATUS: dict[type[e.QuarryError], int] = {
 
 # What the request-validation handler (422) and the router answer, for the OpenAPI.
 _VALIDATION = ("RequestValidationError", "the body or a parameter does not match the schema")
+_FASTAPI_UNPARSABLE = "There was an error parsing the body"
+_UNPARSABLE = (
+    "it is not UTF-8, nests arrays or objects too deeply, or holds a number too long to read; "
+    "send UTF-8 JSON of ordinary depth"
+)
 _RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}}
 
 
@@ -139,7 +144,8 @@ async def http_error(request: Request, exc: Exception) -> Response:
     A 405 names every method of the path in ``Allow`` (the router names only those of the first
     route that matched the path); ``OPTIONS`` on a known path is answered here: 204 with ``Allow``.
     A 413 is the body limit of :class:`~quarry.api.guard.RequestGuard`, met while the body
-    streamed in: rendered as :class:`~quarry.errors.PayloadTooLarge`.
+    streamed in: rendered as :class:`~quarry.errors.PayloadTooLarge`. A 400 is FastAPI's "error
+    parsing the body" (too deep, a too-long integer, not UTF-8): an ``InvalidRequest``.
     """
     assert isinstance(exc, HTTPException)
     limit = request.scope.get(MAX_BODY_SIZE_SCOPE_KEY)
@@ -148,12 +154,16 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
         return await quarry_error(request, body_too_large(limit))
     headers, message = dict(exc.headers or {}), str(exc.detail)
+    if exc.status_code == 400 and message == _FASTAPI_UNPARSABLE:
+        # FastAPI's answer to a body json.loads fails on without a JSONDecodeError: nesting past the
+        # recursion limit, an integer of over 4,300 digits, bytes that are not UTF-8.
+        message = f"request body cannot be parsed: {_UNPARSABLE}"
     if exc.status_code == 405:
         allow = headers["Allow"] = allowed_methods(request)
         if request.method == "OPTIONS":
             return Response(status_code=204, headers={"Allow": allow})
         message = f"method {request.method} is not allowed on {request.url.path}; allowed: {allow}"
-    kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+    kind = {400: "InvalidRequest", 404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
     return JSONResponse(error_body(kind, message), status_code=exc.status_code, headers=headers or None)
 
 

@@ -351,3 +351,17 @@ def test_a_dot_segment_id_is_refused_before_a_delete_can_resolve_it_away(client:
         assert client.get(f"/v1/collections/{name}").json()["documents"] == 0
     finally:
         client.delete(f"/v1/collections/{name}")
+
+
+def test_a_body_json_cannot_parse_is_an_invalid_request_in_the_envelope(client: TestClient) -> None:
+    """Review of issue 20: deep nesting, a 5,000-digit integer or non-UTF-8 bytes were a 400 of type
+    ``HTTPError`` ("There was an error parsing the body"), a type the OpenAPI and the error tree lack."""
+    bodies = (
+        b'{"query": "x", "filters": ' + b'{"$and": [' * 5000 + b"{}" + b"]}" * 5000 + b"}",
+        b'{"query": "x", "top_k": 1' + b"0" * 5000 + b"}",
+        b'{"query": "\xff\xfe"}',
+    )
+    for body in bodies:
+        r = client.post("/v1/collections/any/search", content=body, headers={"content-type": "application/json"})
+        said = _error(r, 400)
+        assert said["type"] == "InvalidRequest" and "cannot be parsed" in said["message"], said
