@@ -168,7 +168,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 
 def allowed_methods(request: Request) -> str:
-    """The ``Allow`` header of the request's path: OPTIONS and the methods of its route template.
+    """The ``Allow`` header of the request's path: OPTIONS, the methods of its route template, HEAD with GET.
 
     The template is that of the first route (in the router's order) matching the path, as the
     OpenAPI lists it: ``/v1/collections/c/documents/delete`` is the batch-delete endpoint (POST),
@@ -182,6 +182,8 @@ def allowed_methods(request: Request) -> str:
         if route.matches(request.scope)[0] != Match.NONE:
             template = path
             methods.update(route_methods)
+    if "GET" in methods:  # RequestGuard answers HEAD as GET
+        methods.add("HEAD")
     return ", ".join(sorted(methods))
 
 
