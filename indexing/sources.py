@@ -26,6 +26,7 @@ from stores.filters import FIELD_NAME
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 RESERVED_FIELDS = frozenset({"document_id", "chunk_id", "position", "title", "text"})
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # the integers a metadata field may hold
 DOT_SEGMENTS = frozenset({".", ".."})  # refused as an id or a '/'-separated part of one
 TEXT_SUFFIXES = (".txt", ".md")
 
@@ -254,8 +255,8 @@ def check_metadata(meta: Any, doc_id: str) -> Payload:
     """Validate flat metadata: identifier keys; str, int, float, bool or list-of-str values.
 
     Raises:
-        InvalidDocument: Nested objects, mixed lists, NaN or infinite numbers, reserved or invalid
-            field names.
+        InvalidDocument: Nested objects, mixed lists, NaN or infinite numbers, integers outside
+            64 bits, reserved or invalid field names.
     """
     if not isinstance(meta, dict):
         raise InvalidDocument(f"document {doc_id!r}: 'metadata' must be an object")
@@ -274,4 +275,11 @@ def check_metadata(meta: Any, doc_id: str) -> Payload:
             )
         elif isinstance(value, float) and not math.isfinite(value):  # Python's json takes NaN, Infinity
             raise InvalidDocument(f"document {doc_id!r}: field {key!r} is {value}; numbers must be finite")
+        elif isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+            # JSON allows any integer; stores, filters and the response encoder (orjson) hold 64 bits:
+            # a stored 2**70 made every search that returned its document a 500.
+            raise InvalidDocument(
+                f"document {doc_id!r}: field {key!r} is an integer outside the 64-bit range "
+                f"[-2**63, 2**63 - 1]: send it as a string or a float"
+            )
     return dict(meta)

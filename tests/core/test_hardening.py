@@ -365,3 +365,23 @@ def test_a_body_json_cannot_parse_is_an_invalid_request_in_the_envelope(client: 
         r = client.post("/v1/collections/any/search", content=body, headers={"content-type": "application/json"})
         said = _error(r, 400)
         assert said["type"] == "InvalidRequest" and "cannot be parsed" in said["message"], said
+
+
+def test_a_metadata_integer_past_64_bits_is_refused_not_stored(client: TestClient) -> None:
+    """Review of issue 20: ``{"n": 2**70}`` was stored, then every search returning its document was a 500
+    (orjson: "Integer exceeds 64-bit range"), for every client."""
+    for bad in (2**63, -(2**63) - 1, 2**70):
+        with pytest.raises(InvalidDocument, match="64-bit"):
+            parse_document({"id": "a", "text": "t", "metadata": {"n": bad}})
+    for fine in (2**63 - 1, -(2**63), 0, True, 1e300):
+        assert parse_document({"id": "a", "text": "t", "metadata": {"n": fine}}).metadata == {"n": fine}
+    name = "h20_bigint"
+    assert client.post("/v1/collections", json={"name": name}).status_code == 201
+    try:
+        doc = {"id": "big", "text": "a big number", "metadata": {"n": 2**70}}
+        said = _error(client.post(f"/v1/collections/{name}/documents", json={"documents": [doc]}), 400)
+        assert "64-bit" in said["message"]
+        r = client.post(f"/v1/collections/{name}/search", json={"query": "big number", "mode": "bm25"})
+        assert r.status_code == 200 and r.json()["hits"] == []
+    finally:
+        client.delete(f"/v1/collections/{name}")
