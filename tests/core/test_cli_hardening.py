@@ -107,3 +107,14 @@ def test_an_unreadable_or_non_utf8_source_is_one_error_line(tmp_path: Path) -> N
     unreadable = tmp_path / "io.jsonl"
     unreadable.symlink_to("/proc/self/mem")  # readable by name, every read is an I/O error (even for root)
     _one_error_line(_script(["ingest", str(unreadable), "-c", "c"], tmp_path), "cannot be read")
+
+
+def test_an_embedding_folder_that_is_not_a_model_is_one_error_line(tmp_path: Path) -> None:
+    """Review of issue 20: ``QUARRY_EMBEDDING__URL=torch://<a folder without a model>`` was a traceback (exit 1)."""
+    folder = tmp_path / "not-a-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}", encoding="utf-8")
+    source = tmp_path / "docs.jsonl"
+    source.write_text('{"id": "a", "text": "some text"}\n', encoding="utf-8")
+    done = _script(["ingest", str(source), "-c", "c"], tmp_path / "data", QUARRY_EMBEDDING__URL=f"torch://{folder}")
+    _one_error_line(done, "error (ConfigError): cannot load the embedding model at")
