@@ -118,3 +118,12 @@ def test_an_embedding_folder_that_is_not_a_model_is_one_error_line(tmp_path: Pat
     source.write_text('{"id": "a", "text": "some text"}\n', encoding="utf-8")
     done = _script(["ingest", str(source), "-c", "c"], tmp_path / "data", QUARRY_EMBEDDING__URL=f"torch://{folder}")
     _one_error_line(done, "error (ConfigError): cannot load the embedding model at")
+
+
+def test_a_damaged_docstore_is_one_error_line_naming_it(tmp_path: Path) -> None:
+    """Review of issue 20: a docstore.sqlite that is not a database was a 'DatabaseError' traceback (exit 1)."""
+    tmp_path.joinpath("docstore.sqlite").write_bytes(b"\x8f not SQLite " * 400)
+    for args in (["collections", "list"], ["serve", "--port", "18733"]):
+        done = _script(args, tmp_path)
+        _one_error_line(done, "error (StoreError): cannot open the docstore")
+        assert "docstore.sqlite" in done.stderr
