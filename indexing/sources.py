@@ -27,6 +27,7 @@ from stores.filters import FIELD_NAME
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 RESERVED_FIELDS = frozenset({"document_id", "chunk_id", "position", "title", "text"})
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # the integers a metadata field may hold
+MAX_METADATA_BYTES = 32 * 1024  # a document's metadata as UTF-8 JSON; Milvus's JSON field holds 64 KiB
 DOT_SEGMENTS = frozenset({".", ".."})  # refused as an id or a '/'-separated part of one
 TEXT_SUFFIXES = (".txt", ".md")
 
@@ -256,7 +257,7 @@ def check_metadata(meta: Any, doc_id: str) -> Payload:
 
     Raises:
         InvalidDocument: Nested objects, mixed lists, NaN or infinite numbers, integers outside
-            64 bits, reserved or invalid field names.
+            64 bits, reserved or invalid field names, metadata over :data:`MAX_METADATA_BYTES` as JSON.
     """
     if not isinstance(meta, dict):
         raise InvalidDocument(f"document {doc_id!r}: 'metadata' must be an object")
@@ -282,4 +283,12 @@ def check_metadata(meta: Any, doc_id: str) -> Payload:
                 f"document {doc_id!r}: field {key!r} is an integer outside the 64-bit range "
                 f"[-2**63, 2**63 - 1]: send it as a string or a float"
             )
+    size = len(json.dumps(meta, ensure_ascii=False).encode("utf-8"))
+    if size > MAX_METADATA_BYTES:
+        # The vector stores keep metadata in the chunk's payload: Milvus refuses a JSON field over
+        # 64 KiB (a 500 StoreError, with Milvus's text, before this check).
+        raise InvalidDocument(
+            f"document {doc_id!r}: its metadata is {size:,} bytes as JSON; the limit is {MAX_METADATA_BYTES:,}: "
+            "keep large values in the text"
+        )
     return dict(meta)

@@ -385,3 +385,12 @@ def test_a_metadata_integer_past_64_bits_is_refused_not_stored(client: TestClien
         assert r.status_code == 200 and r.json()["hits"] == []
     finally:
         client.delete(f"/v1/collections/{name}")
+
+
+def test_metadata_over_the_payload_limit_is_refused() -> None:
+    """Review of issue 20: 70 KB of metadata (one value, or 3,000 fields) reached Milvus, which refused the
+    64 KiB JSON payload: a 500 StoreError carrying Milvus's text; now a 400 before anything is written."""
+    for meta in ({"s": "v" * 40_000}, {f"f{i}": "x" * 30 for i in range(3000)}):
+        with pytest.raises(InvalidDocument, match="metadata is .* bytes as JSON; the limit is 32,768"):
+            parse_document({"id": "a", "text": "t", "metadata": meta})
+    assert parse_document({"id": "a", "text": "t", "metadata": {"s": "é" * 10_000}}).metadata
