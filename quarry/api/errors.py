@@ -112,9 +112,17 @@ async def quarry_error(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
-async def validation_error(_: Request, exc: Exception) -> JSONResponse:
-    """Render FastAPI's request validation errors as one readable message (422)."""
+async def validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """Render FastAPI's request validation errors as one readable message (422).
+
+    A body sent with another ``Content-Type`` than JSON is not read as JSON by FastAPI: the
+    message says so, instead of "Input should be a valid dictionary".
+    """
     assert isinstance(exc, RequestValidationError)
+    kind = request.headers.get("content-type", "")
+    if request.method in ("POST", "PUT", "PATCH") and not _is_json(kind):
+        message = f"the request body must be JSON sent with Content-Type: application/json, got {kind!r}"
+        return JSONResponse(error_body("InvalidRequest", message), status_code=422)
     parts = []
     for err in exc.errors():
         if err.get("type") == "json_invalid":
@@ -123,6 +131,13 @@ async def validation_error(_: Request, exc: Exception) -> JSONResponse:
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         parts.append(f"{where}: {err.get('msg', 'invalid')}" if where else str(err.get("msg", "invalid")))
     return JSONResponse(error_body("InvalidRequest", "; ".join(parts)), status_code=422)
+
+
+def _is_json(content_type: str) -> bool:
+    """Whether FastAPI reads a body of this ``Content-Type`` as JSON (none, ``*/json``, ``*/*+json``)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    subtype = media.rpartition("/")[2]
+    return not media or subtype == "json" or subtype.endswith("+json")
 
 
 def _json_error(err: Mapping[str, Any], body: object) -> str:

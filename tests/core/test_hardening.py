@@ -394,3 +394,14 @@ def test_metadata_over_the_payload_limit_is_refused() -> None:
         with pytest.raises(InvalidDocument, match="metadata is .* bytes as JSON; the limit is 32,768"):
             parse_document({"id": "a", "text": "t", "metadata": meta})
     assert parse_document({"id": "a", "text": "t", "metadata": {"s": "é" * 10_000}}).metadata
+
+
+def test_a_body_sent_as_another_content_type_is_told_to_send_json(client: TestClient) -> None:
+    """Review of issue 20: ``curl -d`` sends form data; the 422 said "Input should be a valid dictionary"."""
+    for kind in ("application/x-www-form-urlencoded", "text/plain"):
+        r = client.post("/v1/collections/any/search", content=b'{"query": "x"}', headers={"content-type": kind})
+        said = _error(r, 422)
+        assert "Content-Type: application/json" in said["message"] and kind in said["message"], said
+    for kind in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        r = client.post("/v1/collections/any/search", content=b'{"query": 1}', headers={"content-type": kind})
+        assert "query: Input should be a valid string" in _error(r, 422)["message"]
