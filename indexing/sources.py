@@ -283,7 +283,7 @@ def check_metadata(meta: Any, doc_id: str) -> Payload:
                 f"document {doc_id!r}: field {key!r} is an integer outside the 64-bit range "
                 f"[-2**63, 2**63 - 1]: send it as a string or a float"
             )
-    size = len(json.dumps(meta, ensure_ascii=False).encode("utf-8"))
+    size = len(json.dumps(meta, ensure_ascii=False).encode("utf-8", "surrogatepass"))  # lone ones: refused next
     if size > MAX_METADATA_BYTES:
         # The vector stores keep metadata in the chunk's payload: Milvus refuses a JSON field over
         # 64 KiB (a 500 StoreError, with Milvus's text, before this check).
