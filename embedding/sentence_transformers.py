@@ -129,7 +129,7 @@ class SentenceTransformerEmbedder:
         """Fingerprint the model folder and load the weights (once).
 
         Raises:
-            ConfigError: A model file cannot be read.
+            ConfigError: A model file cannot be read, or the folder holds no model that loads.
         """
         if self._model is not None:  # fast path: embed() holds the lock while the model runs
             return
@@ -140,7 +140,12 @@ class SentenceTransformerEmbedder:
 
             self.fingerprint = fingerprint_of(self._path, self._cache_dir)
             device = pick_device(self._device)
-            model = SentenceTransformer(str(self._path), device=device, local_files_only=True)
+            try:
+                model = SentenceTransformer(str(self._path), device=device, local_files_only=True)
+            except (OSError, ValueError) as exc:  # not a model folder, a config transformers cannot read
+                raise ConfigError(
+                    f"cannot load the embedding model at {self._path} (QUARRY_EMBEDDING__URL): {exc}"
+                ) from exc
             if device == "cuda":
                 model.half()
             import torch

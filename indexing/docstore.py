@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quarry.errors import StoreUnavailable
+from quarry.errors import StoreError, StoreUnavailable
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
@@ -55,12 +55,28 @@ class DocStore:
     """Thread-safe SQLite docstore (one connection, serialised by a lock)."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Open (or create) the docstore at ``path``.
+
+        Raises:
+            StoreError: The file is not an SQLite database (damaged, or another file), or it or
+                its folder cannot be opened; the message names the file.
+        """
         self.path = path
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+                self._db.executescript(_SCHEMA)
+            except sqlite3.DatabaseError:
+                self._db.close()
+                raise
+        except (sqlite3.DatabaseError, OSError) as exc:  # e.g. "file is not a database"
+            raise StoreError(
+                f"cannot open the docstore {path}: {exc}; it holds every chunk's text: restore it from a "
+                "backup, or move it away to start empty and ingest again"
+            ) from exc
         self._lock = threading.RLock()
 
     def close(self) -> None:

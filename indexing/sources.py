@@ -26,6 +26,9 @@ from stores.filters import FIELD_NAME
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 RESERVED_FIELDS = frozenset({"document_id", "chunk_id", "position", "title", "text"})
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # the integers a metadata field may hold
+MAX_METADATA_BYTES = 32 * 1024  # a document's metadata as UTF-8 JSON; Milvus's JSON field holds 64 KiB
+DOT_SEGMENTS = frozenset({".", ".."})  # refused as an id or a '/'-separated part of one
 TEXT_SUFFIXES = (".txt", ".md")
 
 
@@ -71,15 +74,20 @@ def read_documents(path: Path) -> list[SourceDocument]:
         The documents, in source order.
 
     Raises:
-        InvalidDocument: A malformed line or document (the message names file and line).
-        InvalidRequest: The path is not a readable source.
+        InvalidDocument: A malformed line or document, or bytes that are not UTF-8 (the message
+            names file and line).
+        InvalidRequest: The path is not a readable source (missing, not permitted, an I/O error).
     """
     fmt = detect_format(path)
-    if fmt == "beir":
-        return list(iter_jsonl(path / "corpus.jsonl"))
-    if fmt == "jsonl":
-        return list(iter_jsonl(path))
-    return list(iter_folder(path))
+    try:
+        if fmt == "beir":
+            return list(iter_jsonl(path / "corpus.jsonl"))
+        if fmt == "jsonl":
+            return list(iter_jsonl(path))
+        return list(iter_folder(path))
+    except OSError as exc:  # unreadable file, I/O error: one error line, not a traceback
+        where = exc.filename or path
+        raise InvalidRequest(f"{where}: cannot be read: {exc.strerror or exc}") from exc
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -90,12 +98,20 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
     Raises:
         InvalidRequest: ``path`` does not exist or is not a file.
-        InvalidDocument: A line is not valid JSON or not a JSON object (file and line named).
+        InvalidDocument: A line is not valid JSON, not a JSON object or not UTF-8 (file and line named).
+        OSError: The file cannot be read.
     """
     if not path.is_file():
         raise InvalidRequest(f"{path} does not exist or is not a file")
-    with path.open(encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for line_no, raw_line in enumerate(fh, start=1):
+            try:
+                line = raw_line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InvalidDocument(
+                    f"not valid UTF-8 text: byte {raw_line[exc.start]:#04x} at byte {exc.start} of the line",
+                    line=line_no, source=str(path),
+                ) from exc
             if not line.strip():
                 continue
             try:
@@ -161,7 +177,8 @@ def parse_document(raw: Any) -> SourceDocument:
 
     Raises:
         InvalidDocument: Not an object, missing/empty id or text, non-string title, bad metadata,
-            a lone surrogate or a NUL character in a string, a control character in the id.
+            a lone surrogate or a NUL character in a string, a control character in the id, an id
+            that is or holds a ``.`` or ``..`` segment between slashes.
     """
     if not isinstance(raw, dict):
         raise InvalidDocument(f"expected a JSON object, got {type(raw).__name__}")
@@ -192,7 +209,7 @@ def parse_document(raw: Any) -> SourceDocument:
 
 
 def _check_id(doc_id: object) -> str:
-    """A document id: a non-empty string of at most 256 characters, none of them a control character."""
+    """A document id: at most 256 characters, none a control character, no ``.`` or ``..`` segment."""
     if not isinstance(doc_id, str) or not doc_id.strip():
         raise InvalidDocument("missing or empty 'id' (or '_id'): a non-empty string is required")
     if len(doc_id) > 256:
@@ -202,6 +219,15 @@ def _check_id(doc_id: object) -> str:
         raise InvalidDocument(
             f"document id {doc_id[:40]!r} holds a control character (U+{ord(control.group()):04X}) at "
             f"character {control.start()}; ids are printable text"
+        )
+    if DOT_SEGMENTS & set(doc_id.split("/")):
+        # HTTP clients remove dot segments from a URL (RFC 3986, 5.2.4) before sending it:
+        # DELETE .../collections/c/documents/.. reaches the server as DELETE .../collections/c,
+        # which drops the whole collection.
+        raise InvalidDocument(
+            f"document id {doc_id[:40]!r} is or holds a '.' or '..' path segment, which HTTP clients "
+            "resolve away in DELETE /v1/collections/{name}/documents/{id} (deleting another resource): "
+            "rename the document"
         )
     return doc_id
 
@@ -254,8 +280,8 @@ def check_metadata(meta: Any, doc_id: str) -> Payload:
     """Validate flat metadata: identifier keys; str, int, float, bool or list-of-str values.
 
     Raises:
-        InvalidDocument: Nested objects, mixed lists, NaN or infinite numbers, reserved or invalid
-            field names.
+        InvalidDocument: Nested objects, mixed lists, NaN or infinite numbers, integers outside
+            64 bits, reserved or invalid field names, metadata over :data:`MAX_METADATA_BYTES` as JSON.
     """
     if not isinstance(meta, dict):
         raise InvalidDocument(f"document {doc_id!r}: 'metadata' must be an object")
@@ -274,4 +300,19 @@ def check_metadata(meta: Any, doc_id: str) -> Payload:
             )
         elif isinstance(value, float) and not math.isfinite(value):  # Python's json takes NaN, Infinity
             raise InvalidDocument(f"document {doc_id!r}: field {key!r} is {value}; numbers must be finite")
+        elif isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
+            # JSON allows any integer; stores, filters and the response encoder (orjson) hold 64 bits:
+            # a stored 2**70 made every search that returned its document a 500.
+            raise InvalidDocument(
+                f"document {doc_id!r}: field {key!r} is an integer outside the 64-bit range "
+                f"[-2**63, 2**63 - 1]: send it as a string or a float"
+            )
+    size = len(json.dumps(meta, ensure_ascii=False).encode("utf-8", "surrogatepass"))  # lone ones: refused next
+    if size > MAX_METADATA_BYTES:
+        # The vector stores keep metadata in the chunk's payload: Milvus refuses a JSON field over
+        # 64 KiB (a 500 StoreError, with Milvus's text, before this check).
+        raise InvalidDocument(
+            f"document {doc_id!r}: its metadata is {size:,} bytes as JSON; the limit is {MAX_METADATA_BYTES:,}: "
+            "keep large values in the text"
+        )
     return dict(meta)

@@ -169,7 +169,7 @@ async def readyz(request: Request, response: Response) -> dict[str, Any]:
     every replica shares the store, so taking them all out of rotation would turn degraded
     answers into none. While searches skip the store after an outage it is not asked again here;
     otherwise the check waits at most 2 s. Any other store error is 503, and so is a collection
-    whose BM25 index can be neither loaded nor rebuilt from the docstore (this server cannot
+    whose BM25 index can be neither loaded nor rebuilt from the stored documents (this server cannot
     answer that collection).
     """
     if not request.app.state.ready:

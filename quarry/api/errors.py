@@ -47,6 +47,11 @@ STATUS: dict[type[e.QuarryError], int] = {
 
 # What the request-validation handler (422) and the router answer, for the OpenAPI.
 _VALIDATION = ("RequestValidationError", "the body or a parameter does not match the schema")
+_FASTAPI_UNPARSABLE = "There was an error parsing the body"
+_UNPARSABLE = (
+    "it is not UTF-8, nests arrays or objects too deeply, or holds a number too long to read; "
+    "send UTF-8 JSON of ordinary depth"
+)
 _RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}}
 
 
@@ -118,9 +123,17 @@ async def quarry_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-async def validation_error(_: Request, exc: Exception) -> JSONResponse:
-    """Render FastAPI's request validation errors as one readable message (422)."""
+async def validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """Render FastAPI's request validation errors as one readable message (422).
+
+    A body sent with another ``Content-Type`` than JSON is not read as JSON by FastAPI: the
+    message says so, instead of "Input should be a valid dictionary".
+    """
     assert isinstance(exc, RequestValidationError)
+    kind = request.headers.get("content-type", "")
+    if request.method in ("POST", "PUT", "PATCH") and not _is_json(kind):
+        message = f"the request body must be JSON sent with Content-Type: application/json, got {kind!r}"
+        return JSONResponse(error_body("InvalidRequest", message), status_code=422)
     parts = []
     for err in exc.errors():
         if err.get("type") == "json_invalid":
@@ -129,6 +142,13 @@ async def validation_error(_: Request, exc: Exception) -> JSONResponse:
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         parts.append(f"{where}: {err.get('msg', 'invalid')}" if where else str(err.get("msg", "invalid")))
     return JSONResponse(error_body("InvalidRequest", "; ".join(parts)), status_code=422)
+
+
+def _is_json(content_type: str) -> bool:
+    """Whether FastAPI reads a body of this ``Content-Type`` as JSON (none, ``*/json``, ``*/*+json``)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    subtype = media.rpartition("/")[2]
+    return not media or subtype == "json" or subtype.endswith("+json")
 
 
 def _json_error(err: Mapping[str, Any], body: object) -> str:
@@ -150,7 +170,8 @@ async def http_error(request: Request, exc: Exception) -> Response:
     A 405 names every method of the path in ``Allow`` (the router names only those of the first
     route that matched the path); ``OPTIONS`` on a known path is answered here: 204 with ``Allow``.
     A 413 is the body limit of :class:`~quarry.api.guard.RequestGuard`, met while the body
-    streamed in: rendered as :class:`~quarry.errors.PayloadTooLarge`.
+    streamed in: rendered as :class:`~quarry.errors.PayloadTooLarge`. A 400 is FastAPI's "error
+    parsing the body" (too deep, a too-long integer, not UTF-8): an ``InvalidRequest``.
     """
     assert isinstance(exc, HTTPException)
     limit = request.scope.get(MAX_BODY_SIZE_SCOPE_KEY)
@@ -159,17 +180,21 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
         return await quarry_error(request, body_too_large(limit))
     headers, message = dict(exc.headers or {}), str(exc.detail)
+    if exc.status_code == 400 and message == _FASTAPI_UNPARSABLE:
+        # FastAPI's answer to a body json.loads fails on without a JSONDecodeError: nesting past the
+        # recursion limit, an integer of over 4,300 digits, bytes that are not UTF-8.
+        message = f"request body cannot be parsed: {_UNPARSABLE}"
     if exc.status_code == 405:
         allow = headers["Allow"] = allowed_methods(request)
         if request.method == "OPTIONS":
             return Response(status_code=204, headers={"Allow": allow})
         message = f"method {request.method} is not allowed on {request.url.path}; allowed: {allow}"
-    kind = {404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+    kind = {400: "InvalidRequest", 404: "NotFound", 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
     return JSONResponse(error_body(kind, message), status_code=exc.status_code, headers=headers or None)
 
 
 def allowed_methods(request: Request) -> str:
-    """The ``Allow`` header of the request's path: OPTIONS and the methods of its route template.
+    """The ``Allow`` header of the request's path: OPTIONS, the methods of its route template, HEAD with GET.
 
     The template is that of the first route (in the router's order) matching the path, as the
     OpenAPI lists it: ``/v1/collections/c/documents/delete`` is the batch-delete endpoint (POST),
@@ -183,6 +208,8 @@ def allowed_methods(request: Request) -> str:
         if route.matches(request.scope)[0] != Match.NONE:
             template = path
             methods.update(route_methods)
+    if "GET" in methods:  # RequestGuard answers HEAD as GET
+        methods.add("HEAD")
     return ", ".join(sorted(methods))
 
 

@@ -10,6 +10,8 @@ r"""What every request passes before it is routed: a clean path and a bounded bo
   ``Content-Length`` says so (nothing is read), else as soon as the bytes streamed in pass the
   limit (Starlette's :class:`~starlette.middleware.body_limit.RequestBodyLimitResponder`
   counts them; the handler stops reading there, so a body is never buffered past the limit).
+* ``HEAD`` is answered as ``GET`` without the body (RFC 9110, 9.3.2): FastAPI's routes take GET
+  only, so ``HEAD /healthz`` (what some load balancers and monitors send) was a 405.
 
 The path parameter convertor ``whole`` (registered here, once) matches the rest of the path,
 newlines included, so that a route's parameter is always the whole value or no match at all.
@@ -24,7 +26,7 @@ from starlette.convertors import Convertor, register_url_convertor
 from starlette.datastructures import Headers
 from starlette.middleware.body_limit import RequestBodyLimitResponder
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from quarry.api.errors import error_body
 from quarry.errors import InvalidRequest, PayloadTooLarge
@@ -64,7 +66,7 @@ def body_too_large(limit: int) -> PayloadTooLarge:
 
 
 class RequestGuard:
-    """Pure ASGI middleware: control characters in the path (400) and the body limit (413).
+    """Pure ASGI middleware: control characters in the path (400), the body limit (413), HEAD as GET.
 
     The limit is read per request from the service's settings (``app.state.quarry``), so an app
     built around a factory (``quarry serve``) applies the settings its service loaded.
@@ -92,7 +94,20 @@ class RequestGuard:
         if length is not None and length.isdigit() and int(length) > limit:
             await _reply(body_too_large(limit), 413, scope, receive, send)
             return
+        if scope["method"] == "HEAD":  # FastAPI routes GET only; HEAD is GET without the body
+            scope, send = {**scope, "method": "GET"}, _without_body(send)
         await RequestBodyLimitResponder(self.app, limit)(scope, receive, send)
+
+
+def _without_body(send: Send) -> Send:
+    """``send`` for a HEAD request: the GET answer's status and headers (its length too), no body."""
+
+    async def send_head(message: Message) -> None:
+        if message["type"] == "http.response.body":
+            message = {**message, "body": b""}
+        await send(message)
+
+    return send_head
 
 
 def _max_body_bytes(scope: Scope) -> int:

@@ -59,7 +59,9 @@ class DocumentIn(BaseModel):
     )
 
     id: str | StrictInt = Field(
-        description="Non-empty, at most 256 characters; an integer is taken as its decimal text."
+        description="Non-empty, at most 256 characters, printable; not '.' or '..', and no '.' or '..' part "
+        "between slashes (a URL path segment that HTTP clients resolve away); an integer is taken as its "
+        "decimal text.",
     )
     text: str = ""
     title: str = Field("", description="Indexed with every chunk; text or title must be non-blank.")

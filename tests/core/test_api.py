@@ -279,15 +279,26 @@ def test_the_openapi_types_explain_and_timings_and_keeps_implementation_notes_ou
 
 def test_options_and_405_name_the_paths_methods(client: TestClient) -> None:
     r = client.options("/v1/collections/anything")
-    assert r.status_code == 204 and r.headers["allow"] == "DELETE, GET, OPTIONS"
-    assert client.options("/v1/collections").headers["allow"] == "GET, OPTIONS, POST"
+    assert r.status_code == 204 and r.headers["allow"] == "DELETE, GET, HEAD, OPTIONS"
+    assert client.options("/v1/collections").headers["allow"] == "GET, HEAD, OPTIONS, POST"
     r = client.put("/v1/collections/anything")
-    assert r.headers["allow"] == "DELETE, GET, OPTIONS"
-    assert "allowed: DELETE, GET, OPTIONS" in _error(r, 405)
+    assert r.headers["allow"] == "DELETE, GET, HEAD, OPTIONS"
+    assert "allowed: DELETE, GET, HEAD, OPTIONS" in _error(r, 405)
     # the batch-delete path is its own resource, though the document route's template also fits it
     assert client.options("/v1/collections/c/documents/delete").headers["allow"] == "OPTIONS, POST"
     assert client.options("/v1/collections/c/documents/a/b").headers["allow"] == "DELETE, OPTIONS"
     assert client.options("/v1/nowhere").status_code == 404
+
+
+def test_head_is_get_without_the_body(client: TestClient) -> None:
+    """Review of issue 20: ``HEAD /healthz`` (load balancers, monitors) was a 405 (RFC 9110: HEAD goes with GET)."""
+    for path in ("/healthz", "/readyz", "/v1/collections", "/docs"):
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == got.status_code == 200, (path, head.status_code)
+        assert head.content == b"" and head.headers["content-length"] == str(len(got.content)), path
+    assert client.head("/v1/collections/nowhere_h").status_code == 404
+    r = client.head("/v1/collections/c/search")  # POST only
+    assert r.status_code == 405 and r.headers["allow"] == "OPTIONS, POST" and r.content == b""
 
 
 def test_the_docs_page_loads_its_assets_from_this_server(client: TestClient) -> None:

@@ -97,3 +97,33 @@ def test_config_show_prints_the_effective_settings_with_secrets_redacted(tmp_pat
     as_json = json.loads(_script(["config", "show", "--json"], tmp_path, **env).stdout)
     assert as_json["settings"]["QUARRY_API__PORT"] == 9000
     assert as_json["effective"]["store"] == "postgresql://quarry:***@db:5432/q?api_key=***"
+
+
+def test_an_unreadable_or_non_utf8_source_is_one_error_line(tmp_path: Path) -> None:
+    """Review of issue 20: bytes that are not UTF-8, or a file that fails to read, used to be a traceback (exit 1)."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"id": "a", "text": "fine"}\n{"id": "b", "text": "\xff\xfe"}\n')
+    _one_error_line(_script(["ingest", str(bad), "-c", "c"], tmp_path), "line 2")
+    unreadable = tmp_path / "io.jsonl"
+    unreadable.symlink_to("/proc/self/mem")  # readable by name, every read is an I/O error (even for root)
+    _one_error_line(_script(["ingest", str(unreadable), "-c", "c"], tmp_path), "cannot be read")
+
+
+def test_an_embedding_folder_that_is_not_a_model_is_one_error_line(tmp_path: Path) -> None:
+    """Review of issue 20: ``QUARRY_EMBEDDING__URL=torch://<a folder without a model>`` was a traceback (exit 1)."""
+    folder = tmp_path / "not-a-model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}", encoding="utf-8")
+    source = tmp_path / "docs.jsonl"
+    source.write_text('{"id": "a", "text": "some text"}\n', encoding="utf-8")
+    done = _script(["ingest", str(source), "-c", "c"], tmp_path / "data", QUARRY_EMBEDDING__URL=f"torch://{folder}")
+    _one_error_line(done, "error (ConfigError): cannot load the embedding model at")
+
+
+def test_a_damaged_docstore_is_one_error_line_naming_it(tmp_path: Path) -> None:
+    """Review of issue 20: a docstore.sqlite that is not a database was a 'DatabaseError' traceback (exit 1)."""
+    tmp_path.joinpath("docstore.sqlite").write_bytes(b"\x8f not SQLite " * 400)
+    for args in (["collections", "list"], ["serve", "--port", "18733"]):
+        done = _script(args, tmp_path)
+        _one_error_line(done, "error (StoreError): cannot open the docstore")
+        assert "docstore.sqlite" in done.stderr

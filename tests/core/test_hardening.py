@@ -328,3 +328,80 @@ def test_a_collection_whose_bm25_cannot_be_rebuilt_is_not_ready(
         r = client.get("/readyz")
         assert r.status_code == 503, r.text
         assert r.json()["status"] == "collection error" and "JSONDecodeError" in r.json()["collections"][collection]
+
+
+def test_document_ids_hold_no_dot_segment() -> None:
+    """Review of issue 20: HTTP clients resolve dot segments (RFC 3986), so deleting document `..` with
+    ``DELETE .../collections/c/documents/..`` sent ``DELETE .../collections/c`` and dropped the collection."""
+    for bad in ("..", ".", "x/../..", "a/./b", "../etc", "a/.."):
+        with pytest.raises(InvalidDocument, match="path segment"):
+            parse_document({"id": bad, "text": "t"})
+    for fine in ("...", "a..b", ".hidden", "dir/file.txt", "a/b."):
+        assert parse_document({"id": fine, "text": "t"}).id == fine
+
+
+def test_a_dot_segment_id_is_refused_before_a_delete_can_resolve_it_away(client: TestClient) -> None:
+    name = "h20_dots"
+    assert client.post("/v1/collections", json={"name": name}).status_code == 201
+    try:
+        said = _error(
+            client.post(f"/v1/collections/{name}/documents", json={"documents": [{"id": "..", "text": "x"}]}), 400
+        )
+        assert said["type"] == "InvalidDocument" and "path segment" in said["message"]
+        assert client.get(f"/v1/collections/{name}").json()["documents"] == 0
+    finally:
+        client.delete(f"/v1/collections/{name}")
+
+
+def test_a_body_json_cannot_parse_is_an_invalid_request_in_the_envelope(client: TestClient) -> None:
+    """Review of issue 20: deep nesting, a 5,000-digit integer or non-UTF-8 bytes were a 400 of type
+    ``HTTPError`` ("There was an error parsing the body"), a type the OpenAPI and the error tree lack."""
+    bodies = (
+        b'{"query": "x", "filters": ' + b'{"$and": [' * 5000 + b"{}" + b"]}" * 5000 + b"}",
+        b'{"query": "x", "top_k": 1' + b"0" * 5000 + b"}",
+        b'{"query": "\xff\xfe"}',
+    )
+    for body in bodies:
+        r = client.post("/v1/collections/any/search", content=body, headers={"content-type": "application/json"})
+        said = _error(r, 400)
+        assert said["type"] == "InvalidRequest" and "cannot be parsed" in said["message"], said
+
+
+def test_a_metadata_integer_past_64_bits_is_refused_not_stored(client: TestClient) -> None:
+    """Review of issue 20: ``{"n": 2**70}`` was stored, then every search returning its document was a 500
+    (orjson: "Integer exceeds 64-bit range"), for every client."""
+    for bad in (2**63, -(2**63) - 1, 2**70):
+        with pytest.raises(InvalidDocument, match="64-bit"):
+            parse_document({"id": "a", "text": "t", "metadata": {"n": bad}})
+    for fine in (2**63 - 1, -(2**63), 0, True, 1e300):
+        assert parse_document({"id": "a", "text": "t", "metadata": {"n": fine}}).metadata == {"n": fine}
+    name = "h20_bigint"
+    assert client.post("/v1/collections", json={"name": name}).status_code == 201
+    try:
+        doc = {"id": "big", "text": "a big number", "metadata": {"n": 2**70}}
+        said = _error(client.post(f"/v1/collections/{name}/documents", json={"documents": [doc]}), 400)
+        assert "64-bit" in said["message"]
+        r = client.post(f"/v1/collections/{name}/search", json={"query": "big number", "mode": "bm25"})
+        assert r.status_code == 200 and r.json()["hits"] == []
+    finally:
+        client.delete(f"/v1/collections/{name}")
+
+
+def test_metadata_over_the_payload_limit_is_refused() -> None:
+    """Review of issue 20: 70 KB of metadata (one value, or 3,000 fields) reached Milvus, which refused the
+    64 KiB JSON payload: a 500 StoreError carrying Milvus's text; now a 400 before anything is written."""
+    for meta in ({"s": "v" * 40_000}, {f"f{i}": "x" * 30 for i in range(3000)}):
+        with pytest.raises(InvalidDocument, match="metadata is .* bytes as JSON; the limit is 32,768"):
+            parse_document({"id": "a", "text": "t", "metadata": meta})
+    assert parse_document({"id": "a", "text": "t", "metadata": {"s": "é" * 10_000}}).metadata
+
+
+def test_a_body_sent_as_another_content_type_is_told_to_send_json(client: TestClient) -> None:
+    """Review of issue 20: ``curl -d`` sends form data; the 422 said "Input should be a valid dictionary"."""
+    for kind in ("application/x-www-form-urlencoded", "text/plain"):
+        r = client.post("/v1/collections/any/search", content=b'{"query": "x"}', headers={"content-type": kind})
+        said = _error(r, 422)
+        assert "Content-Type: application/json" in said["message"] and kind in said["message"], said
+    for kind in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        r = client.post("/v1/collections/any/search", content=b'{"query": 1}', headers={"content-type": kind})
+        assert "query: Input should be a valid string" in _error(r, 422)["message"]
