@@ -96,7 +96,11 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
                 service.close()
 
     # Swagger UI and ReDoc from the assets fastapi-offline ships: /docs works offline.
-    app = FastAPIOffline(title="Quarry", version="0.1.0", lifespan=lifespan, summary="Hybrid retrieval service")
+    # redirect_slashes=False: a trailing slash is a 404 in the envelope, not a 307 whose Location
+    # echoes the client's Host header (an open redirect through a spoofed Host).
+    app = FastAPIOffline(
+        title="Quarry", version="0.1.0", lifespan=lifespan, summary="Hybrid retrieval service", redirect_slashes=False
+    )
     app.state.ready = False
     errors.install(app)
     app.add_middleware(RequestGuard)

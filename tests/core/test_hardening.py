@@ -405,3 +405,15 @@ def test_a_body_sent_as_another_content_type_is_told_to_send_json(client: TestCl
     for kind in ("application/json; charset=utf-8", "application/vnd.api+json"):
         r = client.post("/v1/collections/any/search", content=b'{"query": 1}', headers={"content-type": kind})
         assert "query: Input should be a valid string" in _error(r, 422)["message"]
+
+
+def test_a_trailing_slash_is_a_404_in_the_envelope_not_a_redirect_to_the_clients_host(service: Quarry) -> None:
+    """Review: POST .../search/ with a foreign Host answered 307 with Location: http://evil.example/..."""
+    with TestClient(create_app(service)) as client:
+        r = client.post(
+            "/v1/collections/anything/search/", json={"query": "x"}, headers={"Host": "evil.example"},
+            follow_redirects=False,
+        )
+    assert r.status_code == 404, r.text
+    assert "location" not in r.headers
+    assert r.json()["error"]["type"] == "NotFound"
