@@ -9,7 +9,7 @@ also needs the two questions to agree on their words (:func:`contradiction`), ch
 * ``number``: the numbers (digits, and English number words up to twenty, ``hundred``...) as a
   multiset: "5 mg" vs "50 mg", "2 doses" vs "two doses" are equal only in the second case.
 * ``negation``: the negations as a multiset: English ``not``/``no``/``never``/``without``/
-  ``n't``... and the Chinese negation characters 不 没 沒 无 無 非 未 别 勿 莫 否.
+  ``n't`` (contractions are expanded first)... and the Chinese negation characters 不 没 沒 无 無 非 未 别 勿 莫 否.
 * ``content``: the sets of content terms (the collection's BM25 analysis: lower-cased,
   Snowball-stemmed, stopwords dropped, plus a list of question words and pronouns): "enable"
   vs "disable", "Python" vs "Java", "mg" vs "g" all differ. Named entities are approximated by
@@ -45,9 +45,13 @@ QUESTION_WORDS = frozenset(
     "how what which who whom whose when where why whether do does did doing done can could would should "
     "shall may might must will i me my mine myself we us our ours you your yours he him his she her hers "
     "its they them their have has had having am is are was were be been being please tell explain "
-    "know want need like get s d ll ve re m t".split()
+    "know want need like get".split()
 )
-_WORDS = re.compile(r"[^\W_]+(?:'[^\W_]+)?", re.UNICODE)
+_WORDS = re.compile(r"[^\W_]+", re.UNICODE)
+_CONTRACTIONS = (
+    (re.compile(r"\bcan['’]t\b"), "can not"), (re.compile(r"\bwon['’]t\b"), "will not"),
+    (re.compile(r"n['’]t\b"), " not"), (re.compile(r"['’](?:s|d|ll|ve|re|m)\b"), ""),
+)
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 
 
@@ -68,17 +72,17 @@ class Terms:
 
 def terms(text: str, language: Language) -> Terms:
     """The guard's view of ``text``, analysed as the collection's ``language`` analyses it."""
-    lowered = text.casefold()
+    lowered = _uncontract(text.casefold())
     numbers = [_number(m.group()) for m in _NUMBER.finditer(lowered)]
     negations = [c for c in lowered if c in CJK_NEGATIONS]
     for word in _WORDS.findall(lowered):
         if word in NUMBER_WORDS:
             numbers.append(NUMBER_WORDS[word])
-        if word in NEGATIONS or word.endswith("n't"):
-            negations.append("not" if word.endswith("n't") else word)
+        if word in NEGATIONS:
+            negations.append(word)
     skip = _skipped(language)
     content: dict[str, None] = {}
-    for term in tokenize(text, language):
+    for term in tokenize(lowered, language):
         if term.startswith("#") or term in skip or _NUMBER.fullmatch(term) or term in CJK_NEGATIONS:
             continue  # '#' terms are BM25's CJK bigrams; jieba's words stand for the text
         content.setdefault(term, None)
@@ -100,6 +104,13 @@ def contradiction(a: Terms, b: Terms) -> str | None:
     if a.content != b.content:
         return "order"
     return None
+
+
+def _uncontract(text: str) -> str:
+    """``"doesn't"`` -> ``"does not"``, ``"can't"`` -> ``"can not"``, ``"it's"`` -> ``"it"``."""
+    for pattern, replacement in _CONTRACTIONS:
+        text = pattern.sub(replacement, text)
+    return text
 
 
 def _number(raw: str) -> str:
