@@ -4,6 +4,10 @@
    budget) streamed straight from the OpenAI-compatible server: time to first token, total.
 2. ``POST /v1/collections/{name}/answer`` streamed (SSE): time to the first ``delta`` event, to
    ``done``; and non-streamed: total. Retrieval's own time comes from ``timings_ms.retrieve``.
+   These phases send ``Cache-Control: no-store``: the semantic cache is neither read nor filled.
+3. The semantic cache: each question asked once more (a miss: retrieval and the LLM; the answer is
+   stored), at once again (a hit) and lower-cased without its final punctuation (a paraphrase;
+   its hit rate is reported). Target: hit p50 <= 0.1 x miss p50 (non-streamed totals, client side).
 
 Quarry's added time to first token is p50(answer TTFT) - p50(LLM alone TTFT); the target is at
 most the retrieval p50 + 30 ms. Each phase runs over all questions in turn, so two consecutive
@@ -98,6 +102,26 @@ def answer_stream(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple
     return (ttft or float("nan")) * 1000, (time.perf_counter() - started) * 1000
 
 
+def cache_phase(client: httpx.Client, url: str, questions: list[str], common: dict[str, Any]) -> dict[str, Any]:
+    """Per question: a miss (stored), a repeat (hit), a lower-cased unpunctuated paraphrase."""
+    miss, hit, paraphrase_hits, wrong = [], [], 0, []
+
+    def ask(query: str) -> tuple[float, str]:
+        started = time.perf_counter()
+        r = client.post(url, json={"query": query, **common})
+        r.raise_for_status()
+        return (time.perf_counter() - started) * 1000, r.json()["cache"]
+
+    for q in questions:
+        for bucket, expected, query in ((miss, "miss", q), (hit, "hit", q)):
+            ms, got = ask(query)
+            bucket.append(ms)
+            if got != expected:
+                wrong.append(f"{expected} expected, {got}: {query}")
+        paraphrase_hits += ask(q.lower().rstrip("?.! "))[1] == "hit"
+    return {"miss_ms": summary(miss), "hit_ms": summary(hit), "paraphrase_hits": paraphrase_hits, "unexpected": wrong}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scifact", type=Path, default=REPO.parent / "shared" / "data" / "scifact")
@@ -128,6 +152,7 @@ def main() -> None:
                   "context_tokens": args.context_tokens}
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
+                client.headers["Cache-Control"] = "no-store"
                 client.post(url, json={"query": "warm up", **common}).raise_for_status()
                 plain, retrieve, server_ttft, prompts = [], [], [], []
                 for q in questions:  # phase: /answer, not streamed (also gives each question's prompt)
@@ -140,6 +165,8 @@ def main() -> None:
                     prompts.append(messages_for(q, context))
                 alone = [llm_alone(base, model or "", m, args.max_tokens) for m in prompts]
                 streamed = [answer_stream(client, url, {"query": q, **common}) for q in questions]
+                del client.headers["Cache-Control"]
+                cache = cache_phase(client, url, questions, common)
         finally:
             server.should_exit = True
             thread.join(30)
@@ -150,6 +177,7 @@ def main() -> None:
         "answer_stream": {"ttft_ms": summary([a for a, _ in streamed]), "total_ms": summary([t for _, t in streamed])},
         "answer": {"total_ms": summary(plain), "server_ttft_ms": summary(server_ttft)},
         "retrieve_ms": summary(retrieve),
+        "cache": cache,
         "config": {"docs": len(docs), "queries": len(questions), "max_tokens": args.max_tokens,
                    "context_tokens": args.context_tokens, "llm_url": args.llm_url},
     }
@@ -167,7 +195,13 @@ def main() -> None:
         ("/answer: total", results["answer"]["total_ms"]), ("retrieval (server)", results["retrieve_ms"]),
     ]:
         table.add_row(name, f"{s['p50']:.1f}", f"{s['p95']:.1f}")
+    ratio = cache["hit_ms"]["p50"] / cache["miss_ms"]["p50"]
+    cache["hit_over_miss_p50"] = {"value": ratio, "target": 0.1, "met": ratio <= 0.1}
+    table.add_row("cache miss: total", f"{cache['miss_ms']['p50']:.1f}", f"{cache['miss_ms']['p95']:.1f}")
+    table.add_row("cache hit: total", f"{cache['hit_ms']['p50']:.1f}", f"{cache['hit_ms']['p95']:.1f}")
     console.print(table)
+    console.print(f"cache hit p50 / miss p50: {ratio:.4f} (target <= 0.1): {'met' if ratio <= 0.1 else 'NOT met'}; "
+                  f"paraphrase hits {cache['paraphrase_hits']}/{len(questions)}")
     console.print(f"Quarry's added TTFT p50: {added:.1f} ms (target <= retrieval p50 + 30 = {target:.1f} ms): "
                   f"{'met' if added <= target else 'NOT met'}")
     if args.json:

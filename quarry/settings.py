@@ -228,6 +228,30 @@ class LLMSettings(BaseModel):
     support_threshold: float = Field(0.5, ge=0, le=1)
 
 
+class CacheSettings(BaseModel):
+    """The semantic answer cache (:mod:`generation.cache`).
+
+    Attributes:
+        enabled: Serve a stored answer again to the same or a paraphrased question (``/answer``
+            and ``/v1/chat/completions``). A request bypasses it with ``Cache-Control: no-cache``
+            or ``X-Quarry-Cache: bypass`` (``no-store`` also keeps its answer out).
+        backend: Where entries live: ``memory`` (this process; each replica its own).
+        threshold: Least cosine between the question and a stored one (query encoder) for a
+            hit; the lexical guard must also pass (same numbers, negations and content terms).
+            0.95: MiniLM puts function-word paraphrases at 0.99+, and a question and its
+            negation at 0.98-0.99, which the guard, not the threshold, tells apart.
+        ttl_s: Seconds an answer is served after it was generated.
+        max_entries: Most answers kept (least recently used out first); about 10-20 kB each
+            with 5 sources.
+    """
+
+    enabled: bool = True
+    backend: Literal["memory"] = "memory"
+    threshold: float = Field(0.95, gt=0, le=1)
+    ttl_s: float = Field(3600.0, gt=0, allow_inf_nan=False)
+    max_entries: int = Field(1000, ge=1, le=10_000_000)
+
+
 class ApiSettings(BaseModel):
     """REST server.
 
@@ -265,6 +289,7 @@ class Settings(BaseSettings):
     ingest: IngestSettings = IngestSettings()
     bm25: BM25Settings = BM25Settings()
     llm: LLMSettings = LLMSettings()
+    cache: CacheSettings = CacheSettings()
     api: ApiSettings = ApiSettings()
 
     @property

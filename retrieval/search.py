@@ -353,6 +353,13 @@ class Searcher:
         result.hits = self._timed(result, "hydrate", lambda: self._hydrate(cfg, page))
         return result
 
+    def submit_query(self, query: str) -> Future[Embeddings]:
+        """The query's vector, queued for the model (or an outage, while the model is skipped).
+
+        The answer cache keys on it; errors come through the future (``EmbeddingError``).
+        """
+        return self._submit_query(query)
+
     def _submit_query(self, query: str) -> Future[Embeddings]:
         """Queue the query for the model, unless the model's server is being skipped after an outage."""
         skipped = self._embed_breaker.check()

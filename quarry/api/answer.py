@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Annotated, Any, Literal
@@ -30,10 +30,13 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from generation.answer import Event, answer_events
 from generation.base import GenerationParams, Generator
+from generation.cache import AnswerCache, open_cache
 from generation.factory import open_generator
 from generation.openai_compat import approx_tokens
 from generation.prompt import Candidate, Prompt, build_prompt
+from indexing.collections import CollectionConfig
 from quarry import errors as e
+from quarry.api import cache as answer_cache
 from quarry.api.errors import error_responses
 from quarry.api.models import RerankIn, SearchIn, _Body
 from quarry.errors import GenerationError, InvalidRequest, LLMNotConfigured
@@ -46,6 +49,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Open the LLM client on the server's event loop; close it at shutdown."""
     service: Quarry = app.state.quarry
     app.state.generator = open_generator(service.settings.llm)
+    app.state.answer_cache = open_cache(service.settings.cache)
     try:
         yield
     finally:
@@ -79,6 +83,11 @@ async def _generator(request: Request) -> Generator | None:
     return gen
 
 
+def _cache(request: Request) -> AnswerCache | None:
+    cache: AnswerCache | None = getattr(request.app.state, "answer_cache", None)
+    return cache
+
+
 async def _quarry(request: Request) -> Quarry:
     service: Quarry = request.app.state.quarry
     return service
@@ -96,43 +105,71 @@ _ANSWER_ERRORS = (
 async def answer(
     name: str,
     body: AnswerIn,
+    request: Request,
     q: Annotated[Quarry, Depends(_quarry)],
     generator: Annotated[Generator | None, Depends(_generator)],
 ) -> Response:
     """Retrieve, build the prompt within the context budget, ask the LLM, check the citations.
 
     Returns ``{answer, citations, dropped_citations, sources, left_out, context, degraded, usage,
-    finish_reason, timings_ms}`` (or, with ``stream``, the events ``sources``, ``delta``,
+    finish_reason, timings_ms, cache}`` (or, with ``stream``, the events ``sources``, ``delta``,
     ``citation``, ``done`` / ``error``). Errors of retrieval (unknown collection, bad filter) are
-    plain error responses, before any event.
+    plain error responses, before any event. ``cache`` is ``hit``, ``miss`` or ``bypass``
+    (:mod:`quarry.api.cache`; ``Cache-Control: no-cache`` or ``X-Quarry-Cache: bypass`` skip it).
     """
-    events = await _events(name, body, q, generator)
+    events = await _events(name, body, q, generator, _cache(request), request.headers)
     if body.stream:
         return EventSourceResponse(_sse(events), ping=15)
     return await _collect(events, body.require_answer)
 
 
-async def _events(name: str, body: AnswerIn, q: Quarry, generator: Generator | None) -> AsyncIterator[Event]:
-    """Retrieve and build the prompt (errors raised here are plain error responses); the events to come."""
+async def _events(  # noqa: PLR0913 - the request and its dependencies
+    name: str, body: AnswerIn, q: Quarry, generator: Generator | None, cache: AnswerCache | None,
+    headers: Mapping[str, str],
+) -> AsyncIterator[Event]:
+    """The events to come: a cache hit's, or retrieve and build the prompt, then the LLM's.
+
+    Errors raised here (unknown collection, bad filter) are plain error responses.
+    """
     started = time.perf_counter()
     cfg: LLMSettings = q.settings.llm
     if body.require_answer:
         _check_available(generator)
-    candidates, degraded, timings = await _retrieve(q, name, body)
-    language = q.get_collection(name).language
+    collection = q.get_collection(name)
     budget = body.context_tokens or cfg.context_tokens
-    t = time.perf_counter()
-    prompt = await _prompt(generator, body.query, candidates, budget)
-    timings["prompt"] = (time.perf_counter() - t) * 1000
     params = GenerationParams(
         max_tokens=body.max_tokens or cfg.max_tokens,
         temperature=cfg.temperature if body.temperature is None else body.temperature,
         seed=body.seed,
     )
-    return answer_events(
-        generator, prompt, params, language=language, threshold=cfg.support_threshold, started=started,
-        timings_ms=timings, degraded=degraded,
+    plan = await _cache_plan(q, collection, body, generator, cache, params, budget, headers)
+    plan.count()
+    if plan.result == "hit":
+        return answer_cache.replay(plan, started)
+    candidates, degraded, timings = await _retrieve(q, name, body)
+    if plan.lookup_ms:
+        timings["cache"] = plan.lookup_ms
+    t = time.perf_counter()
+    prompt = await _prompt(generator, body.query, candidates, budget)
+    timings["prompt"] = (time.perf_counter() - t) * 1000
+    events = answer_events(
+        generator, prompt, params, language=collection.language, threshold=cfg.support_threshold,
+        started=started, timings_ms=timings, degraded=degraded,
     )
+    return answer_cache.recording(events, plan, answer_cache.directives(headers)[1])
+
+
+async def _cache_plan(  # noqa: PLR0913 - the request's parts
+    q: Quarry, collection: CollectionConfig, body: AnswerIn, generator: Generator | None, cache: AnswerCache | None,
+    params: GenerationParams, budget: int, headers: Mapping[str, str],
+) -> answer_cache.Plan:
+    """Bypass (cache off, no LLM, asked by a header, a query search will refuse), or look it up."""
+    read, store = answer_cache.directives(headers)
+    query_ok = body.query.strip() and len(body.query) <= q.settings.search.max_query_chars
+    if cache is None or generator is None or not query_ok or not (read or store):
+        return answer_cache.Plan("bypass")
+    key = answer_cache.cache_key(q, collection, body, generator, params, budget)
+    return await answer_cache.lookup(q, cache, key, body.query, collection.language, read=read)
 
 
 def _check_available(generator: Generator | None) -> None:
@@ -251,6 +288,7 @@ class ChatIn(BaseModel):
 @router.post("/v1/chat/completions", tags=["answer"], responses=error_responses(*_ANSWER_ERRORS, body=True))
 async def chat_completions(
     body: ChatIn,
+    request: Request,
     q: Annotated[Quarry, Depends(_quarry)],
     generator: Annotated[Generator | None, Depends(_generator)],
 ) -> Response:
@@ -279,7 +317,7 @@ async def chat_completions(
         temperature=body.temperature, seed=body.seed, context_tokens=opts.context_tokens,
         require_answer=opts.require_answer,
     )
-    events = await _events(collection, answer_in, q, generator)
+    events = await _events(collection, answer_in, q, generator, _cache(request), request.headers)
     ident, created = f"chatcmpl-quarry-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         return EventSourceResponse(_chat_sse(events, ident, created, body.model), ping=15)

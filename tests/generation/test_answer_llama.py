@@ -23,7 +23,7 @@ from generation.prompt import SEPARATOR, source_text
 from indexing.sources import SourceDocument
 from quarry.api import create_app
 from quarry.service import Quarry
-from quarry.settings import LLMSettings, Settings
+from quarry.settings import CacheSettings, LLMSettings, Settings
 from tests.generation.conftest import Served, free_port, sse_events
 
 pytestmark = pytest.mark.integration
@@ -53,7 +53,11 @@ def quarry(
     tmp_path_factory: pytest.TempPathFactory, minilm: SentenceTransformerEmbedder,
     scifact_sample: list[SourceDocument], llama_root: str,
 ) -> Iterator[Quarry]:
-    q = Quarry(Settings(data_dir=tmp_path_factory.mktemp("llama-data"), llm=_llm(LLM_URL)), embedder=minilm)
+    # no answer cache: stream vs non-stream must each be generated (tests/generation/test_cache.py has it)
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("llama-data"), llm=_llm(LLM_URL), cache=CacheSettings(enabled=False)
+    )
+    q = Quarry(settings, embedder=minilm)
     q.create_collection(COLLECTION, language="en")
     q.upsert(COLLECTION, scifact_sample)
     yield q

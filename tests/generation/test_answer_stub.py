@@ -16,7 +16,7 @@ from indexing.sources import SourceDocument
 from quarry.api import create_app
 from quarry.errors import GenerationUnavailable
 from quarry.service import Quarry
-from quarry.settings import LLMSettings, Settings
+from quarry.settings import CacheSettings, LLMSettings, Settings
 from tests.generation.conftest import Served, sse_events
 from tests.generation.stub import Reply, StubLLM
 
@@ -37,7 +37,8 @@ def served(
     scifact_sample: list[SourceDocument],
 ) -> Iterator[Served]:
     llm = LLMSettings(url=stub.url, first_token_timeout_s=FIRST_TOKEN_S, stall_timeout_s=STALL_S, retry_after_s=0)
-    quarry = Quarry(Settings(data_dir=tmp_path_factory.mktemp("stub-data"), llm=llm), embedder=minilm)
+    settings = Settings(data_dir=tmp_path_factory.mktemp("stub-data"), llm=llm, cache=CacheSettings(enabled=False))
+    quarry = Quarry(settings, embedder=minilm)  # scripted replies differ per request: no answer cache
     quarry.create_collection(COLLECTION, language="en")
     quarry.upsert(COLLECTION, scifact_sample[:10])
     with Served(create_app(quarry)) as s:

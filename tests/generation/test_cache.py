@@ -1,0 +1,298 @@
+"""The semantic answer cache: the lexical guard, the in-process backend, and /answer against the real llama.cpp.
+
+Unit tests use hand-made vectors (so the guard, not the cosine, is what decides) and an
+injected clock; the MiniLM cosines of the API test's pairs are checked to be above the
+threshold, so its misses are the guard's. The API test answers with ``max_tokens`` 8 over a
+20-document SciFact collection (7 LLM calls).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from prometheus_client import REGISTRY
+
+from embedding.sentence_transformers import SentenceTransformerEmbedder
+from generation.answer import Event
+from generation.cache import CacheKey, MemoryCache, Question, open_cache
+from generation.cache_guard import contradiction, terms
+from indexing.sources import SourceDocument
+from quarry.api import cache as answer_cache
+from quarry.api import create_app
+from quarry.service import Quarry
+from quarry.settings import CacheSettings, LLMSettings, Settings
+from tests.generation.conftest import Served, sse_events
+
+LLM_URL = os.environ.get("QUARRY_TEST_LLM_URL", "openai+http://127.0.0.1:8090/v1?model=smollm2")
+KEY = CacheKey('{"collection":"c"}', "1.0:3")
+
+
+# --- the guard ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("a", "b", "why"),
+    [
+        ("How do I enable dark mode?", "How do I disable dark mode?", "content"),
+        ("Is aspirin safe at 5 mg per day?", "Is aspirin safe at 50 mg per day?", "number"),
+        ("Is aspirin safe at 5 mg per day?", "Is aspirin safe at 5 g per day?", "content"),
+        ("Does vitamin D affect bone density?", "Does vitamin D not affect bone density?", "negation"),
+        ("Does vitamin D affect bone density?", "Vitamin D doesn't affect bone density?", "negation"),
+        ("Can I install it with Docker?", "Can I install it without Docker?", "negation"),
+        ("Does smoking cause cancer?", "Does cancer cause smoking?", "order"),
+        ("How do I install Quarry on Ubuntu?", "How do I install Quarry on Fedora?", "content"),
+        ("如何开启深色模式", "如何不开启深色模式", "negation"),
+        ("如何开启深色模式", "如何关闭深色模式", "content"),
+        ("How do I enable dark mode?", "How can I enable dark mode?", None),
+        ("How do I enable dark mode?", "how do i enable the dark mode", None),
+        ("What is the effect of vitamin D on bone density?", "What effect does vitamin D have on bone density?", None),
+        ("Take 2 doses?", "Take two doses?", None),
+        ("Why doesn't vitamin D affect bone density?", "Why does vitamin D not affect bone density?", None),
+        ("Is vitamin D safe?", "Is vitamin K safe?", "content"),
+        ("What's the dose of vitamin D?", "What is the dose of vitamin D?", None),
+        ("Is 1,000 mg too much?", "Is 1000 mg too much?", None),
+        ("Is 5 mg enough?", "Is 5.0 mg enough?", None),
+    ],
+)
+def test_the_guard_tells_contradictions_from_paraphrases(a: str, b: str, why: str | None) -> None:
+    language = "zh" if not a.isascii() else "en"
+    assert contradiction(terms(a, language), terms(b, language)) == why
+    assert contradiction(terms(b, language), terms(a, language)) == why
+
+
+# --- the in-process backend --------------------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _unit(*xs: float) -> np.ndarray:
+    v = np.asarray(xs, dtype=np.float32)
+    return v / np.linalg.norm(v)
+
+
+def _question(text: str, vector: np.ndarray) -> Question:
+    return Question(text, vector, terms(text, "en"))
+
+
+def _events(answer: str) -> list[Event]:
+    return [Event("sources", {"sources": []}), Event("delta", {"text": answer}), Event("done", {"answer": answer})]
+
+
+V = _unit(1, 0, 0, 0)
+
+
+def test_a_repeat_and_a_close_paraphrase_hit_a_far_one_and_a_contradiction_miss() -> None:
+    cache = MemoryCache(threshold=0.95, ttl_s=60, max_entries=10)
+    assert cache.get(KEY, _question("How do I enable dark mode?", V)).reason == "empty"
+    cache.put(KEY, _question("How do I enable dark mode?", V), _events("Settings > Display."))
+    hit = cache.get(KEY, _question("How do I enable dark mode?", V))
+    assert hit.entry is not None and hit.entry.events[-1].data["answer"] == "Settings > Display."
+    close = _unit(1, 0.2, 0, 0)  # cosine 0.98
+    assert cache.get(KEY, _question("How can I enable the dark mode", close)).entry is not None
+    far = _unit(1, 0.5, 0, 0)  # cosine 0.89
+    assert cache.get(KEY, _question("How can I enable the dark mode", far)).reason == "threshold"
+    # same vector, so only the guard stands between these and a wrong answer
+    assert cache.get(KEY, _question("How do I disable dark mode?", V)).reason == "content"
+    assert cache.get(KEY, _question("How do I not enable dark mode?", V)).reason == "negation"
+    other_scope = CacheKey('{"collection":"d"}', KEY.version)
+    assert cache.get(other_scope, _question("How do I enable dark mode?", V)).reason == "empty"
+    stats = cache.stats()
+    assert stats["hits"] == 2 and stats["misses"] == 5 and stats["entries"] == 1
+    assert stats["miss_reasons"] == {"empty": 2, "threshold": 1, "content": 1, "negation": 1}
+
+
+def test_numbers_make_a_miss_even_on_the_same_vector() -> None:
+    cache = MemoryCache(threshold=0.95, ttl_s=60, max_entries=10)
+    cache.put(KEY, _question("Is aspirin safe at 5 mg per day?", V), _events("yes"))
+    assert cache.get(KEY, _question("Is aspirin safe at 50 mg per day?", V)).reason == "number"
+    assert cache.get(KEY, _question("is aspirin safe at 5 mg per day", V)).entry is not None
+
+
+def test_a_write_to_the_collection_makes_every_older_entry_unusable() -> None:
+    cache = MemoryCache(threshold=0.95, ttl_s=60, max_entries=10)
+    cache.put(KEY, _question("How do I enable dark mode?", V), _events("a"))
+    after = CacheKey(KEY.scope, "1.0:4")
+    assert cache.get(after, _question("How do I enable dark mode?", V)).reason == "empty"
+    assert cache.stats()["invalidated"] == 1 and cache.stats()["entries"] == 0
+    # a collection dropped and created again starts its write counter again: its creation time differs
+    cache.put(KEY, _question("How do I enable dark mode?", V), _events("a"))
+    assert cache.get(CacheKey(KEY.scope, "2.0:3"), _question("How do I enable dark mode?", V)).entry is None
+
+
+def test_entries_expire_after_the_ttl() -> None:
+    clock = Clock()
+    cache = MemoryCache(threshold=0.95, ttl_s=30, max_entries=10, clock=clock)
+    cache.put(KEY, _question("How do I enable dark mode?", V), _events("a"))
+    clock.now += 29.9
+    assert cache.get(KEY, _question("How do I enable dark mode?", V)).entry is not None
+    clock.now += 0.2
+    assert cache.get(KEY, _question("How do I enable dark mode?", V)).reason == "empty"
+    assert cache.stats()["expired"] == 1
+
+
+def test_the_size_bound_drops_the_least_recently_used() -> None:
+    cache = MemoryCache(threshold=0.95, ttl_s=60, max_entries=2)
+    qs = [_question(f"What is topic {w}?", _unit(*row)) for w, row in
+          zip(("alpha", "beta", "gamma"), np.eye(4)[:3], strict=True)]
+    cache.put(KEY, qs[0], _events("0"))
+    cache.put(KEY, qs[1], _events("1"))
+    assert cache.get(KEY, qs[0]).entry is not None  # alpha is now the most recently used
+    cache.put(KEY, qs[2], _events("2"))
+    assert cache.get(KEY, qs[1]).entry is None and cache.get(KEY, qs[0]).entry is not None
+    assert cache.get(KEY, qs[2]).entry is not None
+    assert cache.stats()["evicted"] == 1 and cache.stats()["entries"] == 2
+
+
+def test_storing_the_same_question_again_replaces_its_entry() -> None:
+    cache = MemoryCache(threshold=0.95, ttl_s=60, max_entries=10)
+    cache.put(KEY, _question("How do I enable dark mode?", V), _events("old"))
+    cache.put(KEY, _question("how do I enable  dark mode?", V), _events("new"))
+    found = cache.get(KEY, _question("How do I enable dark mode?", V)).entry
+    assert found is not None and found.events[-1].data["answer"] == "new" and cache.stats()["entries"] == 1
+
+
+def test_the_factory_returns_none_when_disabled() -> None:
+    assert open_cache(CacheSettings(enabled=False)) is None
+    assert isinstance(open_cache(CacheSettings(threshold=0.9, ttl_s=5, max_entries=3)), MemoryCache)
+
+
+@pytest.mark.parametrize(
+    ("headers", "read", "store"),
+    [
+        ({}, True, True),
+        ({"cache-control": "no-cache"}, False, True),
+        ({"cache-control": "max-age=0, no-store"}, False, False),
+        ({"x-quarry-cache": "Bypass"}, False, True),
+    ],
+)
+def test_request_headers_bypass(headers: dict[str, str], read: bool, store: bool) -> None:
+    assert answer_cache.directives(headers) == (read, store)
+
+
+@pytest.mark.parametrize(
+    ("last", "stored"),
+    [
+        (Event("done", {"answer": "ok", "degraded": []}), True),
+        (Event("done", {"answer": None, "degraded": ["llm: no LLM"]}), False),
+        (Event("done", {"answer": " ", "degraded": []}), False),
+        (Event("done", {"answer": "ok", "degraded": ["dense: embedder down"]}), False),
+        (Event("error", {"error": {}}), False),
+    ],
+)
+def test_only_complete_undegraded_answers_are_stored(last: Event, stored: bool) -> None:
+    cache = MemoryCache(threshold=0.95, ttl_s=60, max_entries=10)
+    question = _question("How do I enable dark mode?", V)
+
+    async def events() -> AsyncIterator[Event]:
+        yield Event("sources", {"sources": []})
+        yield Event("delta", {"text": "ok"})
+        yield last
+
+    async def run() -> list[Event]:
+        plan = answer_cache.Plan("miss", cache, KEY, question)
+        return [e async for e in answer_cache.recording(events(), plan, store=True)]
+
+    passed = asyncio.run(run())
+    assert passed[0].data["cache"] == "miss" and passed[-1] is last
+    assert (cache.get(KEY, question).entry is not None) is stored
+
+
+# --- /answer with the real llama.cpp server ----------------------------------------------------
+COLLECTION = "scifact_cache"
+URL = f"/v1/collections/{COLLECTION}/answer"
+ASK = {"top_k": 2, "max_tokens": 8, "temperature": 0, "seed": 3, "context_tokens": 200}
+Q = "What is the effect of vitamin D on bone density?"
+PARAPHRASE = "What is the effect of vitamin D on the bone density"
+NEGATED = "What is not the effect of vitamin D on bone density?"
+Q5, Q50 = (f"What is the effect of {n} mg of vitamin D on bone density?" for n in (5, 50))
+
+
+@pytest.fixture(scope="module")
+def served(
+    tmp_path_factory: pytest.TempPathFactory, minilm: SentenceTransformerEmbedder,
+    scifact_sample: list[SourceDocument],
+) -> Iterator[tuple[Served, Quarry]]:
+    try:
+        httpx.get(LLM_URL.split("?")[0].replace("openai+", "") + "/models", timeout=60).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise RuntimeError(f"no llama.cpp server at {LLM_URL}: run bash scripts/services/llama.sh start") from exc
+    llm = LLMSettings(url=LLM_URL, first_token_timeout_s=60, stall_timeout_s=20)
+    settings = Settings(data_dir=tmp_path_factory.mktemp("cache-data"), llm=llm)
+    q = Quarry(settings, embedder=minilm)
+    q.create_collection(COLLECTION, language="en")
+    q.upsert(COLLECTION, scifact_sample[:20])
+    with Served(create_app(q)) as s:
+        yield s, q
+    q.close()
+
+
+def _counted(result: str) -> float:
+    return REGISTRY.get_sample_value("quarry_answer_cache_requests_total", {"result": result}) or 0.0
+
+
+@pytest.mark.integration
+def test_answer_cache_against_the_real_llm(  # noqa: PLR0915 - one scenario, in order
+    served: tuple[Served, Quarry], minilm: SentenceTransformerEmbedder, scifact_sample: list[SourceDocument],
+) -> None:
+    server, q = served
+    vectors = minilm.embed([Q, PARAPHRASE, NEGATED, Q5, Q50]).vectors
+    cosines = vectors @ vectors.T
+    threshold = q.settings.cache.threshold
+    assert min(cosines[0, 1], cosines[0, 2], cosines[3, 4]) >= threshold, cosines  # the guard decides those
+    before = {r: _counted(r) for r in ("hit", "miss", "bypass")}
+
+    def ask(query: str, **headers: str) -> dict[str, Any]:
+        r = c.post(URL, json={"query": query, **ASK}, headers=headers)
+        assert r.status_code == 200, r.text
+        out: dict[str, Any] = r.json()
+        return out
+
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        first = ask(Q)
+        assert first["cache"] == "miss" and first["answer"] and first["degraded"] == []
+        again = ask(Q)
+        assert again["cache"] == "hit"
+        for field in ("answer", "citations", "sources", "dropped_citations", "usage", "context"):
+            assert again[field] == first[field], field
+        assert "retrieve" not in again["timings_ms"] and again["timings_ms"]["total"] < first["timings_ms"]["total"]
+        assert ask(PARAPHRASE)["cache"] == "hit"
+        assert ask(NEGATED)["cache"] == "miss"
+        assert ask(Q5)["cache"] == "miss"
+        assert ask(Q50)["cache"] == "miss"
+        assert ask(Q, **{"X-Quarry-Cache": "bypass"})["cache"] == "bypass"
+        assert ask(Q, **{"Cache-Control": "no-cache"})["cache"] == "bypass"
+
+        with c.stream("POST", URL, json={"query": Q, "stream": True, **ASK}) as r:
+            events = [(k, d) for k, d, _ in sse_events(r)]
+        assert events[0][0] == "sources" and events[0][1]["cache"] == "hit" and events[-1][0] == "done"
+        assert "".join(d["text"] for k, d in events if k == "delta") == first["answer"]
+        assert events[-1][1]["citations"] == first["citations"]
+
+        chat = c.post("/v1/chat/completions", json={
+            "model": f"quarry/{COLLECTION}", "messages": [{"role": "user", "content": Q}], "max_tokens": 8,
+            "temperature": 0, "seed": 3, "quarry": {"top_k": 2, "context_tokens": 200},
+        }).json()
+        assert chat["quarry"]["cache"] == "hit" and chat["choices"][0]["message"]["content"] == first["answer"]
+
+        other = ask(Q, **{"X-Quarry-Cache": "bypass"})  # a different top_k is another scope
+        r = c.post(URL, json={"query": Q, **{**ASK, "top_k": 3}})
+        assert r.json()["cache"] == "miss" and other["cache"] == "bypass"
+
+        q.upsert(COLLECTION, scifact_sample[20:21])  # any write to the collection
+        assert ask(Q)["cache"] == "miss"
+        assert ask(PARAPHRASE)["cache"] == "hit"  # the answer stored after the write serves again
+
+    after = {r: _counted(r) - before[r] for r in before}
+    assert after == {"hit": 5, "miss": 6, "bypass": 3}, after
+    stats = server.server.config.app.state.answer_cache.stats()
+    assert stats["miss_reasons"]["negation"] == 1 and stats["miss_reasons"]["number"] >= 1
+    assert stats["invalidated"] >= 4  # Q, the negated and the two numbered questions, after the upsert
+
