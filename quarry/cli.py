@@ -277,10 +277,14 @@ def evaluate(
     out.print(table)
     if summary.answers is not None:
         a = summary.answers
+
+        def pct(key: str) -> str:
+            return "n/a" if a[key] is None else f"{100 * a[key]:.1f}%"
+
         out.print(
-            f"answers: {a['queries']} queries, citation validity {a['citation_validity']}, cited relevant "
-            f"{a['cited_relevant']}, no citation {a['no_citation']}, supported {a['supported']}, "
-            f"TTFT p50 {a['ttft_ms']['p50']:.0f} ms"
+            f"answers: {a['queries']} queries ({a['failed']} failed), citation validity {pct('citation_validity')}, "
+            f"cited relevant {pct('cited_relevant')}, no citation {pct('no_citation')}, supported "
+            f"{pct('supported')}, TTFT p50 {a['ttft_ms']['p50']:.0f} ms, total p50 {a['total_ms']['p50']:.0f} ms"
         )
     out.print(f"report: {out_dir / 'report.md'}")
 
