@@ -24,6 +24,7 @@ COPY retrieval ./retrieval
 COPY indexing ./indexing
 COPY embedding ./embedding
 COPY rerank ./rerank
+COPY generation ./generation
 COPY stores ./stores
 COPY eval ./eval
 RUN pip install ".[all]"

@@ -154,12 +154,13 @@ def main() -> None:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
                 client.headers["Cache-Control"] = "no-store"
                 client.post(url, json={"query": "warm up", **common}).raise_for_status()
-                plain, retrieve, server_ttft, prompts = [], [], [], []
+                plain, retrieve, prompt_ms, server_ttft, prompts = [], [], [], [], []
                 for q in questions:  # phase: /answer, not streamed (also gives each question's prompt)
                     started = time.perf_counter()
                     body = client.post(url, json={"query": q, **common}).json()
                     plain.append((time.perf_counter() - started) * 1000)
                     retrieve.append(body["timings_ms"]["retrieve"])
+                    prompt_ms.append(body["timings_ms"]["prompt"])
                     server_ttft.append(body["timings_ms"].get("ttft", float("nan")))
                     context = SEPARATOR.join(source_text(s["number"], s["text"]) for s in body["sources"])
                     prompts.append(messages_for(q, context))
@@ -178,6 +179,7 @@ def main() -> None:
         "answer": {"total_ms": summary(plain), "server_ttft_ms": summary(server_ttft)},
         "retrieve_ms": summary(retrieve),
         "cache": cache,
+        "prompt_ms": summary(prompt_ms),
         "config": {"docs": len(docs), "queries": len(questions), "max_tokens": args.max_tokens,
                    "context_tokens": args.context_tokens, "llm_url": args.llm_url},
     }
@@ -193,6 +195,7 @@ def main() -> None:
         ("/answer stream: TTFT", results["answer_stream"]["ttft_ms"]),
         ("/answer stream: total", results["answer_stream"]["total_ms"]),
         ("/answer: total", results["answer"]["total_ms"]), ("retrieval (server)", results["retrieve_ms"]),
+        ("prompt building (server)", results["prompt_ms"]),
     ]:
         table.add_row(name, f"{s['p50']:.1f}", f"{s['p95']:.1f}")
     ratio = cache["hit_ms"]["p50"] / cache["miss_ms"]["p50"]

@@ -6,7 +6,8 @@ Files written into the output folder by :func:`write_report`:
 - ``per_query.json``: ``{"<mode>": {"<query id>": {metric: value, "latency_ms": ms}}}``;
 - ``quality.png``: nDCG@10 / Recall@100 per mode with the published numbers as lines;
 - ``latency.png``: per-query latency distribution per mode;
-- ``report.md``: our modes and the published numbers side by side, the plots embedded.
+- ``report.md``: our modes and the published numbers side by side, the plots embedded, and
+  (``quarry eval --answers``) the answers section.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eval.answers import render_answers_md
 from eval.reference import References
 from eval.summary import Summary
 from quarry.errors import missing_extra
@@ -118,6 +120,8 @@ def render_report_md(summary: Summary, refs: References, images: dict[str, str])
     lines += ["## Our modes", "", *_ours_table(summary), ""]
     lines += ["## Side by side with published numbers", "", *_reference_note(summary, refs)]
     lines += [*_side_by_side(summary, refs), ""]
+    if summary.answers is not None:
+        lines += render_answers_md(summary.answers)
     lines += ["## Plots", ""]
     lines += [f"![{caption}]({target})\n" for caption, target in images.items()]
     lines += ["## Config", "", "```json", json.dumps(cfg, indent=2, sort_keys=True, default=str)]

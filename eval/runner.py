@@ -25,6 +25,7 @@ first timed query does not carry start-up cost. Errors raised by ``search`` prop
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -183,6 +184,7 @@ def evaluate(
     warmup: int = 1,
     show_progress: bool = True,
     clock_ns: Callable[[], int] = time.perf_counter_ns,
+    answers: Callable[[BeirSplit], dict[str, Any]] | None = None,
 ) -> Summary:
     """Evaluate ``search`` on a BEIR split and write the report (see the module docstring).
 
@@ -202,6 +204,8 @@ def evaluate(
         show_progress: Show a rich progress bar on stderr.
         clock_ns: Nanoseconds of a monotonic clock that times each call
             (:func:`time.perf_counter_ns` by default).
+        answers: Given the loaded split, the answers section (:mod:`eval.answers`), run after
+            the modes and written with them (``summary.json["answers"]``, ``## Answers``).
 
     Returns:
         The summary that was written to ``out_dir/summary.json``.
@@ -230,6 +234,8 @@ def evaluate(
     summary = run_modes(
         search, loaded, modes, run_config, top_k, warmup=warmup, show_progress=show_progress, clock_ns=clock_ns
     )
+    if answers is not None:
+        summary = dataclasses.replace(summary, answers=answers(loaded))
     ref_file = references_path or beir_dir.resolve().parent / REFERENCE_FILE
     write_report(summary, load_references(ref_file, str(facts["dataset"])), Path(out_dir))
     return summary

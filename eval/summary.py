@@ -5,7 +5,8 @@
     {"config": {...},
      "modes": {"<mode>": {"ndcg@10": float, "recall@10": float, "recall@100": float,
                           "mrr@10": float, "latency_ms": {"p50": float, "p95": float},
-                          "num_queries": int}}}
+                          "num_queries": int}},
+     "answers": {...}}   # only with ``quarry eval --answers`` (fields: eval/answers.py)
 """
 
 from __future__ import annotations
@@ -75,17 +76,22 @@ class Summary:
     Attributes:
         config: What was run (dataset, split, top_k, store, model, ...); JSON-serialisable.
         modes: Mode name -> its result, in the order the modes were run.
+        answers: The answers section (:mod:`eval.answers`), when ``--answers`` ran.
     """
 
     config: dict[str, Any]
     modes: dict[str, ModeResult] = field(default_factory=dict)
+    answers: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the ``summary.json`` object (see the module docstring)."""
-        return {
+        out: dict[str, Any] = {
             "config": self.config,
             "modes": {name: result.to_dict() for name, result in self.modes.items()},
         }
+        if self.answers is not None:
+            out["answers"] = self.answers
+        return out
 
 
 def summary_modes(summary: Summary | Mapping[str, Any]) -> dict[str, dict[str, Any]]:

@@ -79,9 +79,15 @@ class Generator(Protocol):
     async def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens of each text, in the model's tokenizer where known (no special tokens).
 
+        ``count_tokens([])`` prepares the counter (and :meth:`estimate_tokens`) without counting.
+
         Raises:
             GenerationUnavailable: The server could not be asked.
         """
+        ...
+
+    def estimate_tokens(self, text: str) -> int:
+        """Tokens of ``text`` estimated locally, without I/O (for choosing and cutting chunks)."""
         ...
 
     async def aclose(self) -> None:

@@ -14,14 +14,16 @@ and so aborts the request upstream (vLLM and llama.cpp stop generating for a clo
 
 Token counting (for the prompt's context budget) uses the server's own tokenizer where it has
 one: llama-cpp-python's ``POST /extras/tokenize``, llama.cpp's and vLLM's ``POST /tokenize``;
-otherwise :func:`approx_tokens`.
+otherwise :func:`approx_tokens`. Finding the endpoint (the first count, or ``count_tokens([])``)
+also calibrates :meth:`estimate_tokens`, the local estimate the prompt chooses and cuts chunks
+with: characters per token of :data:`CALIBRATION_TEXT` on this server, times
+:data:`CALIBRATION_MARGIN`, then fixed, so the same request builds the same prompt. A prompt
+costs one tokenizer round trip (more only when the estimate fell short).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-import re
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit, urlunsplit
@@ -31,6 +33,7 @@ import httpx2 as httpx  # openai 3's transport (the httpx API under a new name)
 import openai
 
 from generation.base import GenerationParams, Message, Piece, Usage
+from generation.prompt import CHARS_PER_TOKEN, approx_tokens
 from quarry.breaker import OutageBreaker
 from quarry.errors import (
     ConfigError,
@@ -40,18 +43,14 @@ from quarry.errors import (
 )
 from quarry.settings import LLMSettings
 
-_CJK = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af]")
-CHARS_PER_TOKEN = 3.0
-
-
-def approx_tokens(text: str) -> int:
-    """Estimated tokens of ``text`` when the model's tokenizer is unknown.
-
-    One token per CJK/kana/hangul character, one per 3 other characters (English BPE
-    vocabularies average about 4 characters a token, so this errs on the side of the budget).
-    """
-    cjk = len(_CJK.findall(text))
-    return cjk + math.ceil((len(text) - cjk) / CHARS_PER_TOKEN)
+CALIBRATION_MARGIN = 0.93
+CALIBRATION_TEXT = (  # counted once when the tokenizer is found, so the first prompt is estimated well
+    "Vitamin C deficiency causes scurvy, a disease marked by bleeding gums, poor wound healing and "
+    "fatigue. In a randomized controlled trial of 1,204 adults, daily supplementation reduced the "
+    "incidence of respiratory infections by 8% (95% CI 3-13%), although the effect on the duration "
+    "of symptoms was not statistically significant. The authors conclude that further studies are "
+    "needed before recommending routine supplementation to the general population."
+)  # estimate a little more tokens than measured, so the first count usually fits
 
 
 def parse_url(url: str) -> tuple[str, str | None]:
@@ -95,6 +94,7 @@ class OpenAICompatGenerator:
         )
         self._tokenize: str | None = None  # "llama-cpp-python" | "tokenize" | "approx"; None: not probed
         self._special = 0  # tokens the tokenizer endpoint adds to every text
+        self._chars_per_token = CHARS_PER_TOKEN  # calibrated once the server's tokenizer is found
 
     @property
     def tokenizer(self) -> str:
@@ -214,8 +214,25 @@ class OpenAICompatGenerator:
         return GenerationError(f"{where} sent a malformed reply: {type(exc).__name__}: {exc}")
 
     # --- tokens --------------------------------------------------------------------------
+    def estimate_tokens(self, text: str) -> int:
+        """See :meth:`generation.base.Generator.estimate_tokens` (calibrated on this server's tokenizer)."""
+        return approx_tokens(text, self._chars_per_token)
+
+    def _calibrate(self, text: str, tokens: int) -> None:
+        """Set the characters-per-token estimate from one server count (once, when the tokenizer is found).
+
+        Fixed for the process from then on, so the same request always builds the same prompt
+        (a stream and a plain answer read the same sources).
+        """
+        if tokens > 0:
+            self._chars_per_token = min(max(len(text) / tokens * CALIBRATION_MARGIN, 1.0), 8.0)
+
     async def count_tokens(self, texts: Sequence[str]) -> list[int]:
-        """See :meth:`generation.base.Generator.count_tokens`; approximated while the server is skipped."""
+        """See :meth:`generation.base.Generator.count_tokens`; approximated while the server is skipped.
+
+        ``count_tokens([])`` asks nothing once the tokenizer is known; before, it finds it (and
+        calibrates :meth:`estimate_tokens`).
+        """
         if self._tokenize == "approx" or self._breaker.outage is not None:
             return [approx_tokens(t) for t in texts]
         if self._tokenize is None:
@@ -234,6 +251,7 @@ class OpenAICompatGenerator:
             try:
                 self._special = 0
                 self._special = await self._count("")  # what the endpoint adds to any text (BOS)
+                self._calibrate(CALIBRATION_TEXT, await self._count(CALIBRATION_TEXT))
                 return
             except httpx.HTTPStatusError as exc:
                 if 400 <= exc.response.status_code < 500:

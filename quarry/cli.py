@@ -23,7 +23,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from quarry.config_cli import app as config_app
-from quarry.errors import InvalidRequest, QuarryError
+from quarry.errors import InvalidRequest, LLMNotConfigured, QuarryError
 from quarry.settings import Settings, get_settings, unknown_env
 from quarry.triton_cli import app as triton_app
 
@@ -229,12 +229,22 @@ def evaluate(
     out_dir: Annotated[Path, typer.Option("--out", help="Where report.md and summary.json go.")] = Path("eval-out"),
     collection: Annotated[str | None, typer.Option("--collection", "-c", help="Default: eval_<dataset>.")] = None,
     language: Language = "auto",
+    answers: Annotated[
+        bool, typer.Option("--answers", help="Also answer queries with the LLM (QUARRY_LLM__URL) and score them.")
+    ] = False,
+    answers_queries: Annotated[
+        int, typer.Option("--answers-queries", min=1, help="Queries answered with --answers (split order).")
+    ] = 20,
 ) -> None:
     """Ingest a BEIR corpus (idempotent), run each mode over a split, write the report."""
     from eval.runner import collection_search
     from eval.runner import evaluate as run_eval
 
     settings = get_settings()
+    if answers and not settings.llm.url.strip():
+        raise LLMNotConfigured(
+            "quarry eval --answers needs an LLM: set QUARRY_LLM__URL (openai+http://host:port/v1?model=NAME)"
+        )
     name = collection or f"eval_{_default_name(beir)}"
     wanted = [m.strip() for m in modes.split(",") if m.strip()]
     docs = _check_eval_inputs(beir, split, wanted, out_dir)
@@ -257,14 +267,37 @@ def evaluate(
         "rrf_k": settings.search.rrf_k, "rank_window_size": settings.search.candidates, "index": cfg.index,
     }
     summary = run_eval(
-        collection_search(quarry, name), beir_dir=beir, split=split, modes=wanted, out_dir=out_dir, config=config
+        collection_search(quarry, name), beir_dir=beir, split=split, modes=wanted, out_dir=out_dir, config=config,
+        answers=_answers_section(quarry, name, answers_queries) if answers else None,
     )
     table = Table("mode", "nDCG@10", "Recall@10", "Recall@100", "MRR@10", "p50 ms", "p95 ms", title=str(beir))
     for mode_name, row in summary.to_dict()["modes"].items():
         table.add_row(mode_name, *(f"{row[k]:.4f}" for k in ("ndcg@10", "recall@10", "recall@100", "mrr@10")),
                       f"{row['latency_ms']['p50']:.1f}", f"{row['latency_ms']['p95']:.1f}")
     out.print(table)
+    if summary.answers is not None:
+        a = summary.answers
+
+        def pct(key: str) -> str:
+            return "n/a" if a[key] is None else f"{100 * a[key]:.1f}%"
+
+        out.print(
+            f"answers: {a['queries']} queries ({a['failed']} failed), citation validity {pct('citation_validity')}, "
+            f"cited relevant {pct('cited_relevant')}, no citation {pct('no_citation')}, supported "
+            f"{pct('supported')}, TTFT p50 {a['ttft_ms']['p50']:.0f} ms, total p50 {a['total_ms']['p50']:.0f} ms"
+        )
     out.print(f"report: {out_dir / 'report.md'}")
+
+
+def _answers_section(quarry: Any, name: str, limit: int) -> Any:
+    """The ``answers`` callback of :func:`eval.runner.evaluate`: answer ``limit`` queries, score them."""
+    from eval.answers import answer_queries
+    from eval.beir import BeirSplit
+
+    def run(split: BeirSplit) -> dict[str, Any]:
+        return answer_queries(quarry, name, split.queries, limit=limit).to_dict(split.qrels)
+
+    return run
 
 
 def _check_eval_inputs(beir: Path, split: str, modes: list[str], out_dir: Path) -> list[Any]:

@@ -271,7 +271,7 @@ class GenerationTimeout(GenerationUnavailable):
 
 
 class LLMNotConfigured(GenerationError):
-    """An answer was required (``require_answer``) but ``QUARRY_LLM__URL`` is empty."""
+    """An answer was required (``require_answer``, ``quarry eval --answers``) but ``QUARRY_LLM__URL`` is empty."""
 
 
 def missing_extra(module: str, extra: str) -> ConfigError:

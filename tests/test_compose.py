@@ -20,7 +20,7 @@ from quarry.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "tests" / "data" / "compose-spec.schema.json"
-SERVICES = {"triton", "etcd", "minio", "milvus", "qdrant", "postgres", "api"}
+SERVICES = {"triton", "etcd", "minio", "milvus", "qdrant", "postgres", "vllm", "api"}
 _VAR = re.compile(r"\$\{(?P<name>[A-Z0-9_]+)(?::-(?P<default>[^}]*))?\}")
 
 
@@ -135,6 +135,25 @@ def test_the_api_environment_maps_onto_settings(
     assert settings.environment == "production"
     assert settings.data_dir == Path("/data")
     assert api["command"][:4] == ["quarry", "serve", "--host", "0.0.0.0"]
+    assert settings.llm.url == "openai+http://vllm:8000/v1?model=Qwen/Qwen2.5-7B-Instruct"
+
+
+def test_vllm_serves_the_model_the_api_asks_for_on_a_gpu(services: dict[str, dict[str, Any]]) -> None:
+    from generation.openai_compat import parse_url
+
+    vllm, api = services["vllm"], services["api"]
+    assert interpolate(vllm["image"]).startswith("vllm/vllm-openai:v")
+    args = [interpolate(a) for a in vllm["command"]]
+    flags = dict(a.removeprefix("--").split("=", 1) for a in args if "=" in a)
+    assert "--enable-prefix-caching" in args and flags["host"] == "0.0.0.0"
+    base, model = parse_url(interpolate(api["environment"]["QUARRY_LLM__URL"]))
+    assert base == f"http://vllm:{flags['port']}/v1" and model == flags["model"] == "Qwen/Qwen2.5-7B-Instruct"
+    assert f"http://127.0.0.1:{flags['port']}/health" in " ".join(vllm["healthcheck"]["test"])
+    (device,) = vllm["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert "vllm" not in api["depends_on"]  # search serves while the model loads; answers degrade
+    hosts = [p.split(":")[0] for svc in services.values() for p in svc.get("ports", [])]
+    assert len(hosts) == len(set(hosts)), f"host ports clash: {sorted(hosts)}"
 
 
 def test_the_api_image_is_built_with_cpu_torch() -> None:
@@ -142,5 +161,5 @@ def test_the_api_image_is_built_with_cpu_torch() -> None:
     assert "--index-url https://download.pytorch.org/whl/cpu torch" in dockerfile
     assert 'pip install ".[all]"' in dockerfile
     assert 'CMD ["quarry", "serve", "--host", "0.0.0.0", "--port", "8080"]' in dockerfile
-    for package in ("quarry", "retrieval", "indexing", "embedding", "rerank", "stores", "eval"):
+    for package in ("quarry", "retrieval", "indexing", "embedding", "rerank", "generation", "stores", "eval"):
         assert f"COPY {package} ./{package}" in dockerfile

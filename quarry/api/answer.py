@@ -32,8 +32,7 @@ from generation.answer import Event, answer_events
 from generation.base import GenerationParams, Generator
 from generation.cache import AnswerCache, open_cache
 from generation.factory import open_generator
-from generation.openai_compat import approx_tokens
-from generation.prompt import Candidate, Prompt, build_prompt
+from generation.prompt import Candidate, Prompt, approx_tokens, build_prompt
 from indexing.collections import CollectionConfig
 from quarry import errors as e
 from quarry.api import cache as answer_cache
@@ -172,6 +171,15 @@ async def _cache_plan(  # noqa: PLR0913 - the request's parts
     return await answer_cache.lookup(q, cache, key, body.query, collection.language, read=read)
 
 
+async def prepare_answer(name: str, body: AnswerIn, q: Quarry, generator: Generator | None) -> AsyncIterator[Event]:
+    """The ``/answer`` path outside HTTP (``quarry eval --answers``): retrieve, build the prompt; the events.
+
+    Raises:
+        QuarryError: What retrieval raises (unknown collection, bad filter, ...), before any event.
+    """
+    return await _events(name, body, q, generator, None, {})  # no cache: eval measures the LLM
+
+
 def _check_available(generator: Generator | None) -> None:
     """Fail at once when an answer is required and the LLM is missing or being skipped."""
     if generator is None:
@@ -202,14 +210,21 @@ async def _retrieve(q: Quarry, name: str, body: AnswerIn) -> tuple[list[Candidat
 
 
 async def _prompt(generator: Generator | None, query: str, candidates: list[Candidate], budget: int) -> Prompt:
-    """The prompt, counted with the LLM's tokenizer (or the approximation when there is no LLM)."""
+    """The prompt, counted with the LLM's tokenizer (or the approximation when there is no LLM).
+
+    Chunks are chosen with the generator's local estimate; the block is counted once by the
+    server's tokenizer (one round trip; more only when the estimate fell short).
+    """
     if generator is None:
 
         async def approx(texts: Sequence[str]) -> list[int]:
             return [approx_tokens(t) for t in texts]
 
         return await build_prompt(query, candidates, budget, approx, "approx")
-    prompt = await build_prompt(query, candidates, budget, generator.count_tokens, "approx")
+    await generator.count_tokens([])  # on first use: find the tokenizer, calibrate the estimate
+    prompt = await build_prompt(
+        query, candidates, budget, generator.count_tokens, "approx", estimate=generator.estimate_tokens
+    )
     prompt.tokenizer = generator.tokenizer  # known once the first count probed the server
     return prompt
 
