@@ -250,14 +250,16 @@ def evaluate(
     docs = _check_eval_inputs(beir, split, wanted, out_dir)
     quarry = _quarry(settings)
     quarry.create_collection(name, language=language, exist_ok=True)
-    _ingest_with_progress(quarry, name, docs)
-    stored = quarry.describe(name)["documents"]
-    if stored != len(docs):
+    # Refused before anything is written: documents that are not in the corpus would be retrieved
+    # and scored, and ingesting first would add the corpus to a collection that is then refused.
+    stored = quarry.docstore.counts(name)[0]
+    foreign = stored - len(quarry.docstore.document_hashes(name, [d.id for d in docs]))
+    if foreign:
         raise InvalidRequest(
-            f"collection {name!r} holds {stored} documents but {beir} has {len(docs)}: documents that "
-            f"are not in the corpus would be retrieved and scored; drop it (quarry collections drop "
-            f"{name}) or name another with --collection"
+            f"collection {name!r} holds {foreign} document(s) that {beir} does not have: they would be "
+            f"retrieved and scored; drop it (quarry collections drop {name}) or name another with --collection"
         )
+    _ingest_with_progress(quarry, name, docs)
     cfg = quarry.get_collection(name)
 
     config = {

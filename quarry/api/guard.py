@@ -61,7 +61,7 @@ def body_too_large(limit: int) -> PayloadTooLarge:
     """The error of a body over ``limit`` bytes."""
     return PayloadTooLarge(
         f"request body is larger than {limit:,} bytes, the server's limit (QUARRY_API__MAX_BODY_BYTES); "
-        "send fewer documents per request"
+        "split it (an upsert: fewer documents per request)"
     )
 
 

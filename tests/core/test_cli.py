@@ -171,10 +171,13 @@ def test_eval_checks_its_inputs_before_ingesting_and_refuses_a_stale_collection(
     done = quarry_cli(["eval", "--beir", str(beir), "--modes", "bm25", "--out", str(out)], data)
     assert done.returncode == 0, done.stderr
     assert json.loads((out / "summary.json").read_text())["modes"]["bm25"]["ndcg@10"] == 1.0
-    write_jsonl(beir / "corpus.jsonl", docs[1:])  # jupiter left the corpus; the collection still holds it
+    moon = {"_id": "moon", "title": "Moon", "text": "the moon orbits the earth"}
+    write_jsonl(beir / "corpus.jsonl", [*docs[1:], moon])  # jupiter left the corpus; the collection still holds it
     stale = quarry_cli(["eval", "--beir", str(beir), "--modes", "bm25", "--out", str(out)], data)
     assert stale.returncode == 2
-    assert "collection 'eval_toy' holds 3 documents but" in " ".join(stale.stderr.split()), stale.stderr
+    said = " ".join(stale.stderr.split())
+    assert "collection 'eval_toy' holds 1 document(s) that" in said and "does not have" in said, stale.stderr
+    assert "ingest" not in stale.stderr  # refused before the corpus (moon) was written into it
 
 
 def test_bad_settings_and_stores_are_one_error_line_not_a_traceback(tmp_path: Path, quarry_cli: Runner) -> None:
