@@ -19,6 +19,24 @@ from typing import Any
 
 from quarry.errors import StoreError, StoreUnavailable
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _int64(digits: str) -> int | str:
+    """A JSON integer as an ``int`` when it fits 64 bits, else its digits as a string.
+
+    Payloads written before metadata integers were checked may hold a wider one (``2**70``),
+    which orjson, the filters and the stores cannot take: every search returning it was a 500.
+    """
+    value = int(digits)
+    return value if _INT64_MIN <= value <= _INT64_MAX else digits
+
+
+def _payload(text: str) -> dict[str, Any]:
+    """A stored payload, integers past 64 bits read as strings (:func:`_int64`)."""
+    return dict(json.loads(text, parse_int=_int64))
+
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS collections (
     name TEXT PRIMARY KEY, config TEXT NOT NULL, version INTEGER NOT NULL DEFAULT 0
@@ -187,7 +205,7 @@ class DocStore:
                     f"WHERE collection=? AND chunk_id IN ({marks})",
                     (name, *part),
                 ).fetchall()
-        return {r[0]: StoredChunk(r[0], r[1], r[2], r[3], json.loads(r[4]), json.loads(r[5])) for r in rows}
+        return {r[0]: StoredChunk(r[0], r[1], r[2], r[3], json.loads(r[4]), _payload(r[5])) for r in rows}
 
     def bm25_rows(self, name: str) -> tuple[int, list[tuple[str, str, list[str], dict[str, Any]]]]:
         """``(version, [(chunk_id, document_id, tokens, payload), ...])`` in insertion order."""
@@ -197,7 +215,7 @@ class DocStore:
                 "SELECT chunk_id, document_id, tokens, payload FROM chunks WHERE collection=? ORDER BY rowid",
                 (name,),
             ).fetchall()
-        return version, [(r[0], r[1], json.loads(r[2]), json.loads(r[3])) for r in rows]
+        return version, [(r[0], r[1], json.loads(r[2]), _payload(r[3])) for r in rows]
 
     def bm25_chunk_ids(self, name: str) -> tuple[int, list[str]]:
         """``(version, chunk ids)`` of the chunks with BM25 tokens, in insertion order.

@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quarry.errors import InvalidDocument, InvalidRequest, PayloadTooLarge
+from quarry.errors import InvalidDocument, InvalidRequest, PayloadTooLarge, clip
 from retrieval.text import long_word
 from stores.base import Payload
 from stores.filters import FIELD_NAME
@@ -64,11 +65,13 @@ def detect_format(path: Path) -> str:
     raise InvalidRequest(f"{path}: not a BEIR folder, a .jsonl file or a folder of .txt/.md files")
 
 
-def read_documents(path: Path) -> list[SourceDocument]:
+def read_documents(path: Path, *, max_document_chars: int = 1_000_000) -> list[SourceDocument]:
     """Read and validate every document of a source.
 
     Args:
         path: A BEIR folder, a ``.jsonl`` file or a folder of ``.txt``/``.md`` files.
+        max_document_chars: ``QUARRY_INGEST__MAX_DOCUMENT_CHARS``: a file of a folder over
+            ``4 *`` this many bytes (UTF-8 takes at most 4 per character) is refused unread.
 
     Returns:
         The documents, in source order.
@@ -84,7 +87,7 @@ def read_documents(path: Path) -> list[SourceDocument]:
             return list(iter_jsonl(path / "corpus.jsonl"))
         if fmt == "jsonl":
             return list(iter_jsonl(path))
-        return list(iter_folder(path))
+        return list(iter_folder(path, max_document_chars=max_document_chars))
     except OSError as exc:  # unreadable file, I/O error: one error line, not a traceback
         where = exc.filename or path
         raise InvalidRequest(f"{where}: cannot be read: {exc.strerror or exc}") from exc
@@ -148,18 +151,31 @@ def iter_jsonl(path: Path) -> Iterator[SourceDocument]:
         yield doc
 
 
-def iter_folder(path: Path) -> Iterator[SourceDocument]:
+def iter_folder(path: Path, *, max_document_chars: int = 1_000_000) -> Iterator[SourceDocument]:
     """Every ``.txt``/``.md`` file below ``path``; the id is the relative path.
+
+    Args:
+        path: The folder.
+        max_document_chars: A file over ``4 * max_document_chars`` bytes cannot hold a document
+            within the limit (UTF-8 takes at most 4 bytes a character): it is refused from its
+            size, before it is read (a stray multi-GB log would otherwise be read whole first).
 
     Raises:
         InvalidRequest: The folder holds no such file.
-        InvalidDocument: A file is not valid UTF-8.
+        InvalidDocument: A file is not valid UTF-8, or is over the size limit (the message names it).
     """
     files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
     if not files:
         raise InvalidRequest(f"{path}: no .txt or .md files found")
     for file in files:
         rel = file.relative_to(path).as_posix()
+        size = file.stat().st_size
+        if size > 4 * max_document_chars:
+            raise InvalidDocument(
+                f"the file is {size:,} bytes; a document holds at most {max_document_chars:,} characters "
+                f"(QUARRY_INGEST__MAX_DOCUMENT_CHARS), {4 * max_document_chars:,} bytes of UTF-8: split it",
+                source=str(file),
+            )
         try:
             text = file.read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
@@ -196,7 +212,7 @@ def parse_document(raw: Any) -> SourceDocument:
     metadata = check_metadata(raw.get("metadata") or {}, doc_id)
     fields: list[tuple[str, object]] = [("'id'", doc_id), ("'text'", text), ("'title'", title)]
     for key, value in metadata.items():
-        fields += [(f"metadata field {key!r}", v) for v in (value if isinstance(value, list) else [value])]
+        fields += [(f"metadata field {clip(key)}", v) for v in (value if isinstance(value, list) else [value])]
     for where, field_value in fields:
         if isinstance(field_value, str):
             check_unicode(field_value, f"document {doc_id[:40]!r}: {where}", InvalidDocument)
@@ -276,6 +292,28 @@ def check_unicode(text: str, where: str, error: type[InvalidRequest]) -> None:
         ) from exc
 
 
+# Characters that show nothing: control, format (zero-width, BOM, bidi marks), surrogate and separator
+# categories, plus the default-ignorable letters and marks Unicode lists outside them (Hangul fillers,
+# variation selectors, the combining grapheme joiner) and the blank braille pattern.
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zs", "Zl", "Zp"})
+_INVISIBLE = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2800\u3164\ufe00-\ufe0f\uffa0\U000e0100-\U000e01ef]"
+)
+
+
+def is_blank(text: str) -> bool:
+    r"""Whether ``text`` holds no visible character: empty, or only whitespace and invisible characters.
+
+    ``"   "``, ``"\u200b\u200b"``, ``"\u0000"`` and ``"\ufeff"`` are all blank: a tokenizer finds
+    no term in them and a model embeds them as noise, so a search for one answers arbitrary neighbours.
+    Stops at the first visible character (a normal query: the first).
+    """
+    return not any(
+        not ch.isspace() and unicodedata.category(ch) not in _INVISIBLE_CATEGORIES and not _INVISIBLE.match(ch)
+        for ch in text
+    )
+
+
 def check_metadata(meta: Any, doc_id: str) -> Payload:
     """Validate flat metadata: identifier keys; str, int, float, bool or list-of-str values.
 
@@ -288,23 +326,23 @@ def check_metadata(meta: Any, doc_id: str) -> Payload:
     for key, value in meta.items():
         if not FIELD_NAME.fullmatch(key) or key in RESERVED_FIELDS:
             raise InvalidDocument(
-                f"document {doc_id!r}: invalid metadata field name {key!r} "
+                f"document {doc_id!r}: invalid metadata field name {clip(key)} "
                 f"(identifiers only; reserved: {', '.join(sorted(RESERVED_FIELDS))})"
             )
         if isinstance(value, list):
             if not all(isinstance(v, str) for v in value):
-                raise InvalidDocument(f"document {doc_id!r}: list field {key!r} must hold strings only")
+                raise InvalidDocument(f"document {doc_id!r}: list field {clip(key)} must hold strings only")
         elif not isinstance(value, str | int | float | bool) or value is None:
             raise InvalidDocument(
-                f"document {doc_id!r}: field {key!r} must be a string, number, boolean or list of strings"
+                f"document {doc_id!r}: field {clip(key)} must be a string, number, boolean or list of strings"
             )
         elif isinstance(value, float) and not math.isfinite(value):  # Python's json takes NaN, Infinity
-            raise InvalidDocument(f"document {doc_id!r}: field {key!r} is {value}; numbers must be finite")
+            raise InvalidDocument(f"document {doc_id!r}: field {clip(key)} is {value}; numbers must be finite")
         elif isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX:
             # JSON allows any integer; stores, filters and the response encoder (orjson) hold 64 bits:
             # a stored 2**70 made every search that returned its document a 500.
             raise InvalidDocument(
-                f"document {doc_id!r}: field {key!r} is an integer outside the 64-bit range "
+                f"document {doc_id!r}: field {clip(key)} is an integer outside the 64-bit range "
                 f"[-2**63, 2**63 - 1]: send it as a string or a float"
             )
     size = len(json.dumps(meta, ensure_ascii=False).encode("utf-8", "surrogatepass"))  # lone ones: refused next

@@ -110,8 +110,9 @@ def ingest(
     from indexing.sources import read_documents
 
     name = collection or _default_name(path)
-    docs = read_documents(path)
-    quarry = _quarry()
+    settings = get_settings()
+    docs = read_documents(path, max_document_chars=settings.ingest.max_document_chars)
+    quarry = _quarry(settings)
     cfg = quarry.create_collection(
         name, language=language or "auto", chunk_size=chunk_size, chunk_overlap=chunk_overlap, exist_ok=True
     )

@@ -50,6 +50,18 @@ model's server, which is skipped at once.)
 
 from __future__ import annotations
 
+ECHO_CHARS = 80  # the most of a client's value an error message quotes
+
+
+def clip(value: object, limit: int = ECHO_CHARS) -> str:
+    """``repr(value)`` cut to about ``limit`` characters with an ellipsis: a client's value echoed in a message.
+
+    A message quotes what the client sent so the client can find it, never all of it: a 10 KB name
+    echoed whole makes every error log and response that large.
+    """
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
 
 class QuarryError(Exception):
     """Root of every error Quarry raises on purpose.
@@ -126,7 +138,7 @@ class CollectionNotFound(NotFound):
     """The named collection (or alias) does not exist."""
 
     def __init__(self, name: str) -> None:
-        super().__init__(f"collection {name!r} does not exist")
+        super().__init__(f"collection {clip(name)} does not exist")
         self.name = name
 
 

@@ -21,7 +21,7 @@ from indexing.docstore import DocStore
 from indexing.pipeline import Ingestor, IngestReport, Progress
 from indexing.planner import GIB, IndexPlan, plan_for_store
 from indexing.sources import SourceDocument
-from quarry.errors import CollectionExists, CollectionNotFound, Conflict, InvalidRequest
+from quarry.errors import CollectionExists, CollectionNotFound, Conflict, InvalidRequest, clip
 from quarry.settings import Settings
 from rerank.base import Reranker
 from retrieval.bm25_registry import BM25Registry
@@ -144,10 +144,10 @@ class Quarry:
         """
         if not NAME.fullmatch(name):
             raise InvalidRequest(
-                f"invalid collection name {name!r}: start with a letter; letters, digits and '_' only; at most 63"
+                f"invalid collection name {clip(name)}: start with a letter; letters, digits and '_' only; at most 63"
             )
         if language not in LANGUAGES:
-            raise InvalidRequest(f"unknown language {language!r}; use one of {', '.join(LANGUAGES)}")
+            raise InvalidRequest(f"unknown language {clip(language)}; use one of {', '.join(LANGUAGES)}")
         with self._writing(name):
             return self._create_collection(name, language, chunk_size, chunk_overlap, exist_ok)
 

@@ -33,7 +33,7 @@ from embedding.base import Embeddings, QueryEncoder
 from indexing.chunking import document_id_of
 from indexing.collections import CollectionConfig, model_mismatch
 from indexing.docstore import DocStore
-from indexing.sources import check_unicode
+from indexing.sources import check_unicode, is_blank
 from quarry.breaker import OutageBreaker, failed
 from quarry.errors import (
     EmbeddingError,
@@ -44,6 +44,7 @@ from quarry.errors import (
     QuarryError,
     StoreTimeout,
     StoreUnavailable,
+    clip,
 )
 from quarry.settings import SearchSettings
 from rerank.base import Reranker
@@ -378,11 +379,11 @@ class Searcher:
             raise InvalidQuery(
                 f"query is {len(query):,} characters; the limit is {limit:,} (QUARRY_SEARCH__MAX_QUERY_CHARS)"
             )
-        if not query or not query.strip():
-            raise InvalidQuery("query must not be empty")
+        if is_blank(query):  # "   ", and "\u200b", "\u0000", "\ufeff": nothing visible, nothing to rank by
+            raise InvalidQuery("query must not be empty (it holds no visible character)")
         check_unicode(query, "query", InvalidQuery)
         if mode not in MODES:
-            raise InvalidQuery(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
+            raise InvalidQuery(f"unknown mode {clip(mode)}; use one of {', '.join(MODES)}")
         if top_k < 1:
             raise InvalidQuery(f"top_k must be >= 1, got {top_k}")
         if offset < 0:

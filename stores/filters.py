@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from quarry.errors import InvalidFilter
+from quarry.errors import InvalidFilter, clip
 
 Scalar = str | int | float | bool
 FieldType = Literal["str", "int", "float", "bool"]
@@ -163,7 +163,7 @@ def _parse_key(key: str, value: Any, state: _Parse, depth: int) -> Filter:
             subs.append(parsed)
         return And(tuple(subs)) if key == "$and" else Or(tuple(subs))
     if key.startswith("$"):
-        raise InvalidFilter(f"unknown filter operator {key!r}; use $and, $or or a field name")
+        raise InvalidFilter(f"unknown filter operator {clip(key)}; use $and, $or or a field name")
     _check_field(key, state.schema)
     if not isinstance(value, Mapping):
         state.count(1)
@@ -173,7 +173,7 @@ def _parse_key(key: str, value: Any, state: _Parse, depth: int) -> Filter:
 
 def _parse_ops(key: str, ops: Mapping[str, Any], state: _Parse) -> Filter:
     if not ops:
-        raise InvalidFilter(f"the condition on {key!r} is empty")
+        raise InvalidFilter(f"the condition on {clip(key)} is empty")
     schema = state.schema
     parts: list[Filter] = []
     bounds: dict[str, float] = {}
@@ -183,10 +183,10 @@ def _parse_ops(key: str, ops: Mapping[str, Any], state: _Parse) -> Filter:
             parts.append(Eq(key, _scalar(key, arg, schema)))
         elif op == "$in":
             if not isinstance(arg, list) or not arg:
-                raise InvalidFilter(f"$in on {key!r} takes a non-empty list")
+                raise InvalidFilter(f"$in on {clip(key)} takes a non-empty list")
             if len(arg) > state.limits.in_values:
                 raise InvalidFilter(
-                    f"$in on {key!r} has {len(arg):,} values; the limit is {state.limits.in_values:,} "
+                    f"$in on {clip(key)} has {len(arg):,} values; the limit is {state.limits.in_values:,} "
                     "(QUARRY_SEARCH__MAX_FILTER_IN_VALUES)"
                 )
             state.count(len(arg))
@@ -196,7 +196,7 @@ def _parse_ops(key: str, ops: Mapping[str, Any], state: _Parse) -> Filter:
             bounds[_RANGE_OPS[op]] = _number(key, arg, schema)
         else:
             raise InvalidFilter(
-                f"unknown operator {op!r} on {key!r}; supported: $eq, $in, $gt, $gte, $lt, $lte"
+                f"unknown operator {clip(op)} on {clip(key)}; supported: $eq, $in, $gt, $gte, $lt, $lte"
             )
     if bounds:
         parts.append(Range(key, **bounds))
@@ -205,36 +205,36 @@ def _parse_ops(key: str, ops: Mapping[str, Any], state: _Parse) -> Filter:
 
 def _check_field(key: str, schema: Mapping[str, FieldType] | None) -> None:
     if not FIELD_NAME.fullmatch(key):
-        raise InvalidFilter(f"invalid field name {key!r}: use letters, digits and '_'")
+        raise InvalidFilter(f"invalid field name {clip(key)}: use letters, digits and '_'")
     if schema is not None and key not in schema:
         known = ", ".join(sorted(schema)) or "(none)"
-        raise InvalidFilter(f"unknown filter field {key!r}; known fields: {known}")
+        raise InvalidFilter(f"unknown filter field {clip(key)}; known fields: {known}")
 
 
 def _scalar(key: str, value: Any, schema: Mapping[str, FieldType] | None) -> Scalar:
     if not isinstance(value, str | int | float | bool) or value is None:
-        raise InvalidFilter(f"the value for {key!r} must be a string, number or boolean")
+        raise InvalidFilter(f"the value for {clip(key)} must be a string, number or boolean")
     if isinstance(value, str):
         _check_text(key, value)
     elif isinstance(value, float) and not math.isfinite(value):
-        raise InvalidFilter(f"the value for {key!r} is {value!r}; filter numbers must be finite")
+        raise InvalidFilter(f"the value for {clip(key)} is {clip(value)}; filter numbers must be finite")
     expected = schema.get(key) if schema else None
     if expected is not None and field_type(value) != expected:
         if not (expected == "float" and field_type(value) == "int"):
             raise InvalidFilter(
-                f"field {key!r} holds {expected} values, got {field_type(value)} {value!r}"
+                f"field {clip(key)} holds {expected} values, got {field_type(value)} {clip(value)}"
             )
     return value
 
 
 def _number(key: str, value: Any, schema: Mapping[str, FieldType] | None) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise InvalidFilter(f"range bounds on {key!r} must be numbers, got {value!r}")
+        raise InvalidFilter(f"range bounds on {clip(key)} must be numbers, got {clip(value)}")
     if isinstance(value, float) and not math.isfinite(value):
-        raise InvalidFilter(f"range bounds on {key!r} must be finite numbers, got {value!r}")
+        raise InvalidFilter(f"range bounds on {clip(key)} must be finite numbers, got {clip(value)}")
     expected = schema.get(key) if schema else None
     if expected is not None and expected not in ("int", "float"):
-        raise InvalidFilter(f"range operators need a numeric field; {key!r} holds {expected} values")
+        raise InvalidFilter(f"range operators need a numeric field; {clip(key)} holds {expected} values")
     return value
 
 
@@ -248,12 +248,12 @@ def _check_text(key: str, value: str) -> None:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InvalidFilter(
-            f"the value for {key!r} holds an unpaired UTF-16 surrogate ({value[exc.start]!r}) at character "
+            f"the value for {clip(key)} holds an unpaired UTF-16 surrogate ({value[exc.start]!r}) at character "
             f"{exc.start}; send valid Unicode"
         ) from exc
     if "\x00" in value:
         raise InvalidFilter(
-            f"the value for {key!r} holds a NUL character (\\u0000) at character {value.index(chr(0))}; "
+            f"the value for {clip(key)} holds a NUL character (\\u0000) at character {value.index(chr(0))}; "
             "remove it"
         )
 

@@ -34,11 +34,12 @@ from generation.cache import AnswerCache, open_cache
 from generation.factory import open_generator
 from generation.prompt import Candidate, Prompt, approx_tokens, build_prompt
 from indexing.collections import CollectionConfig
+from indexing.sources import is_blank
 from quarry import errors as e
 from quarry.api import cache as answer_cache
 from quarry.api.errors import error_responses
 from quarry.api.models import RerankIn, SearchIn, _Body
-from quarry.errors import GenerationError, InvalidRequest, LLMNotConfigured
+from quarry.errors import GenerationError, InvalidRequest, LLMNotConfigured, clip
 from quarry.service import Quarry
 from quarry.settings import LLMSettings
 
@@ -164,7 +165,7 @@ async def _cache_plan(  # noqa: PLR0913 - the request's parts
 ) -> answer_cache.Plan:
     """Bypass (cache off, no LLM, asked by a header, a query search will refuse), or look it up."""
     read, store = answer_cache.directives(headers)
-    query_ok = body.query.strip() and len(body.query) <= q.settings.search.max_query_chars
+    query_ok = not is_blank(body.query) and len(body.query) <= q.settings.search.max_query_chars
     if cache is None or generator is None or not query_ok or not (read or store):
         return answer_cache.Plan("bypass")
     key = answer_cache.cache_key(q, collection, body, generator, params, budget)
@@ -321,9 +322,9 @@ async def chat_completions(
     """
     collection = body.model.removeprefix("quarry/")
     if collection == body.model or not collection:
-        raise InvalidRequest(f'model must be "quarry/<collection>", got {body.model!r}')
+        raise InvalidRequest(f'model must be "quarry/<collection>", got {clip(body.model)}')
     users = [m.text() for m in body.messages if m.role == "user"]
-    if not users or not users[-1].strip():
+    if not users or is_blank(users[-1]):
         raise InvalidRequest("no user message to answer")
     opts = body.quarry
     answer_in = AnswerIn(

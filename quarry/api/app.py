@@ -45,7 +45,7 @@ from quarry.api.models import (
     UpsertDocuments,
 )
 from quarry.api.probe import StoreProbe
-from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, QuarryError
+from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, QuarryError, clip
 from quarry.service import Quarry
 from retrieval.search import RerankOptions
 
@@ -349,7 +349,7 @@ def _rerank_options(service: Quarry, body: SearchIn) -> RerankOptions | None:
     loaded = service.reranker.model_id if service.reranker is not None else None
     if body.rerank.model and body.rerank.model != loaded:
         serves = f"reranks with {loaded!r}" if loaded else "has no reranker (QUARRY_RERANK__MODEL)"
-        raise InvalidRequest(f"rerank model {body.rerank.model!r} is not loaded; this server {serves}")
+        raise InvalidRequest(f"rerank model {clip(body.rerank.model)} is not loaded; this server {serves}")
     return RerankOptions(
         top_n=body.rerank.top_n or cfg.top_n, budget_ms=min(body.rerank.budget_ms or cfg.budget_ms, cfg.budget_ms),
         batch_size=cfg.batch_size,

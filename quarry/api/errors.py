@@ -132,14 +132,15 @@ async def validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     kind = request.headers.get("content-type", "")
     if request.method in ("POST", "PUT", "PATCH") and not _is_json(kind):
-        message = f"the request body must be JSON sent with Content-Type: application/json, got {kind!r}"
+        message = f"the request body must be JSON sent with Content-Type: application/json, got {e.clip(kind)}"
         return JSONResponse(error_body("InvalidRequest", message), status_code=422)
     parts = []
     for err in exc.errors():
         if err.get("type") == "json_invalid":
             parts.append(_json_error(err, exc.body))
             continue
-        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")  # a key may be the client's
+        where = where if len(where) <= e.ECHO_CHARS else f"{where[: e.ECHO_CHARS]}…"
         parts.append(f"{where}: {err.get('msg', 'invalid')}" if where else str(err.get("msg", "invalid")))
     return JSONResponse(error_body("InvalidRequest", "; ".join(parts)), status_code=422)
 

@@ -18,11 +18,11 @@ from starlette.routing import Match, Route
 
 from embedding.sentence_transformers import SentenceTransformerEmbedder, resolve_model_path
 from indexing.collections import NAME
-from indexing.sources import SourceDocument, parse_document
+from indexing.sources import SourceDocument, is_blank, parse_document, read_documents
 from quarry.api import create_app
 from quarry.api.app import _rerank_options, router
 from quarry.api.models import SearchIn
-from quarry.errors import InvalidDocument, InvalidFilter, InvalidRequest
+from quarry.errors import ECHO_CHARS, InvalidDocument, InvalidFilter, InvalidRequest, clip
 from quarry.service import Quarry
 from retrieval.bm25 import BM25Index
 from stores import milvus, pgvector_sql, qdrant_common
@@ -417,3 +417,100 @@ def test_a_trailing_slash_is_a_404_in_the_envelope_not_a_redirect_to_the_clients
     assert r.status_code == 404, r.text
     assert "location" not in r.headers
     assert r.json()["error"]["type"] == "NotFound"
+
+
+# --- review of issue 20, second pass: invisible queries, echoed values, stored wide integers, big files --
+
+
+INVISIBLE = ("\u200b\u200b", "\u0000", "\ufeff", "\u2060", "\u202e\u2066", " \u200d\t\u00a0", "\u3164", "\ufe0f")
+
+
+def test_a_query_with_no_visible_character_is_blank() -> None:
+    for blank in ("", "   ", *INVISIBLE):
+        assert is_blank(blank), ascii(blank)
+    for visible in ("a", "\u200ba", "é", "日本", "\u0301", "  ?", "🙂"):
+        assert not is_blank(visible), ascii(visible)
+
+
+def test_an_invisible_query_is_refused_like_a_blank_one_in_every_mode_and_the_answer(
+    client: TestClient, service: Quarry, collection: str
+) -> None:
+    """Review of issue 20: ``"\\u200b\\u200b"`` passed the blank check and hybrid answered arbitrary
+    dense neighbours; every mode, the answer and the chat completion now refuse it as ``"   "`` is."""
+    service.upsert(collection, [SourceDocument("ant", "ants live in colonies")])
+    for query in ("   ", *INVISIBLE):
+        for mode in ("bm25", "dense", "hybrid"):
+            r = client.post(f"/v1/collections/{collection}/search", json={"query": query, "mode": mode})
+            said = _error(r, 400)
+            assert said["type"] == "InvalidQuery" and "must not be empty" in said["message"], (ascii(query), mode)
+        said = _error(client.post(f"/v1/collections/{collection}/answer", json={"query": query}), 400)
+        assert said["type"] == "InvalidQuery", ascii(query)
+        chat = {"model": f"quarry/{collection}", "messages": [{"role": "user", "content": query}]}
+        said = _error(client.post("/v1/chat/completions", json=chat), 400)
+        assert "no user message" in said["message"], ascii(query)
+
+
+def test_a_clients_value_is_echoed_in_an_error_cut_to_a_bounded_length(client: TestClient, collection: str) -> None:
+    """Review of issue 20: a 10 KB rerank model name came back whole in the 400; every value a client
+    controls is quoted to about :data:`ECHO_CHARS` characters, with its length."""
+    long = "m" * 10_000
+    search = f"/v1/collections/{collection}/search"
+    requests = (
+        ("POST", search, {"query": "x", "rerank": {"model": long}}, {}),
+        ("POST", search, {"query": "x", "filters": {long: 1}}, {}),
+        ("POST", search, {"query": "x", "filters": {"$" + long: 1}}, {}),
+        ("POST", search, {"query": "x", "filters": {"document_id": {"$" + long: 1}}}, {}),
+        ("POST", "/v1/collections", {"name": long}, {}),
+        ("POST", "/v1/collections", {"name": "h20_lang", "language": long}, {}),
+        ("POST", "/v1/chat/completions", {"model": long, "messages": [{"role": "user", "content": "x"}]}, {}),
+        ("POST", search, {"query": "x", long: 1}, {}),
+        ("POST", search, None, {"content-type": "text/" + "p" * 4000}),
+        (
+            "POST", f"/v1/collections/{collection}/documents",
+            {"documents": [{"id": "a", "text": "t", "metadata": {long: {}}}]}, {},
+        ),
+    )
+    for method, path, body, headers in requests:
+        r = client.request(method, path, json=body, headers=headers, content=None if body else b"x=1")
+        assert 400 <= r.status_code < 500, r.text[:300]
+        message = r.json()["error"]["message"]
+        assert len(message) < 2 * ECHO_CHARS + 250, (path, len(message), message[:300])
+    assert clip(long) == "'" + "m" * (ECHO_CHARS - 1) + "… (10,002 characters)"
+    assert clip("short") == "'short'"
+
+
+def test_a_stored_integer_past_64_bits_is_served_not_a_500(
+    client: TestClient, service: Quarry, collection: str
+) -> None:
+    """Review of issue 20: a document stored before integers were checked (``{"n": 2**70}``) made every
+    search returning it a 500 (orjson: "Integer exceeds 64-bit range"); it is served as a string."""
+    service.upsert(collection, [SourceDocument("big", "a big number", metadata={"n": 1, "m": 7})])
+    with sqlite3.connect(service.settings.data_dir / "docstore.sqlite") as db:  # written before the check
+        db.execute(
+            "UPDATE chunks SET payload = ? WHERE collection = ?",
+            (json.dumps({"document_id": "big", "n": 2**70, "m": 7}), collection),
+        )
+    for mode in ("bm25", "dense", "hybrid"):
+        r = client.post(f"/v1/collections/{collection}/search", json={"query": "big number", "mode": mode})
+        assert r.status_code == 200, (mode, r.text)
+        assert r.json()["hits"][0]["metadata"] == {"n": str(2**70), "m": 7}
+
+
+def test_a_folder_file_over_the_size_limit_is_refused_before_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of issue 20: folder ingestion read every file whole before checking its size."""
+    (tmp_path / "small.txt").write_text("ants live in colonies", encoding="utf-8")
+    (tmp_path / "huge.md").write_bytes(b"x" * 41)  # 4 bytes a character at most: 41 > 4 * 10
+    read: list[str] = []
+    real = Path.read_text
+
+    def spy(self: Path, *args: Any, **kwargs: Any) -> str:
+        read.append(self.name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", spy)
+    with pytest.raises(InvalidDocument, match=r"huge\.md: the file is 41 bytes; .* at most 10 characters"):
+        read_documents(tmp_path, max_document_chars=10)
+    assert "huge.md" not in read
+    assert [d.id for d in read_documents(tmp_path, max_document_chars=11)] == ["huge.md", "small.txt"]
