@@ -127,3 +127,18 @@ def test_a_damaged_docstore_is_one_error_line_naming_it(tmp_path: Path) -> None:
         done = _script(args, tmp_path)
         _one_error_line(done, "error (StoreError): cannot open the docstore")
         assert "docstore.sqlite" in done.stderr
+
+
+def test_no_variable_the_projects_own_scripts_read_is_warned_about() -> None:
+    """A QUARRY_* variable of scripts/, model_repository/ or the compose files is known, not 'unknown'."""
+    import re
+
+    repo = Path(__file__).resolve().parents[2]
+    files = [*repo.joinpath("scripts").rglob("*"), *repo.joinpath("model_repository").rglob("*.py")]
+    files += [repo / "Dockerfile", repo / "docker-compose.yml", repo / ".ci" / "run"]
+    named = set()
+    for path in files:
+        if path.is_file():
+            named |= set(re.findall(r"\bQUARRY_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))
+    assert len(named) > 20
+    assert unknown_env({name: "1" for name in sorted(named)}) == []
