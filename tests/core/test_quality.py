@@ -76,6 +76,7 @@ class UnreadDenseChannel:
     """
 
     model_id = "unread-dense-channel"
+    fingerprint = "unread-dense-channel"  # what a collection records of its model (issue 20, finding 6)
     dim = 384
     max_seq_length = 256
 
