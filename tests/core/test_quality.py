@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from embedding.base import Embeddings
 from eval.baseline import compare_to_baseline
 from eval.runner import collection_search, evaluate
 from eval.summary import Summary
@@ -17,6 +15,7 @@ from indexing.sources import read_documents
 from quarry.service import Quarry
 from quarry.settings import Settings
 from tests.core.conftest import CountingEmbedder
+from tests.embedding_cache import CachedEmbedder
 
 pytestmark = pytest.mark.slow
 BASELINE = Path(__file__).resolve().parents[2] / "eval" / "baselines" / "scifact-test.json"
@@ -67,35 +66,12 @@ def test_scifact_reingest_is_a_no_op(scifact_quarry: Quarry, counting: CountingE
     assert before["documents"] == 5183 and before["vectors"] == before["chunks"]
 
 
-class UnreadDenseChannel:
-    """The embedder of a collection whose dense channel no test reads: one fixed unit vector a text.
+def test_cmrc_chinese_bm25(tmp_path: Path, shared_data: Path, minilm_vectors: CachedEmbedder) -> None:
+    """Chinese BM25 through the service: ingestion (chunking, ``zh`` analysis, the docstore) and search.
 
-    ``test_cmrc_chinese_bm25`` scores BM25 alone; running MiniLM over CMRC's 2,767 chunks (an
-    English model on Chinese text) would cost a third of a SciFact pass and change nothing it
-    checks. Its id says what it is, so no dense figure can pass for the model's.
+    The packaged model embeds the chunks (its vectors come from the test cache after the first run).
     """
-
-    model_id = "unread-dense-channel"
-    fingerprint = "unread-dense-channel"  # what a collection records of its model (issue 20, finding 6)
-    dim = 384
-    max_seq_length = 256
-
-    def __init__(self) -> None:
-        self.texts = 0
-
-    def warm_up(self) -> None:
-        pass
-
-    def embed(self, texts: Sequence[str]) -> Embeddings:
-        self.texts += len(texts)
-        vectors = np.zeros((len(texts), self.dim), np.float32)
-        vectors[:, 0] = 1.0
-        return Embeddings(vectors, np.zeros(len(texts), bool))
-
-
-def test_cmrc_chinese_bm25(tmp_path: Path, shared_data: Path) -> None:
-    """Chinese BM25 through the service: ingestion (chunking, ``zh`` analysis, the docstore) and search."""
-    embedder = UnreadDenseChannel()
+    embedder = CountingEmbedder(minilm_vectors)
     quarry = Quarry(Settings(data_dir=tmp_path), embedder=embedder)
     try:
         quarry.create_collection("cmrc", language="zh")
