@@ -25,6 +25,7 @@ Records are plain data in and out: hashing keys, scopes and states are the calle
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -206,6 +207,9 @@ class StateStore(Protocol):
 
     def version(self, name: str) -> int:
         """The collection's ``seq`` (0 for an unknown one)."""
+
+    def write_lock(self, name: str, *, timeout_s: float = 30.0) -> AbstractContextManager[None]:
+        """Hold the collection's cross-process write lock (re-entrant; lapses with its process)."""
 
     # --- documents, chunks, change log -------------------------------------------------
     def document_hashes(self, name: str, document_ids: Iterable[str]) -> dict[str, str]:

@@ -21,11 +21,13 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from indexing import schema
 from indexing.state_admin import SqlAdmin
+from indexing.state_locks import WriteLocks
 from indexing.state_sql import SqlCollections
 from quarry.errors import StoreError, StoreUnavailable
 from stores.base import redact_url
 
 _MIGRATION_LOCK = 0x5175617272790001  # pg_advisory_xact_lock key: "Quarry" + 1
+_LOCK_PREFIX = "quarry write lock "  # + tenant.collection, hashed to a session advisory lock key
 
 
 class _Tx:
@@ -51,7 +53,7 @@ class _Tx:
             self._cur.executemany(sql.replace("?", "%s"), rows)
 
 
-class PostgresState(SqlCollections, SqlAdmin):
+class PostgresState(SqlCollections, SqlAdmin, WriteLocks):
     """Thread-safe PostgreSQL state of record (see :class:`indexing.docstore.StateStore`)."""
 
     now_sql = "extract(epoch from clock_timestamp())::float8"
@@ -65,6 +67,7 @@ class PostgresState(SqlCollections, SqlAdmin):
             StoreError: The schema cannot be migrated (e.g. written by a newer Quarry).
         """
         self.location = redact_url(url)
+        self._init_locks()
         self._pool = ConnectionPool(
             url, min_size=1, max_size=pool_size, timeout=connect_timeout_s, open=False,
             kwargs={"autocommit": True, "connect_timeout": max(1, int(connect_timeout_s))},
@@ -98,6 +101,26 @@ class PostgresState(SqlCollections, SqlAdmin):
                 for statement in step.statements:
                     tx.run(statement)
                 tx.run("INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)", (step.version, now))
+
+    def _lock_open(self, key: str) -> psycopg.Connection[Any]:
+        try:  # a session of its own: the advisory lock lives as long as it
+            return self._pool.getconn()
+        except PoolTimeout as exc:
+            raise StoreUnavailable(f"no connection to the docstore {self.location}: {exc}", retry_after_s=1.0) from exc
+
+    def _lock_try(self, handle: psycopg.Connection[Any], key: str) -> bool:
+        try:
+            row = handle.execute(
+                "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (_LOCK_PREFIX + key,)
+            ).fetchone()
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"the docstore {self.location} failed: {exc}", retry_after_s=1.0) from exc
+        return bool(row and row[0])
+
+    def _lock_release(self, handle: psycopg.Connection[Any], key: str) -> None:
+        with contextlib.suppress(psycopg.Error):
+            handle.execute("SELECT pg_advisory_unlock_all()")
+        self._pool.putconn(handle)
 
     def close(self) -> None:
         """Close the pool."""

@@ -7,16 +7,19 @@ its 5 s busy timeout, then get ``StoreUnavailable``).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from indexing import schema
 from indexing.state_admin import SqlAdmin
+from indexing.state_locks import WriteLocks
 from indexing.state_sql import SqlCollections
 from quarry.errors import StoreError, StoreUnavailable
 
@@ -42,7 +45,7 @@ class _Tx:
             self._db.executemany(sql, rows)
 
 
-class SqliteState(SqlCollections, SqlAdmin):
+class SqliteState(SqlCollections, SqlAdmin, WriteLocks):
     """Thread-safe SQLite state of record (see :class:`indexing.docstore.StateStore`)."""
 
     now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -60,6 +63,7 @@ class SqliteState(SqlCollections, SqlAdmin):
         self.path = path
         self.location = str(path)
         self._lock = threading.RLock()
+        self._init_locks()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
@@ -91,6 +95,23 @@ class SqliteState(SqlCollections, SqlAdmin):
                 for statement in step.statements:
                     tx.run(statement)
                 tx.run("INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)", (step.version, now))
+
+    def _lock_open(self, key: str) -> IO[bytes]:
+        folder = self.path.with_name(self.path.name + ".locks")  # flock files, one per collection
+        folder.mkdir(exist_ok=True)
+        return (folder / f"{key}.lock").open("ab")
+
+    def _lock_try(self, handle: IO[bytes], key: str) -> bool:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def _lock_release(self, handle: IO[bytes], key: str) -> None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
 
     def close(self) -> None:
         """Close the database."""

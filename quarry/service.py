@@ -91,16 +91,20 @@ class Quarry:
 
     @contextmanager
     def _writing(self, name: str) -> Iterator[None]:
-        """Serialise the writes to one collection in this process.
+        """Serialise the writes to one collection, in this process and across processes.
 
         Upserts, deletes, index builds and drop each read the collection's state (stale chunks,
         metadata schema) and write it back, so two at once would keep both versions of a
         document or lose a field. Keyed by the lower-cased name, as some engines fold the case
-        of collection names.
+        of collection names. The docstore's write lock (:meth:`StateStore.write_lock`) holds the
+        other processes off (replicas, workers, the CLI on the same data dir).
+
+        Raises:
+            StoreUnavailable: Another process held the collection's write lock for 30 s.
         """
         with self._write_locks_guard:
             lock = self._write_locks.setdefault(name.lower(), threading.RLock())
-        with lock:
+        with lock, self.docstore.write_lock(name):
             yield
 
     def warm_up(self) -> None:

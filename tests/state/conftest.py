@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
@@ -26,6 +27,13 @@ def state_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite://{tmp_path}/state.sqlite"
         return
+    with pg_schema() as url:
+        yield url
+
+
+@contextmanager
+def pg_schema() -> Iterator[str]:
+    """The test server's URL with a fresh schema of its own on the ``search_path``; dropped after."""
     import psycopg
 
     name = f"quarry_state_{uuid.uuid4().hex[:12]}"

@@ -28,7 +28,7 @@ from indexing.docstore import (
     StoredDocument,
     open_docstore,
 )
-from quarry.errors import CollectionNotFound, Conflict, NotFound
+from quarry.errors import CollectionNotFound, Conflict, NotFound, StoreUnavailable
 
 
 def _chunk(doc: str, pos: int, text: str = "some words", **payload: Any) -> StoredChunk:
@@ -309,3 +309,61 @@ def test_a_write_killed_inside_its_transaction_leaves_nothing(
     started = time.monotonic()
     assert state.write_batch("c", [_doc("b")], [_chunk("b", 0)], []) == 2  # its lock is gone, no seq lost
     assert time.monotonic() - started < 5
+
+
+# --- the cross-process write lock ------------------------------------------------------------------
+def _try_lock(url: str, folder: str, timeout_s: float) -> str:
+    """Another process: take collection ``C``'s write lock (names fold case) within ``timeout_s``."""
+    store = open_docstore(url, Path(folder))
+    try:
+        with store.write_lock("C", timeout_s=timeout_s):
+            return "taken"
+    except StoreUnavailable as exc:
+        return f"refused: {exc}"
+    finally:
+        store.close()
+
+
+def _hold_lock_for_good(url: str, folder: str, marker: str) -> None:
+    store = open_docstore(url, Path(folder))
+    with store.write_lock("c"):
+        Path(marker).touch()
+        time.sleep(600)
+
+
+def test_the_write_lock_holds_other_processes_off_and_lapses_with_its_holder(
+    state: StateStore, state_url: str, tmp_path: Path
+) -> None:
+    spawn = multiprocessing.get_context("spawn")
+    with spawn.Pool(1) as pool:
+        with state.write_lock("c"), state.write_lock("c", timeout_s=0.1):  # re-entrant in its thread
+            refused = pool.apply(_try_lock, (state_url, str(tmp_path), 0.3))
+            assert refused.startswith("refused: collection write lock 'default.c'"), refused
+            assert pool.apply(_try_lock_other, (state_url, str(tmp_path))) == "taken"  # other collections: free
+        assert pool.apply(_try_lock, (state_url, str(tmp_path), 5.0)) == "taken"
+    marker = tmp_path / "holding"
+    child = spawn.Process(target=_hold_lock_for_good, args=(state_url, str(tmp_path), str(marker)))
+    child.start()
+    try:
+        for _ in range(600):
+            if marker.exists() or not child.is_alive():
+                break
+            time.sleep(0.05)
+        assert marker.exists(), "the child never took the lock"
+        with pytest.raises(StoreUnavailable):
+            with state.write_lock("c", timeout_s=0.2):
+                pass
+        os.kill(child.pid or 0, signal.SIGKILL)
+    finally:
+        child.join(10)
+    with state.write_lock("c", timeout_s=10):  # released by the holder's death
+        pass
+
+
+def _try_lock_other(url: str, folder: str) -> str:
+    store = open_docstore(url, Path(folder))
+    try:
+        with store.write_lock("other", timeout_s=0.3):
+            return "taken"
+    finally:
+        store.close()
