@@ -189,6 +189,9 @@ class StateStore(Protocol):
     def close(self) -> None:
         """Release the connections."""
 
+    def for_tenant(self, tenant_id: str) -> StateStore:
+        """A view whose collections, jobs and write locks are ``tenant_id``'s (shares the connections)."""
+
     # --- collections (tenant ``default`` until issue 27 adds scopes) ---------------------
     def collection_config(self, name: str) -> dict[str, Any] | None:
         """The stored configuration of a collection, or ``None``."""

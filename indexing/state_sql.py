@@ -8,11 +8,12 @@ transaction; JSON columns are text, times Unix seconds.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 from indexing.docstore import DEFAULT_TENANT, Change, CollectionState, StoredChunk, StoredDocument
 from quarry.errors import CollectionNotFound
@@ -84,6 +85,15 @@ class SqlBase:
 
     def _key(self, name: str) -> tuple[str, str]:
         return (self.tenant, name)
+
+    def for_tenant(self, tenant_id: str) -> Self:
+        """A view of the same database whose collections, jobs and locks are ``tenant_id``'s.
+
+        It shares this store's connections: close the store, not the view.
+        """
+        view = copy.copy(self)
+        view.tenant = tenant_id
+        return view
 
 
 class SqlCollections(SqlBase):

@@ -367,3 +367,18 @@ def _try_lock_other(url: str, folder: str) -> str:
             return "taken"
     finally:
         store.close()
+
+
+def test_a_tenant_view_sees_only_its_own_collections(state: StateStore) -> None:
+    state.create_tenant("acme", "Acme")
+    acme = state.for_tenant("acme")
+    state.put_collection("c", {"who": "default"})
+    acme.put_collection("c", {"who": "acme"})
+    acme.write_batch("c", [_doc("a")], [_chunk("a", 0)], [])
+    assert state.collection_config("c") == {"who": "default"} and acme.collection_config("c") == {"who": "acme"}
+    assert (state.version("c"), acme.version("c")) == (0, 1)
+    assert state.counts("c") == (0, 0) and acme.counts("c") == (1, 1)
+    assert [j.tenant_id for j in [acme.create_job("ingest", collection="c")]] == ["acme"]
+    assert state.list_jobs() == [] and len(acme.list_jobs()) == 1
+    acme.drop_collection("c")
+    assert acme.list_collections() == [] and state.list_collections() == ["c"]
