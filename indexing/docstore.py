@@ -1,60 +1,43 @@
-"""The docstore: collections' configuration and every chunk's text, tokens and payload.
+"""The state of record's seam: what the service asks the docstore, and which backend answers.
 
-It is the source of truth beside the vector store (SQLite in WAL mode, one file under the data
-dir): ingestion diffs against it to decide what to embed, the BM25 channel is rebuilt from its
-token lists, and search hits take their text and metadata from it. Each collection carries a
-``version`` that every committed write bumps, so BM25 snapshots know when they are stale.
+The docstore is the source of truth beside the vector store (docs/design-state.md): collections
+and their configuration, every document's hash and full text, every chunk's text, tokens and
+payload, the per-collection change log, physical versions, jobs, leases, API keys and the audit
+log. Ingestion diffs against it, the BM25 channel is rebuilt from its token lists, search hits
+take their text and metadata from it.
+
+:class:`StateStore` is the narrow Protocol every backend implements; :func:`open_docstore` picks
+one by URL scheme:
+
+==============================  ===============================================================
+URL                             backend
+==============================  ===============================================================
+``""`` or ``sqlite:///path``    SQLite in WAL mode, one file (``<data_dir>/docstore.sqlite``)
+``postgresql://...``            PostgreSQL through psycopg 3 (``indexing.state_postgres``)
+==============================  ===============================================================
+
+Every committed write to a collection's documents takes the next ``seq`` of the collection in
+the same transaction and appends one :class:`Change` per document it upserted or deleted;
+:meth:`StateStore.version` is that ``seq`` (BM25 snapshots and cache keys compare it).
+Records are plain data in and out: hashing keys, scopes and states are the callers' business.
 """
 
 from __future__ import annotations
 
-import json
-import sqlite3
-import threading
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol
+from urllib.parse import urlsplit
 
-from quarry.errors import StoreError, StoreUnavailable
+from quarry.errors import ConfigError, missing_extra
 
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+DEFAULT_TENANT = "default"
+SCHEMES = ("sqlite", "postgresql", "postgres")
 
-
-def _int64(digits: str) -> int | str:
-    """A JSON integer as an ``int`` when it fits 64 bits, else its digits as a string.
-
-    Payloads written before metadata integers were checked may hold a wider one (``2**70``),
-    which orjson, the filters and the stores cannot take: every search returning it was a 500.
-    """
-    value = int(digits)
-    return value if _INT64_MIN <= value <= _INT64_MAX else digits
-
-
-def _payload(text: str) -> dict[str, Any]:
-    """A stored payload, integers past 64 bits read as strings (:func:`_int64`)."""
-    return dict(json.loads(text, parse_int=_int64))
-
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS collections (
-    name TEXT PRIMARY KEY, config TEXT NOT NULL, version INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS documents (
-    collection TEXT NOT NULL, document_id TEXT NOT NULL, content_hash TEXT NOT NULL,
-    PRIMARY KEY (collection, document_id)
-);
-CREATE TABLE IF NOT EXISTS chunks (
-    collection TEXT NOT NULL, chunk_id TEXT NOT NULL, document_id TEXT NOT NULL,
-    position INTEGER NOT NULL, text TEXT NOT NULL, tokens TEXT NOT NULL, payload TEXT NOT NULL,
-    PRIMARY KEY (collection, chunk_id)
-);
-CREATE INDEX IF NOT EXISTS chunks_by_document ON chunks (collection, document_id);
-CREATE TABLE IF NOT EXISTS pending_deletes (
-    collection TEXT NOT NULL, chunk_id TEXT NOT NULL, PRIMARY KEY (collection, chunk_id)
-);
-"""
+VersionState = Literal["building", "verifying", "live", "retired", "failed"]
+ChangeOp = Literal["upsert", "delete"]
 
 
 @dataclass(frozen=True)
@@ -69,242 +52,328 @@ class StoredChunk:
     payload: dict[str, Any]
 
 
-class DocStore:
-    """Thread-safe SQLite docstore (one connection, serialised by a lock)."""
+@dataclass(frozen=True)
+class StoredDocument:
+    """A document as the docstore keeps it.
 
-    def __init__(self, path: Path) -> None:
-        """Open (or create) the docstore at ``path``.
+    ``title``, ``text`` and ``metadata`` are ``None`` for documents written before schema step 2
+    (only their hash was kept then): those cannot be re-chunked from the docstore.
+    """
 
-        Raises:
-            StoreError: The file is not an SQLite database (damaged, or another file), or it or
-                its folder cannot be opened; the message names the file.
-        """
-        self.path = path
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-            try:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("PRAGMA synchronous=NORMAL")
-                self._db.executescript(_SCHEMA)
-            except sqlite3.DatabaseError:
-                self._db.close()
-                raise
-        except (sqlite3.DatabaseError, OSError) as exc:  # e.g. "file is not a database"
-            raise StoreError(
-                f"cannot open the docstore {path}: {exc}; it holds every chunk's text: restore it from a "
-                "backup, or move it away to start empty and ingest again"
-            ) from exc
-        self._lock = threading.RLock()
+    document_id: str
+    content_hash: str
+    title: str | None = None
+    text: str | None = None
+    metadata: dict[str, Any] | None = None
+    updated_seq: int = 0
+
+
+@dataclass(frozen=True)
+class CollectionState:
+    """A collection's identity and positions (not its configuration).
+
+    Attributes:
+        id: Surrogate id (a collection dropped and created again gets a new one).
+        live_version: The physical version serving it (``0``: the original store collection,
+            named as the collection).
+        seq: The last change-log position (bumped by every committed document write).
+    """
+
+    id: int
+    tenant_id: str
+    name: str
+    live_version: int
+    seq: int
+    shared: bool
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change-log row: document ``document_id`` was upserted or deleted at ``seq``."""
+
+    seq: int
+    op: ChangeOp
+    document_id: str
+    content_hash: str | None
+    at: float
+
+
+@dataclass(frozen=True)
+class CollectionVersion:
+    """One physical version of a collection (issue 22's reindex builds ``v+1`` beside ``v``)."""
+
+    version: int
+    physical_name: str
+    state: VersionState
+    model_fingerprint: str | None = None
+    model_name: str | None = None
+    dim: int | None = None
+    chunking: dict[str, Any] = field(default_factory=dict)
+    analyzer: str | None = None
+    index_plan: dict[str, Any] = field(default_factory=dict)
+    built_from_seq: int | None = None
+    created_at: float = 0.0
+    swapped_at: float | None = None
+    retire_after: float | None = None
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A named lease and its holder; ``expires_at`` in Unix seconds of the database's clock."""
+
+    name: str
+    owner: str
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Job:
+    """An ingestion or reindex job (``cursor`` is the caller's resume point, opaque here)."""
+
+    id: str
+    kind: str
+    collection: str | None
+    tenant_id: str
+    state: str
+    params: dict[str, Any]
+    cursor: str | None
+    counters: dict[str, int]
+    error: str | None
+    lease_owner: str | None
+    lease_expires_at: float | None
+    created_at: float
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class ApiKeyRecord:
+    """A stored API key: its hash only (the key itself is shown once, never stored)."""
+
+    id: str
+    tenant_id: str
+    prefix: str
+    hash: str
+    name: str = ""
+    scopes: list[str] = field(default_factory=list)
+    collections: list[str] | None = None
+    rate: float | None = None
+    priority: int = 0
+    created_at: float = 0.0
+    expires_at: float | None = None
+    revoked_at: float | None = None
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One audit-log row (no document text, no key)."""
+
+    action: str
+    key_id: str | None = None
+    tenant_id: str | None = None
+    target: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+    at: float = 0.0
+    id: int = 0
+
+
+class StateStore(Protocol):
+    """The state of record (see the module docstring); thread-safe, one instance per process.
+
+    Unknown collections read as empty; writes to one raise ``CollectionNotFound``. Backend
+    failures raise ``StoreError`` (``StoreUnavailable`` when a retry may succeed).
+    """
+
+    location: str  # where it is, for messages (a path, or a URL without password)
 
     def close(self) -> None:
-        """Close the database."""
-        with self._lock:
-            self._db.close()
+        """Release the connections."""
 
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One atomic write: commits on success, rolls back on any error."""
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:  # "database is locked" after sqlite's busy timeout
-                raise StoreUnavailable(
-                    f"the docstore {self.path} is busy ({exc}): another process holds its write lock; retry",
-                    retry_after_s=1.0,
-                ) from exc
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+    def for_tenant(self, tenant_id: str) -> StateStore:
+        """A view whose collections, jobs and write locks are ``tenant_id``'s (shares the connections)."""
 
-    # --- collections -------------------------------------------------------------------
+    # --- collections (tenant ``default`` until issue 27 adds scopes) ---------------------
     def collection_config(self, name: str) -> dict[str, Any] | None:
         """The stored configuration of a collection, or ``None``."""
-        with self._lock:
-            row = self._db.execute("SELECT config FROM collections WHERE name=?", (name,)).fetchone()
-        return None if row is None else dict(json.loads(row[0]))
+
+    def collection_state(self, name: str) -> CollectionState | None:
+        """The collection's id, live version and seq, or ``None``."""
 
     def list_collections(self) -> list[str]:
         """Names of all collections, sorted."""
-        with self._lock:
-            return [r[0] for r in self._db.execute("SELECT name FROM collections ORDER BY name")]
 
     def put_collection(self, name: str, config: dict[str, Any]) -> None:
-        """Create or replace a collection's configuration."""
-        with self.transaction() as db:
-            db.execute(
-                "INSERT INTO collections(name, config) VALUES(?, ?) "
-                "ON CONFLICT(name) DO UPDATE SET config=excluded.config",
-                (name, json.dumps(config)),
-            )
+        """Create a collection or replace its configuration (takes no seq)."""
 
     def drop_collection(self, name: str) -> None:
-        """Delete a collection with all its documents and chunks."""
-        with self.transaction() as db:
-            for table in ("chunks", "documents", "pending_deletes"):
-                db.execute(f"DELETE FROM {table} WHERE collection=?", (name,))  # noqa: S608
-            db.execute("DELETE FROM collections WHERE name=?", (name,))
+        """Delete a collection with its documents, chunks, change log and versions."""
 
     def version(self, name: str) -> int:
-        """The collection's write counter."""
-        with self._lock:
-            row = self._db.execute("SELECT version FROM collections WHERE name=?", (name,)).fetchone()
-        return 0 if row is None else int(row[0])
+        """The collection's ``seq`` (0 for an unknown one)."""
 
-    # --- documents and chunks ----------------------------------------------------------
+    def write_lock(self, name: str, *, timeout_s: float = 30.0) -> AbstractContextManager[None]:
+        """Hold the collection's cross-process write lock (re-entrant; lapses with its process)."""
+
+    # --- documents, chunks, change log -------------------------------------------------
     def document_hashes(self, name: str, document_ids: Iterable[str]) -> dict[str, str]:
         """``document_id -> content_hash`` for those of ``document_ids`` that are stored."""
-        ids = list(document_ids)
-        out: dict[str, str] = {}
-        with self._lock:
-            for part in _batches(ids, 500):
-                marks = ",".join("?" * len(part))
-                out.update(
-                    self._db.execute(
-                        f"SELECT document_id, content_hash FROM documents "  # noqa: S608
-                        f"WHERE collection=? AND document_id IN ({marks})",
-                        (name, *part),
-                    ).fetchall()
-                )
-        return out
+
+    def get_documents(self, name: str, document_ids: Sequence[str]) -> dict[str, StoredDocument]:
+        """Stored documents by id, with title, full text and metadata."""
+
+    def list_documents(self, name: str, *, after: str = "", limit: int = 1000) -> list[StoredDocument]:
+        """Up to ``limit`` documents with ids > ``after``, in id order (a reindex pages with it)."""
 
     def chunk_ids_of(self, name: str, document_ids: Iterable[str]) -> dict[str, list[str]]:
-        """``document_id -> [chunk_id, ...]`` for the stored documents among ``document_ids``."""
-        out: dict[str, list[str]] = {}
-        with self._lock:
-            for part in _batches(list(document_ids), 500):
-                marks = ",".join("?" * len(part))
-                rows = self._db.execute(
-                    f"SELECT document_id, chunk_id FROM chunks "  # noqa: S608
-                    f"WHERE collection=? AND document_id IN ({marks}) ORDER BY position",
-                    (name, *part),
-                )
-                for doc_id, chunk_id in rows:
-                    out.setdefault(doc_id, []).append(chunk_id)
-        return out
+        """``document_id -> [chunk_id, ...]`` (by position) for the stored ones of ``document_ids``."""
 
     def get_chunks(self, name: str, chunk_ids: Sequence[str], *, with_tokens: bool = False) -> dict[str, StoredChunk]:
-        """Chunks by id (missing ids are absent from the result).
-
-        Args:
-            name: Collection.
-            chunk_ids: Ids to fetch.
-            with_tokens: Decode the BM25 token lists too; without it ``tokens`` is ``[]`` (the
-                query path shows texts and payloads only).
-        """
-        tokens = "tokens" if with_tokens else "'[]'"
-        rows: list[Any] = []
-        with self._lock:  # JSON is decoded after the lock is released
-            for part in _batches(list(chunk_ids), 500):
-                marks = ",".join("?" * len(part))
-                rows += self._db.execute(
-                    f"SELECT chunk_id, document_id, position, text, {tokens}, payload FROM chunks "  # noqa: S608
-                    f"WHERE collection=? AND chunk_id IN ({marks})",
-                    (name, *part),
-                ).fetchall()
-        return {r[0]: StoredChunk(r[0], r[1], r[2], r[3], json.loads(r[4]), _payload(r[5])) for r in rows}
+        """Chunks by id (missing ids absent); ``tokens`` is ``[]`` unless ``with_tokens``."""
 
     def bm25_rows(self, name: str) -> tuple[int, list[tuple[str, str, list[str], dict[str, Any]]]]:
-        """``(version, [(chunk_id, document_id, tokens, payload), ...])`` in insertion order."""
-        with self._lock:
-            version = self.version(name)
-            rows = self._db.execute(
-                "SELECT chunk_id, document_id, tokens, payload FROM chunks WHERE collection=? ORDER BY rowid",
-                (name,),
-            ).fetchall()
-        return version, [(r[0], r[1], json.loads(r[2]), _payload(r[3])) for r in rows]
+        """``(seq, [(chunk_id, document_id, tokens, payload), ...])`` in insertion order, one snapshot."""
 
     def bm25_chunk_ids(self, name: str) -> tuple[int, list[str]]:
-        """``(version, chunk ids)`` of the chunks with BM25 tokens, in insertion order.
-
-        The rows a BM25 snapshot of this version holds (:meth:`bm25_rows` without the chunks
-        that have no token): what a loaded snapshot is checked against.
-        """
-        with self._lock:
-            version = self.version(name)
-            rows = self._db.execute(
-                "SELECT chunk_id FROM chunks WHERE collection=? AND tokens != '[]' ORDER BY rowid", (name,)
-            ).fetchall()
-        return version, [r[0] for r in rows]
+        """``(seq, ids)`` of the chunks with tokens, in insertion order, one snapshot."""
 
     def pending_deletes(self, name: str) -> list[str]:
-        """Chunk ids whose vectors a write meant to delete but has not yet (see :meth:`write_batch`)."""
-        with self._lock:
-            rows = self._db.execute("SELECT chunk_id FROM pending_deletes WHERE collection=?", (name,))
-            return [r[0] for r in rows]
+        """Chunk ids whose vectors a committed write meant to delete but has not yet."""
 
     def clear_pending(self, name: str, chunk_ids: Sequence[str]) -> None:
         """Forget pending deletes once the vector store has done them."""
-        with self.transaction() as db:
-            db.executemany(
-                "DELETE FROM pending_deletes WHERE collection=? AND chunk_id=?", [(name, c) for c in chunk_ids]
-            )
 
     def counts(self, name: str) -> tuple[int, int]:
         """``(documents, chunks)`` stored for a collection."""
-        with self._lock:
-            docs = self._db.execute("SELECT COUNT(*) FROM documents WHERE collection=?", (name,)).fetchone()[0]
-            chunks = self._db.execute("SELECT COUNT(*) FROM chunks WHERE collection=?", (name,)).fetchone()[0]
-        return int(docs), int(chunks)
 
     def write_batch(
         self,
         name: str,
-        documents: Sequence[tuple[str, str]],
+        documents: Sequence[StoredDocument | tuple[str, str]],
         chunks: Sequence[StoredChunk],
         deleted_chunk_ids: Sequence[str],
         deleted_document_ids: Sequence[str] = (),
         config: dict[str, Any] | None = None,
         pending: Sequence[str] = (),
+    ) -> int:
+        """Apply one ingestion batch atomically with the next seq and its change-log rows; returns the seq."""
+
+    def change_log_since(self, name: str, seq: int, *, limit: int = 10_000) -> list[Change]:
+        """Change-log rows after ``seq`` in (seq, document_id) order, whole seqs only, about ``limit`` rows."""
+
+    # --- physical versions (issue 22) ----------------------------------------------------
+    def create_version(self, name: str, version: CollectionVersion) -> None:
+        """Record a new physical version (``Conflict`` if that number exists)."""
+
+    def list_versions(self, name: str) -> list[CollectionVersion]:
+        """The collection's versions, oldest first."""
+
+    def get_version(self, name: str, version: int) -> CollectionVersion | None:
+        """One version, or ``None``."""
+
+    def set_version_state(
+        self, name: str, version: int, state: VersionState, *, retire_after: float | None = None
     ) -> None:
-        """Apply one ingestion batch atomically and bump the collection's version.
+        """Set a version's state (and its ``retire_after``, when given)."""
 
-        Args:
-            name: Collection.
-            documents: ``(document_id, content_hash)`` to insert or replace.
-            chunks: Chunks to insert or replace (no longer pending deletion, if they were).
-            deleted_chunk_ids: Chunks to remove (stale chunks of changed documents).
-            deleted_document_ids: Documents to remove entirely (their chunks too).
-            config: New collection configuration (e.g. a widened metadata schema), if changed.
-            pending: Chunk ids whose vectors are to be deleted from the vector store after this
-                commit: recorded with it, so a failed vector delete is retried by the next write
-                (:meth:`pending_deletes`) instead of leaving orphans nothing knows of.
-        """
-        with self.transaction() as db:
-            db.executemany(
-                "INSERT OR IGNORE INTO pending_deletes(collection, chunk_id) VALUES(?,?)",
-                [(name, c) for c in pending],
-            )
-            db.executemany(
-                "DELETE FROM pending_deletes WHERE collection=? AND chunk_id=?",
-                [(name, c.chunk_id) for c in chunks],
-            )
-            db.executemany(
-                "INSERT OR REPLACE INTO documents(collection, document_id, content_hash) VALUES(?,?,?)",
-                [(name, d, h) for d, h in documents],
-            )
-            db.executemany(
-                "DELETE FROM chunks WHERE collection=? AND chunk_id=?",
-                [(name, c) for c in deleted_chunk_ids],
-            )
-            for doc in deleted_document_ids:
-                db.execute("DELETE FROM chunks WHERE collection=? AND document_id=?", (name, doc))
-                db.execute("DELETE FROM documents WHERE collection=? AND document_id=?", (name, doc))
-            db.executemany(
-                "INSERT OR REPLACE INTO chunks VALUES(?,?,?,?,?,?,?)",
-                [
-                    (name, c.chunk_id, c.document_id, c.position, c.text, json.dumps(c.tokens), json.dumps(c.payload))
-                    for c in chunks
-                ],
-            )
-            if config is not None:
-                db.execute("UPDATE collections SET config=? WHERE name=?", (json.dumps(config), name))
-            db.execute("UPDATE collections SET version=version+1 WHERE name=?", (name,))
+    def set_live_version(self, name: str, version: int, *, retire_after: float | None = None) -> None:
+        """In one transaction: ``live_version = version``, it ``live``, the previous live one ``retired``."""
+
+    # --- leases (one reindex per collection, one runner per job) ---------------------------
+    def acquire_lease(self, name: str, owner: str, ttl_s: float) -> bool:
+        """Take the lease if free, lapsed or already ``owner``'s (compare-and-set); ``True`` if held."""
+
+    def renew_lease(self, name: str, owner: str, ttl_s: float) -> bool:
+        """Extend ``owner``'s lease to now + ``ttl_s``; ``False`` if another holds it or none exists."""
+
+    def release_lease(self, name: str, owner: str) -> bool:
+        """Drop ``owner``'s lease; ``False`` if it was not theirs."""
+
+    def get_lease(self, name: str) -> Lease | None:
+        """The lease row (lapsed or not), or ``None``."""
+
+    # --- jobs (issues 22, 23) --------------------------------------------------------------
+    def create_job(
+        self, kind: str, *, collection: str | None = None, params: dict[str, Any] | None = None,
+        state: str = "queued", job_id: str | None = None,
+    ) -> Job:
+        """Insert a job (a random hex id unless ``job_id``)."""
+
+    def get_job(self, job_id: str) -> Job | None:
+        """One job, or ``None``."""
+
+    def update_job(
+        self, job_id: str, *, state: str | None = None, cursor: str | None = None,
+        counters: dict[str, int] | None = None, error: str | None = None,
+    ) -> Job:
+        """Set the given fields (counters replace the stored ones); ``NotFound`` if unknown."""
+
+    def list_jobs(self, *, collection: str | None = None, state: str | None = None, limit: int = 100) -> list[Job]:
+        """Jobs, newest first, optionally of one collection or state."""
+
+    def claim_job(self, job_id: str, owner: str, ttl_s: float) -> bool:
+        """The job's lease, as :meth:`acquire_lease` (renews when ``owner`` holds it)."""
+
+    def release_job(self, job_id: str, owner: str) -> bool:
+        """Drop ``owner``'s lease on the job."""
+
+    # --- tenants, API keys, audit (issue 27) -------------------------------------------------
+    def create_tenant(self, tenant_id: str, name: str) -> None:
+        """Insert a tenant (``Conflict`` if it exists)."""
+
+    def list_tenants(self) -> list[tuple[str, str]]:
+        """``[(id, name), ...]`` sorted by id."""
+
+    def insert_api_key(self, key: ApiKeyRecord) -> None:
+        """Store a key record (``created_at`` 0 means now)."""
+
+    def get_api_key(self, key_id: str) -> ApiKeyRecord | None:
+        """A key by id, revoked or not."""
+
+    def find_api_keys(self, prefix: str) -> list[ApiKeyRecord]:
+        """The keys with this display prefix (revoked too: the caller checks)."""
+
+    def list_api_keys(self, tenant_id: str | None = None) -> list[ApiKeyRecord]:
+        """Keys, oldest first, optionally of one tenant."""
+
+    def revoke_api_key(self, key_id: str) -> bool:
+        """Set ``revoked_at`` to now; ``False`` if unknown or already revoked."""
+
+    def append_audit(self, entry: AuditEntry) -> int:
+        """Append an audit row (``at`` 0 means now); returns its id."""
+
+    def list_audit(self, *, tenant_id: str | None = None, since: float = 0.0, limit: int = 100) -> list[AuditEntry]:
+        """Audit rows at or after ``since``, oldest first."""
 
 
-def _batches(items: list[str], size: int) -> Iterator[list[str]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
+DocStore = StateStore  # the name the service's modules have always used
+
+
+def open_docstore(url: str, data_dir: Path, *, pool_size: int = 8, connect_timeout_s: float = 10.0) -> StateStore:
+    """Open the state of record a URL names (see the module table).
+
+    Args:
+        url: ``""`` (SQLite under ``data_dir``), ``sqlite:///abs/path.sqlite`` (the absolute path
+            after ``sqlite://``) or
+            ``postgresql://user@host:port/db``.
+        data_dir: Where the default SQLite file lives.
+        pool_size: Most PostgreSQL connections.
+        connect_timeout_s: Longest wait for a PostgreSQL connection.
+
+    Raises:
+        ConfigError: Unknown scheme (the message lists the supported ones), or psycopg is
+            missing for a PostgreSQL URL (names the extra).
+        StoreError: The database cannot be opened or migrated (``StoreUnavailable``: unreachable).
+    """
+    scheme = urlsplit(url).scheme.lower() if url else "sqlite"
+    if scheme == "sqlite":
+        from indexing.state_sqlite import SqliteState
+
+        path = Path(urlsplit(url).path) if url else data_dir / "docstore.sqlite"
+        return SqliteState(path)
+    if scheme in ("postgresql", "postgres"):
+        try:
+            from indexing.state_postgres import PostgresState
+        except ImportError as exc:
+            raise missing_extra(exc.name or "psycopg", "pgvector") from exc
+        return PostgresState(url, pool_size=pool_size, connect_timeout_s=connect_timeout_s)
+    raise ConfigError(f"unsupported docstore URL scheme {scheme!r}; supported: {', '.join(SCHEMES)}")

@@ -27,7 +27,7 @@ import numpy.typing as npt
 from embedding.base import Embedder
 from indexing.chunking import chunk_text, make_chunk_id
 from indexing.collections import CollectionConfig, model_mismatch
-from indexing.docstore import DocStore, StoredChunk
+from indexing.docstore import DocStore, StoredChunk, StoredDocument
 from indexing.sources import SourceDocument, check_sizes
 from quarry.errors import InvalidDocument, ModelDimensionMismatch
 from retrieval.bm25_registry import BM25Registry
@@ -100,7 +100,7 @@ def merge_schema(cfg: CollectionConfig, docs: Sequence[SourceDocument]) -> dict[
 class _Planned:
     chunks: list[StoredChunk]
     texts: dict[str, str]
-    hashes: list[tuple[str, str]]
+    hashes: list[StoredDocument]  # the changed documents, with their new hash and full text
     stale: list[str]
 
 
@@ -209,9 +209,8 @@ class Ingestor:
         planned = self._plan(cfg, docs, report)
         if not planned.hashes and schema is None:
             return
-        existing = {
-            c for ids in self._docstore.chunk_ids_of(cfg.name, [d for d, _ in planned.hashes]).values() for c in ids
-        }
+        owned = self._docstore.chunk_ids_of(cfg.name, [d.document_id for d in planned.hashes])
+        existing = {c for ids in owned.values() for c in ids}
         kept = self._existing_vectors(cfg, [c.chunk_id for c in planned.chunks if c.chunk_id in existing])
         to_embed = [c for c in planned.chunks if c.chunk_id not in kept]
         vectors = self._embed(cfg, [planned.texts[c.chunk_id] for c in to_embed], report)
@@ -247,7 +246,7 @@ class Ingestor:
             else:
                 report.added += 1
             changed.append(doc)
-            hashes.append((doc.id, digest))
+            hashes.append(StoredDocument(doc.id, digest, doc.title, doc.text, dict(doc.metadata)))
         old = self._docstore.chunk_ids_of(cfg.name, [d.id for d in changed])
         chunks, texts = [], {}
         for doc in changed:
@@ -306,7 +305,7 @@ class Ingestor:
         return {r.id: r.vector for r in self._store.get(cfg.name, ids)}
 
     def _flush_pending(self, collection: str) -> None:
-        """Delete the vectors an earlier write left pending (see ``DocStore.write_batch``).
+        """Delete the vectors an earlier write left pending (see ``StateStore.write_batch``).
 
         Raises:
             StoreError: The vector store failed (they stay pending).

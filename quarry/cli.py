@@ -196,6 +196,12 @@ def search(
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default QUARRY_API__HOST).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default QUARRY_API__PORT).")] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1, help="Worker processes; more than 1 needs a store server and QUARRY_DOCSTORE__URL=postgresql://..."
+        ),
+    ] = 1,
 ) -> None:
     """Start the REST API (OpenAPI at /docs).
 
@@ -210,6 +216,9 @@ def serve(
     from quarry.errors import EmbeddingUnavailable
 
     settings = get_settings()
+    if workers > 1:
+        _serve_workers(settings, host, port, workers)
+        return
     service = _quarry(settings)
     try:
         try:
@@ -220,6 +229,25 @@ def serve(
         uvicorn.run(application, host=host or settings.api.host, port=port or settings.api.port, log_level="info")
     finally:
         service.close()
+
+
+def _serve_workers(settings: Settings, host: str | None, port: int | None, workers: int) -> None:
+    """``serve --workers N``: each worker opens its own service; the settings are checked first.
+
+    Raises:
+        ConfigError: The store or the docstore belongs to one process (see
+            :func:`quarry.api.workers.check_shareable`).
+    """
+    import uvicorn
+
+    from quarry.api.workers import check_shareable
+
+    check_shareable(settings)
+    _quarry(settings).close()  # fail here, as one error line, if the store or docstore cannot open
+    uvicorn.run(
+        "quarry.api.workers:create_worker_app", factory=True, workers=workers,
+        host=host or settings.api.host, port=port or settings.api.port, log_level="info",
+    )
 
 
 @app.command("eval")

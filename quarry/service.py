@@ -17,7 +17,7 @@ from embedding.batching import BatchingEmbedder
 from embedding.factory import open_embedder
 from embedding.process import ProcessEmbedder
 from indexing.collections import NAME, CollectionConfig
-from indexing.docstore import DocStore
+from indexing.docstore import open_docstore
 from indexing.pipeline import Ingestor, IngestReport, Progress
 from indexing.planner import GIB, IndexPlan, plan_for_store
 from indexing.sources import SourceDocument
@@ -66,7 +66,10 @@ class Quarry:
         self.store = store or open_store(settings.store_url, router)
         self.embedder = embedder or open_embedder(settings.embedding.url, settings)
         self.reranker = reranker if reranker is not None else _open_reranker(settings)
-        self.docstore = DocStore(settings.data_dir / "docstore.sqlite")
+        self.docstore = open_docstore(
+            settings.docstore.url, settings.data_dir,
+            pool_size=settings.docstore.pool_size, connect_timeout_s=settings.docstore.connect_timeout_s,
+        )
         self.bm25 = BM25Registry(self.docstore, settings.data_dir / "bm25", settings.bm25)
         self.ingestor = Ingestor(
             self.store, self.docstore, self.embedder, self.bm25,
@@ -88,16 +91,20 @@ class Quarry:
 
     @contextmanager
     def _writing(self, name: str) -> Iterator[None]:
-        """Serialise the writes to one collection in this process.
+        """Serialise the writes to one collection, in this process and across processes.
 
         Upserts, deletes, index builds and drop each read the collection's state (stale chunks,
         metadata schema) and write it back, so two at once would keep both versions of a
         document or lose a field. Keyed by the lower-cased name, as some engines fold the case
-        of collection names.
+        of collection names. The docstore's write lock (:meth:`StateStore.write_lock`) holds the
+        other processes off (replicas, workers, the CLI on the same data dir).
+
+        Raises:
+            StoreUnavailable: Another process held the collection's write lock for 30 s.
         """
         with self._write_locks_guard:
             lock = self._write_locks.setdefault(name.lower(), threading.RLock())
-        with lock:
+        with lock, self.docstore.write_lock(name):
             yield
 
     def warm_up(self) -> None:

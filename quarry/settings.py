@@ -43,6 +43,22 @@ class StoreSettings(BaseModel):
     filter_count_ttl_s: float = Field(10.0, ge=0)
 
 
+class DocstoreSettings(BaseModel):
+    """The state of record (collections, documents, chunk texts, change log, jobs, keys).
+
+    Attributes:
+        url: ``""`` (default): SQLite at ``<data_dir>/docstore.sqlite``, for one process;
+            ``sqlite:///abs/path.sqlite``; ``postgresql://user:pass@host:5432/db`` to share it
+            between processes and hosts (API replicas, several workers).
+        pool_size: Most connections a process holds to a PostgreSQL docstore.
+        connect_timeout_s: Longest wait for a PostgreSQL connection before ``StoreUnavailable``.
+    """
+
+    url: str = ""
+    pool_size: int = Field(8, ge=1, le=256)
+    connect_timeout_s: float = Field(10.0, gt=0)
+
+
 class EmbeddingSettings(BaseModel):
     """Embedding model selection.
 
@@ -283,6 +299,7 @@ class Settings(BaseSettings):
     data_dir: Path = Path("data")
     environment: Literal["development", "production"] = "development"
     store: StoreSettings = StoreSettings()
+    docstore: DocstoreSettings = DocstoreSettings()
     embedding: EmbeddingSettings = EmbeddingSettings()
     rerank: RerankSettings = RerankSettings()
     search: SearchSettings = SearchSettings()

@@ -186,8 +186,16 @@ class BM25Index:
         ]
 
     def save(self, folder: Path) -> None:
-        """Persist to ``folder`` atomically (written beside it, then renamed into place)."""
-        tmp = folder.with_name(folder.name + ".tmp")
+        """Persist to ``folder`` atomically (written beside it, then renamed into place).
+
+        The names beside it are this process's own, so workers sharing a data dir that save the
+        same collection at once do not write into each other's files; the loser of the final
+        rename gets an ``OSError`` (the caller serves its snapshot from memory).
+
+        Raises:
+            OSError: The folder cannot be written, or another process renamed its own in first.
+        """
+        tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         if self._retriever is not None:
@@ -200,12 +208,17 @@ class BM25Index:
             "scale": self._scale,
         }
         (tmp / _SIDECAR).write_text(json.dumps(sidecar), encoding="utf-8")
-        old = folder.with_name(folder.name + ".old")
+        old = folder.with_name(f"{folder.name}.old-{os.getpid()}")
         shutil.rmtree(old, ignore_errors=True)
-        if folder.exists():
-            os.replace(folder, old)
-        os.replace(tmp, folder)
-        shutil.rmtree(old, ignore_errors=True)
+        try:
+            if folder.exists():
+                os.replace(folder, old)
+            os.replace(tmp, folder)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            shutil.rmtree(old, ignore_errors=True)
 
     @classmethod
     def load(cls, folder: Path) -> BM25Index:

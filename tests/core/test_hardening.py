@@ -323,7 +323,10 @@ def test_a_collection_whose_bm25_cannot_be_rebuilt_is_not_ready(
     service.upsert(collection, [SourceDocument("ant", "ants live in colonies")])
     shutil.rmtree(service.settings.data_dir / "bm25" / collection)
     with sqlite3.connect(service.settings.data_dir / "docstore.sqlite") as db:  # the state of record, damaged
-        db.execute("UPDATE chunks SET tokens = '[\"ant' WHERE collection = ?", (collection,))
+        db.execute(
+            "UPDATE chunks SET tokens = '[\"ant' WHERE collection_id = (SELECT id FROM collections WHERE name = ?)",
+            (collection,),
+        )
     with TestClient(create_app(restarted())) as client:
         r = client.get("/readyz")
         assert r.status_code == 503, r.text
@@ -487,7 +490,7 @@ def test_a_stored_integer_past_64_bits_is_served_not_a_500(
     service.upsert(collection, [SourceDocument("big", "a big number", metadata={"n": 1, "m": 7})])
     with sqlite3.connect(service.settings.data_dir / "docstore.sqlite") as db:  # written before the check
         db.execute(
-            "UPDATE chunks SET payload = ? WHERE collection = ?",
+            "UPDATE chunks SET payload = ? WHERE collection_id = (SELECT id FROM collections WHERE name = ?)",
             (json.dumps({"document_id": "big", "n": 2**70, "m": 7}), collection),
         )
     for mode in ("bm25", "dense", "hybrid"):

@@ -378,8 +378,9 @@ def test_describe_shows_the_plan_for_the_collections_current_size(service: Quarr
 
 
 def test_a_new_collection_does_not_inherit_rows_left_under_its_name(service: Quarry) -> None:
-    # as when a write commits after another process dropped the collection
-    service.docstore.write_batch("leftover", [("a", "hash")], [], [])
+    # as when a write commits after another process dropped the collection: refused, nothing kept
+    with pytest.raises(CollectionNotFound):
+        service.docstore.write_batch("leftover", [("a", "hash")], [], [])
     service.create_collection("leftover")
     try:
         assert service.describe("leftover")["documents"] == 0

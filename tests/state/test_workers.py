@@ -1,0 +1,107 @@
+"""``quarry serve --workers N``: refused on one-process backends, served on shared ones.
+
+The served case runs two uvicorn workers on a PostgreSQL docstore (a schema of its own) and the
+pgvector store (a collection of its own), each worker with the packaged MiniLM: a document
+written through one request is found by the next requests, whichever worker answers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.state.conftest import PG_URL, pg_schema
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _serve(args: list[str], data_dir: Path, **extra_env: str) -> subprocess.Popen[str]:
+    code = "import sys; from quarry.cli import main; sys.argv[0] = 'quarry'; sys.exit(main())"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("QUARRY_")},
+        "QUARRY_DATA_DIR": str(data_dir), "HF_HUB_OFFLINE": "1", "COLUMNS": "80", "PYTHONPATH": str(REPO),
+        **extra_env,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-c", code, "serve", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, cwd=REPO, start_new_session=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({}, "needs a vector store server"),
+        ({"QUARRY_STORE__URL": "milvus://127.0.0.1:19530"}, "needs a shared docstore: set QUARRY_DOCSTORE__URL"),
+    ],
+)
+def test_workers_on_one_process_backends_are_one_error_line(tmp_path: Path, env: dict[str, str], needle: str) -> None:
+    done = _serve(["--workers", "2"], tmp_path, **env)
+    out, _ = done.communicate(timeout=120)
+    assert done.returncode == 2, out
+    errors = [line for line in out.splitlines() if line.startswith("error")]
+    assert len(errors) == 1 and "error (ConfigError): --workers > 1" in errors[0] and needle in out, out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.integration
+def test_two_workers_on_shared_backends_serve_each_others_writes(tmp_path: Path) -> None:
+    with pg_schema() as state_url:
+        _two_workers(tmp_path, state_url)
+
+
+def _two_workers(tmp_path: Path, state_url: str) -> None:
+    port = _free_port()
+    name = f"workers_{uuid.uuid4().hex[:10]}"
+    server = _serve(
+        ["--workers", "2", "--port", str(port)], tmp_path, QUARRY_STORE__URL=PG_URL, QUARRY_DOCSTORE__URL=state_url
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        # a connection per request, so that the kernel hands each to either worker
+        no_reuse = httpx.Limits(max_keepalive_connections=0)
+        with httpx.Client(base_url=base, timeout=60, limits=no_reuse) as client:
+            deadline = time.monotonic() + 400
+            while time.monotonic() < deadline:
+                assert server.poll() is None, server.stdout.read() if server.stdout else ""
+                try:
+                    if client.get("/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(1)
+            assert client.post("/v1/collections", json={"name": name, "language": "en"}).status_code == 201
+            try:
+                for i in range(6):  # writes land on either worker
+                    docs = [{"id": f"d{i}", "text": f"zebra{i} grazes near the river number {i}"}]
+                    r = client.post(f"/v1/collections/{name}/documents", json={"documents": docs})
+                    assert r.status_code == 200, r.text
+                    for _ in range(4):  # and each is read by whichever worker answers next
+                        hits = client.post(
+                            f"/v1/collections/{name}/search", json={"query": f"zebra{i}", "mode": "bm25"}
+                        ).json()["hits"]
+                        assert [h["document_id"] for h in hits][:1] == [f"d{i}"], hits
+            finally:
+                client.delete(f"/v1/collections/{name}")
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            out, _ = server.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            out, _ = server.communicate()
+    assert out.count("Application startup complete") == 2, out  # two workers served
