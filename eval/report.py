@@ -156,6 +156,7 @@ def _ann_md(ann: dict[str, Any] | None) -> list[str]:
         return []
     spec = ann.get("index")
     index = "none (the store searches exactly)" if not spec else f"{spec['kind']} {spec.get('params') or ''}".strip()
+    index += " (an exact scan)" if spec and spec["kind"] == "FLAT" else ""
     lines = ["## ANN vs exact search", "", f"Index: {_md(index)}; exact search: {ann.get('exact')}.", ""]
     if "skipped" in ann:
         return [*lines, f"_Skipped: {_md(str(ann['skipped']))}._", ""]
