@@ -45,13 +45,16 @@ ARTIFACTS = (SUMMARY_JSON, PER_QUERY_JSON, QUERIES_JSON, REPORT_MD, REPORT_HTML,
 
 
 def require_plots() -> None:
-    """Check that the plots can be drawn before a run spends time searching.
+    """Check that the plots, the HTML report and the statistics can be made before a run spends time searching.
 
     Raises:
-        ConfigError: matplotlib is not installed; the message names the extra
+        ConfigError: matplotlib, jinja2 or scipy is not installed; the message names the extra
             (``pip install 'quarry[eval]'``).
     """
     try:
+        import jinja2  # noqa: F401  (report.html)
+        import scipy.stats  # noqa: F401  (the run comparison's tests)
+
         import eval.plots  # noqa: F401  (matplotlib: the `eval` extra)
     except ImportError as exc:
         raise missing_extra(exc.name or "matplotlib", "eval") from exc
