@@ -20,6 +20,8 @@ from eval.summary import Summary
 from quarry.errors import missing_extra
 
 WORST_SHOWN = 20
+ALL_SHOWN = 1000
+"""Queries in the page's full per-query table (split order); ``queries.json`` holds every one."""
 
 
 def _environment() -> Any:
@@ -77,7 +79,8 @@ def render_report_html(
             comparison=comparison,
             view={"metric": "ndcg@10", "worst_mode": worst_mode(summary)},
             modes=list(summary.modes),
-            rows=rows,
+            rows=rows[:ALL_SHOWN],
+            total=len(rows),
             worst=worst_queries(rows, worst_mode(summary), WORST_SHOWN),
             losses=hybrid_losses(rows),
             relevant_ids={qid: {d for d, g in docs.items() if g > 0} for qid, docs in summary.qrels.items()},

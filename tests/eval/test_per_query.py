@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
+import eval.html as html_module
 from eval.html import render_report_html
 from eval.metrics import per_query_metrics
 from eval.per_query import hybrid_losses, per_query_view, query_rows, worst_queries
@@ -60,4 +63,10 @@ def test_html_escapes_and_shows_the_view() -> None:
     assert "Queries where hybrid lost to a single channel (2)" in html
     assert "bm25#2 dense#1" in html and "Not measured in this run" in html
     assert '<span class="rel">d2</span>' in html
-    assert not re.search(r"https?://", html)
+    assert not re.search(r"https?://", html) and "All 3 queries" in html
+
+
+def test_the_page_shows_the_first_queries_of_a_large_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(html_module, "ALL_SHOWN", 2)
+    html = render_report_html(summary(), References(), {})
+    assert "The first 2 of 3 queries (all of them: queries.json)" in html
