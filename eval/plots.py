@@ -71,7 +71,7 @@ def plot_quality(summary: Summary, refs: References, path: Path) -> Path:
     _quality_axis(right, summary, refs, "recall@100", "Recall@100")
     split = summary.config.get("split", "?")
     fig.suptitle(
-        f"{summary.config.get('dataset', '')} ({split}): ours (bars) vs published (dashed)"
+        f"{summary.config.get('dataset', '')} ({split}): ours (bars); published references, not targets (dashed)"
     )
     fig.savefig(path, format="png", dpi=110)
     return path

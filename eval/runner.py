@@ -18,7 +18,10 @@ Entry point for ``quarry eval`` (the CLI wires the search; this module does the 
 only recorded), times each call with :func:`time.perf_counter_ns` (or the ``clock_ns`` given), scores the rankings with
 ``pytrec_eval`` (:mod:`eval.metrics`), reads the published numbers of the dataset from
 ``<beir_dir>/../REFERENCE_SCORES.md`` (:mod:`eval.reference`) and writes ``summary.json``,
-``per_query.json``, ``report.md`` and two PNGs into ``out_dir`` (:mod:`eval.report`).
+``per_query.json``, ``queries.json``, ``report.md``, the self-contained ``report.html`` and two
+PNGs into ``out_dir`` (:mod:`eval.report`); with a ``baseline`` run folder also ``compare.json``
+and ``compare.html`` (:mod:`eval.compare`). The config records the Quarry version and commit, the
+hardware and how latency was measured (:mod:`eval.environment`).
 Before timing a mode, ``warmup`` untimed calls are made (model loading, caches) so that the
 first timed query does not carry start-up cost. Errors raised by ``search`` propagate.
 """
@@ -36,6 +39,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from eval.beir import BeirSplit, load_split
+from eval.compare import compare_runs, load_run, run_data
+from eval.environment import environment
 from eval.metrics import mean_metrics, per_query_metrics
 from eval.reference import load_references
 from eval.report import require_plots, write_report
@@ -46,12 +51,25 @@ if TYPE_CHECKING:
     from quarry.service import Quarry
     from retrieval.search import Mode
 
-SearchFn = Callable[[str, str, int], Sequence[tuple[str, float]]]
-"""``search(query_text, mode, top_k) -> [(document_id, score), ...]``, best first."""
+SearchHit = tuple[str, float] | tuple[str, float, Mapping[str, int]]
+"""``(document_id, score)``, or ``(document_id, score, {channel: 1-based rank in that channel})``."""
+SearchFn = Callable[[str, str, int], Sequence[SearchHit]]
+"""``search(query_text, mode, top_k) -> [(document_id, score[, channel_ranks]), ...]``, best first."""
+
+_NOT_CHANNELS = frozenset({"fusion", "rerank"})
+
+
+def channel_ranks(explain: Mapping[str, Any]) -> dict[str, int]:
+    """The channel ranks in a hit's ``explain``: ``{"bm25": 3, "dense": 12}`` (channels that found it)."""
+    return {
+        name: int(entry["rank"])
+        for name, entry in explain.items()
+        if name not in _NOT_CHANNELS and isinstance(entry, Mapping) and isinstance(entry.get("rank"), int)
+    }
 
 
 def collection_search(quarry: Quarry, collection: str) -> SearchFn:
-    """The :data:`SearchFn` over one collection of a service: each hit's document id and score.
+    """The :data:`SearchFn` over one collection of a service: each hit's document id, score and channel ranks.
 
     Raises (from the returned callable):
         EvaluationError: A hybrid query was answered from BM25 alone (the embedder or the vector
@@ -59,11 +77,11 @@ def collection_search(quarry: Quarry, collection: str) -> SearchFn:
             BM25's under the hybrid name.
     """
 
-    def search(text: str, mode: str, top_k: int) -> list[tuple[str, float]]:
+    def search(text: str, mode: str, top_k: int) -> list[SearchHit]:
         result = quarry.search(collection, text, top_k=top_k, mode=cast("Mode", mode))  # Quarry checks it
         if result.degraded:
             raise EvaluationError(f"{mode} query {text[:60]!r} was degraded ({'; '.join(result.degraded)}); stopped")
-        return [(h.document_id, h.score) for h in result.hits]
+        return [(h.document_id, h.score, channel_ranks(h.explain)) for h in result.hits]
 
     return search
 
@@ -89,6 +107,7 @@ def run_mode(
     top_k: int,
     progress: Progress | None = None,
     clock_ns: Callable[[], int] = time.perf_counter_ns,
+    ranks_out: dict[str, dict[str, dict[str, int]]] | None = None,
 ) -> tuple[dict[str, list[str]], dict[str, float]]:
     """Search every query in one mode, timing each call.
 
@@ -99,6 +118,8 @@ def run_mode(
         top_k: Passed through to ``search``; longer answers are cut to ``top_k``.
         progress: A started rich progress display to advance, or None.
         clock_ns: Nanoseconds of a monotonic clock, read before and after each call.
+        ranks_out: Filled with query id -> {document id -> channel ranks} of the hits that
+            carry them (a third tuple item), when given.
 
     Returns:
         ``(rankings, latencies_ms)``: query id -> document ids best first, and
@@ -119,7 +140,9 @@ def run_mode(
         start = clock_ns()
         hits = search(text, mode, top_k)
         latencies_ms[qid] = (clock_ns() - start) / 1e6
-        rankings[qid] = [doc_id for doc_id, _score in hits[:top_k]]
+        rankings[qid] = [hit[0] for hit in hits[:top_k]]
+        if ranks_out is not None:
+            ranks_out[qid] = {hit[0]: dict(hit[2]) for hit in hits[:top_k] if len(hit) == 3}
         if progress is not None and task is not None:
             progress.advance(task)
     return rankings, latencies_ms
@@ -165,10 +188,12 @@ def run_modes(
         for mode in dict.fromkeys(modes):
             for text in [t for t in split.queries.values() if t.strip()][:warmup]:
                 search(text, mode, top_k)
-            rankings, latencies = run_mode(search, split.queries, mode, top_k, progress, clock_ns)
+            ranks: dict[str, dict[str, dict[str, int]]] = {}
+            rankings, latencies = run_mode(search, split.queries, mode, top_k, progress, clock_ns, ranks)
             per_query = per_query_metrics(split.qrels, rankings)
-            results[mode] = ModeResult(mode, mean_metrics(per_query), per_query, latencies)
-    return Summary(config=dict(config), modes=results)
+            results[mode] = ModeResult(mode, mean_metrics(per_query), per_query, latencies, rankings, ranks)
+    qrels = {qid: dict(docs) for qid, docs in split.qrels.items()}
+    return Summary(config=dict(config), modes=results, queries=dict(split.queries), qrels=qrels)
 
 
 def evaluate(
@@ -185,6 +210,8 @@ def evaluate(
     show_progress: bool = True,
     clock_ns: Callable[[], int] = time.perf_counter_ns,
     answers: Callable[[BeirSplit], dict[str, Any]] | None = None,
+    ann: Callable[[BeirSplit], dict[str, Any]] | None = None,
+    baseline: Path | None = None,
 ) -> Summary:
     """Evaluate ``search`` on a BEIR split and write the report (see the module docstring).
 
@@ -206,19 +233,26 @@ def evaluate(
             (:func:`time.perf_counter_ns` by default).
         answers: Given the loaded split, the answers section (:mod:`eval.answers`), run after
             the modes and written with them (``summary.json["answers"]``, ``## Answers``).
+        ann: Given the loaded split, the ANN-vs-exact section (:func:`eval.ann.ann_vs_exact`),
+            written as ``summary.json["ann_vs_exact"]`` and shown in both reports.
+        baseline: An earlier run's folder to compare this run with (:mod:`eval.compare`):
+            ``compare.json`` and ``compare.html`` are written too and the reports link them.
 
     Returns:
         The summary that was written to ``out_dir/summary.json``.
 
     Raises:
-        ConfigError: matplotlib is not installed (``pip install 'quarry[eval]'``).
-        InvalidRequest: Unknown split or folder, no modes, bad ``top_k``.
+        ConfigError: matplotlib is not installed (``pip install 'quarry[eval]'``), or the
+            baseline folder has no readable ``summary.json``/``per_query.json``.
+        InvalidRequest: Unknown split or folder, no modes, bad ``top_k``; a baseline of another
+            dataset or split.
         InvalidDocument: A BEIR file is malformed.
         OSError: ``out_dir`` cannot be written.
     """
     require_plots()
     beir_dir = Path(beir_dir)
     loaded = load_split(beir_dir, split)
+    before = load_run(Path(baseline)) if baseline is not None else None
     facts = {
         "dataset": beir_dir.resolve().name,
         "beir_dir": str(beir_dir),
@@ -229,6 +263,7 @@ def evaluate(
         "blank_queries": [qid for qid, text in loaded.queries.items() if not text.strip()],
         "warmup_queries": warmup,
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "environment": environment(warmup),
     }
     run_config = {**config, **facts}
     summary = run_modes(
@@ -236,6 +271,9 @@ def evaluate(
     )
     if answers is not None:
         summary = dataclasses.replace(summary, answers=answers(loaded))
+    if ann is not None:
+        summary = dataclasses.replace(summary, ann_vs_exact=ann(loaded))
+    comparison = compare_runs(before, run_data(summary)) if before is not None else None
     ref_file = references_path or beir_dir.resolve().parent / REFERENCE_FILE
-    write_report(summary, load_references(ref_file, str(facts["dataset"])), Path(out_dir))
+    write_report(summary, load_references(ref_file, str(facts["dataset"])), Path(out_dir), comparison)
     return summary

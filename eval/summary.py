@@ -6,7 +6,11 @@
      "modes": {"<mode>": {"ndcg@10": float, "recall@10": float, "recall@100": float,
                           "mrr@10": float, "latency_ms": {"p50": float, "p95": float},
                           "num_queries": int}},
-     "answers": {...}}   # only with ``quarry eval --answers`` (fields: eval/answers.py)
+     "answers": {...},       # only with ``quarry eval --answers`` (fields: eval/answers.py)
+     "ann_vs_exact": {...}}  # only when the run measured it (fields: eval/ann.py)
+
+The rankings, channel ranks, query texts and qrels a :class:`Summary` also holds are not in
+``summary.json``: :mod:`eval.report` writes them to ``queries.json`` for the per-query view.
 """
 
 from __future__ import annotations
@@ -44,12 +48,17 @@ class ModeResult:
         metrics: Mean of each metric of :data:`eval.metrics.METRICS`, each in [0, 1].
         per_query: Query id -> {metric -> value}, every judged query of the split.
         latencies_ms: Query id -> wall-clock time of its search call, in milliseconds.
+        rankings: Query id -> the document ids returned, best first (empty when not kept).
+        channel_ranks: Query id -> {document id -> {channel -> 1-based rank in that channel}},
+            from the search's ``explain`` (empty when the search gave none).
     """
 
     mode: str
     metrics: dict[str, float]
     per_query: dict[str, dict[str, float]]
     latencies_ms: dict[str, float]
+    rankings: dict[str, list[str]] = field(default_factory=dict)
+    channel_ranks: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
 
     @property
     def p50_ms(self) -> float:
@@ -77,11 +86,17 @@ class Summary:
         config: What was run (dataset, split, top_k, store, model, ...); JSON-serialisable.
         modes: Mode name -> its result, in the order the modes were run.
         answers: The answers section (:mod:`eval.answers`), when ``--answers`` ran.
+        ann_vs_exact: Recall of the collection's index against exact search (:mod:`eval.ann`).
+        queries: Query id -> text of the judged queries (for the per-query view).
+        qrels: Query id -> {document id -> grade} of the split.
     """
 
     config: dict[str, Any]
     modes: dict[str, ModeResult] = field(default_factory=dict)
     answers: dict[str, Any] | None = None
+    ann_vs_exact: dict[str, Any] | None = None
+    queries: dict[str, str] = field(default_factory=dict)
+    qrels: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the ``summary.json`` object (see the module docstring)."""
@@ -91,6 +106,8 @@ class Summary:
         }
         if self.answers is not None:
             out["answers"] = self.answers
+        if self.ann_vs_exact is not None:
+            out["ann_vs_exact"] = self.ann_vs_exact
         return out
 
 

@@ -51,6 +51,8 @@ index_app = typer.Typer(help="Plan and build vector indexes by data size.", no_a
 app.add_typer(index_app, name="index")
 app.add_typer(triton_app, name="triton")
 app.add_typer(config_app, name="config")
+eval_app = typer.Typer(help="Evaluate retrieval on a BEIR split (quarry eval --beir DIR); compare runs.")
+app.add_typer(eval_app, name="eval")
 err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 out = Console()
 
@@ -250,9 +252,12 @@ def _serve_workers(settings: Settings, host: str | None, port: int | None, worke
     )
 
 
-@app.command("eval")
+@eval_app.callback(invoke_without_command=True)
 def evaluate(
-    beir: Annotated[Path, typer.Option("--beir", help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/).")],
+    ctx: typer.Context,
+    beir: Annotated[
+        Path | None, typer.Option("--beir", help="BEIR folder (corpus.jsonl, queries.jsonl, qrels/); required.")
+    ] = None,
     split: Annotated[str, typer.Option(help="qrels split.")] = "test",
     modes: Annotated[str, typer.Option(help="Comma-separated: bm25,dense,hybrid.")] = "bm25,dense,hybrid",
     out_dir: Annotated[Path, typer.Option("--out", help="Where report.md and summary.json go.")] = Path("eval-out"),
@@ -264,8 +269,19 @@ def evaluate(
     answers_queries: Annotated[
         int, typer.Option("--answers-queries", min=1, help="Queries answered with --answers (split order).")
     ] = 20,
+    baseline: Annotated[
+        Path | None, typer.Option("--baseline", help="An earlier run's --out folder: compare this run with it.")
+    ] = None,
+    ann: Annotated[
+        bool, typer.Option("--ann/--no-ann", help="Measure the index's recall against exact search (numpy scan).")
+    ] = True,
 ) -> None:
-    """Ingest a BEIR corpus (idempotent), run each mode over a split, write the report."""
+    """Ingest a BEIR corpus (idempotent), run each mode over a split, write the report (report.md, report.html)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if beir is None:
+        raise InvalidRequest("quarry eval needs --beir DIR (a BEIR folder), or a subcommand: quarry eval compare A B")
+    from eval.ann import collection_ann
     from eval.runner import collection_search
     from eval.runner import evaluate as run_eval
 
@@ -277,6 +293,7 @@ def evaluate(
     name = collection or f"eval_{_default_name(beir)}"
     wanted = [m.strip() for m in modes.split(",") if m.strip()]
     docs = _check_eval_inputs(beir, split, wanted, out_dir)
+    _check_baseline(baseline, beir, split)
     quarry = _quarry(settings)
     quarry.create_collection(name, language=language, exist_ok=True)
     # Refused before anything is written: documents that are not in the corpus would be retrieved
@@ -300,6 +317,7 @@ def evaluate(
     summary = run_eval(
         collection_search(quarry, name), beir_dir=beir, split=split, modes=wanted, out_dir=out_dir, config=config,
         answers=_answers_section(quarry, name, answers_queries) if answers else None,
+        ann=collection_ann(quarry, name) if ann else None, baseline=baseline,
     )
     table = Table("mode", "nDCG@10", "Recall@10", "Recall@100", "MRR@10", "p50 ms", "p95 ms", title=str(beir))
     for mode_name, row in summary.to_dict()["modes"].items():
@@ -317,7 +335,44 @@ def evaluate(
             f"cited relevant {pct('cited_relevant')}, no citation {pct('no_citation')}, supported "
             f"{pct('supported')}, TTFT p50 {a['ttft_ms']['p50']:.0f} ms, total p50 {a['total_ms']['p50']:.0f} ms"
         )
-    out.print(f"report: {out_dir / 'report.md'}")
+    if summary.ann_vs_exact is not None and "recall" in summary.ann_vs_exact:
+        recall = ", ".join(f"recall@{k} {v:.4f}" for k, v in summary.ann_vs_exact["recall"].items())
+        kind = (summary.ann_vs_exact["index"] or {}).get("kind", "no index")
+        out.print(f"ANN vs exact ({escape(str(kind))}): {recall}")
+    if baseline is not None:  # the same figures as compare.json (same data, same seed)
+        from eval.compare import compare_runs, comparison_table, load_run
+
+        out.print(comparison_table(compare_runs(load_run(baseline, str(baseline)), load_run(out_dir, "this run"))))
+    out.print(f"report: {out_dir / 'report.md'}, {out_dir / 'report.html'}")
+
+
+@eval_app.command("compare")
+def compare(
+    run_a: Annotated[Path, typer.Argument(help="The base run's --out folder (A).")],
+    run_b: Annotated[Path, typer.Argument(help="The compared run's --out folder (B).")],
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Where compare.json and compare.html go (default: RUN_B).")
+    ] = None,
+) -> None:
+    """Per mode and metric: B - A with a paired randomisation test's p-value, a bootstrap CI and W/L/T."""
+    from eval.compare import compare_runs, comparison_table, load_run, write_comparison
+
+    comparison = compare_runs(load_run(run_a, str(run_a)), load_run(run_b, str(run_b)))
+    out.print(comparison_table(comparison))
+    for note in comparison.notes:
+        err.print(f"[yellow]note[/] {escape(note)}")
+    json_path, html_path = write_comparison(comparison, out_dir or run_b)
+    out.print(f"comparison: {json_path}, {html_path}")
+
+
+def _check_baseline(baseline: Path | None, beir: Path, split: str) -> None:
+    """A ``--baseline`` folder is readable and of the same dataset and split (before anything runs)."""
+    if baseline is None:
+        return
+    from eval.compare import RunData, check_same_task, load_run
+
+    here = RunData("this run", {"dataset": beir.resolve().name, "split": split}, {})
+    check_same_task(load_run(baseline), here)
 
 
 def _answers_section(quarry: Any, name: str, limit: int) -> Any:

@@ -180,6 +180,38 @@ def test_eval_checks_its_inputs_before_ingesting_and_refuses_a_stale_collection(
     assert "ingest" not in stale.stderr  # refused before the corpus (moon) was written into it
 
 
+def test_eval_writes_the_html_report_and_compares_with_a_baseline(tmp_path: Path, quarry_cli: Runner) -> None:
+    docs = [
+        {"_id": "jupiter", "title": "Jupiter", "text": "jupiter is a gas giant planet"},
+        {"_id": "cell", "title": "Cells", "text": "the mitochondria is the powerhouse of the cell"},
+    ]
+    beir, data = _beir(tmp_path / "toy", docs), tmp_path / "data"
+    first, second = tmp_path / "first", tmp_path / "second"
+    missing = quarry_cli(["eval", "--out", str(first)], data)
+    assert missing.returncode == 2 and "needs --beir" in missing.stderr, missing.stderr
+    done = quarry_cli(["eval", "--beir", str(beir), "--out", str(first)], data)
+    assert done.returncode == 0, done.stderr
+    assert "ANN vs exact (FLAT): recall@2 1.0000" in done.stdout, done.stdout  # the planner's index at 2 vectors
+    assert {"report.html", "queries.json"} <= {p.name for p in first.iterdir()}
+    summary = json.loads((first / "summary.json").read_text())
+    assert summary["ann_vs_exact"]["recall"] == {"2": 1.0} and summary["config"]["environment"]["hardware"]["cores"]
+    other = tmp_path / "other-split"
+    other.mkdir()
+    (other / "summary.json").write_text(json.dumps({"config": {"dataset": "toy", "split": "dev"}, "modes": {}}))
+    (other / "per_query.json").write_text("{}")
+    bad = quarry_cli(["eval", "--beir", str(beir), "--out", str(second), "--baseline", str(other)], data)
+    assert bad.returncode == 2 and "runs differ in split" in bad.stderr, bad.stderr
+    again = quarry_cli(["eval", "--beir", str(beir), "--out", str(second), "--baseline", str(first), "--no-ann"], data)
+    assert again.returncode == 0, again.stderr
+    compared = json.loads((second / "compare.json").read_text())
+    rows = compared["rows"]  # the same one query scored the same: no difference, too few queries for a test
+    assert len(rows) == 12 and all((r["delta"], r["ties"], r["p_value"]) == (0.0, 1, None) for r in rows), rows
+    assert "W/L/T" in again.stdout and "0/0/1" in again.stdout, again.stdout
+    html = (second / "report.html").read_text()
+    assert 'id="comparison"' in html and "Not measured in this run" in html
+    assert "ann_vs_exact" not in json.loads((second / "summary.json").read_text())
+
+
 def test_bad_settings_and_stores_are_one_error_line_not_a_traceback(tmp_path: Path, quarry_cli: Runner) -> None:
     bad = quarry_cli(["search", "x", "-c", "c"], tmp_path, QUARRY_SEARCH__CANDIDATES="abc")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
