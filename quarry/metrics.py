@@ -33,6 +33,7 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from quarry import tracing
 from quarry.microbatch import queue_depths
 
 if TYPE_CHECKING:
@@ -118,8 +119,6 @@ class SearchTelemetry:
 
     def __call__(self, collection: str, mode: str, result: SearchResult) -> None:
         """Report ``result`` (a search of ``collection`` in ``mode``)."""
-        from quarry import tracing
-
         if self.metrics:
             self.observe(collection, mode, result.stage_times)
             if result.degraded:

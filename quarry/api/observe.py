@@ -3,8 +3,9 @@
 Pure ASGI (Starlette's ``BaseHTTPMiddleware`` runs each request through an extra task and stream,
 which costs more than the BM25 query itself, and would buffer the answer's event stream).
 Per request: the id (:func:`quarry.logs.request_id`) set in a context variable and echoed as
-``X-Request-ID``; with metrics on (``QUARRY_METRICS__ENABLED``) the in-flight count, one
-latency observation and one counter increment per route template and status; with tracing on
+``X-Request-ID``; the in-flight count (:data:`quarry.metrics.IN_FLIGHT`, which load shedding can
+read); with metrics on (``QUARRY_METRICS__ENABLED``) one latency observation and one counter
+increment per route template and status; with tracing on
 (:mod:`quarry.tracing`) a server span, which continues a caller's W3C ``traceparent``.
 """
 
@@ -21,6 +22,9 @@ from quarry.logs import REQUEST_ID, request_id
 from quarry.metrics import IN_FLIGHT, LATENCY, REQUESTS
 
 HEADER = b"x-request-id"
+# Labelled children by route template (and status): bounded sets, looked up without the metric's lock.
+_LATENCY: dict[str, Any] = {}
+_REQUESTS: dict[tuple[str, int], Any] = {}
 
 
 class ObserveMiddleware:
@@ -50,8 +54,7 @@ class ObserveMiddleware:
             await send(message)
 
         span = _server_span(scope, headers, rid) if tracing.TRACER is not None else None
-        if metrics:
-            IN_FLIGHT.add(1)
+        IN_FLIGHT.add(1)  # always: load shedding reads it, metrics or not
         try:
             if span is None:
                 await self.app(scope, receive, send_status)
@@ -60,15 +63,25 @@ class ObserveMiddleware:
         finally:
             REQUEST_ID.reset(token)
             path = getattr(scope.get("route"), "path", "unmatched")
+            IN_FLIGHT.add(-1)
             if metrics:
-                IN_FLIGHT.add(-1)
-                LATENCY.labels(path).observe(time.perf_counter() - started)
-                REQUESTS.labels(path, str(status)).inc()
+                _observe(path, status, time.perf_counter() - started)
             if span is not None:
                 span.update_name(f"{scope['method']} {path}")
                 span.set_attribute("http.route", path)
                 span.set_attribute("http.response.status_code", status)
                 span.end()
+
+
+def _observe(path: str, status: int, seconds: float) -> None:
+    latency = _LATENCY.get(path)
+    if latency is None:
+        latency = _LATENCY[path] = LATENCY.labels(path)
+    latency.observe(seconds)
+    count = _REQUESTS.get((path, status))
+    if count is None:
+        count = _REQUESTS[(path, status)] = REQUESTS.labels(path, str(status))
+    count.inc()
 
 
 def _metrics_on(scope: Scope) -> bool:

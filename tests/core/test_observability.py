@@ -123,6 +123,7 @@ def test_a_scrape_after_a_hybrid_rerank_search_holds_each_stage_histogram(up: Qu
         assert samples[("quarry_stage_seconds_count", labels)] >= 1, stage
         assert samples[("quarry_stage_seconds_sum", labels)] > 0, stage
         assert samples[("quarry_stage_seconds_bucket", labels | {("le", "+Inf")})] >= 1, stage
+    assert samples[("quarry_requests_in_flight", frozenset())] >= 1  # the scrape itself
     names = {name for name, _ in samples}
     assert {"quarry_requests_in_flight", "quarry_batcher_queue_depth", "quarry_sla_seconds"} <= names
     batchers = {dict(labels)["batcher"] for name, labels in samples if name == "quarry_batcher_queue_depth"}
