@@ -12,6 +12,7 @@ or missed a deadline).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
@@ -116,6 +117,9 @@ async def answer_events(  # noqa: C901 - one linear pipeline, easiest read in on
                 yield Event("delta", {"text": piece.text})
                 for citation in scanner.feed(piece.text):
                     yield Event("citation", citation.to_json())
+    except (GeneratorExit, asyncio.CancelledError):  # the client left: the span ends, unfinished
+        tracing.end_llm_span(span, ttft_s=None, usage=usage, finish="cancelled", error=None)
+        raise
     except GenerationError as exc:
         now = time.perf_counter()
         timings_ms["generate"] = (now - asked) * 1000
