@@ -12,8 +12,9 @@ or missed a deadline).
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from generation.base import GenerationParams, Generator, Usage
 from generation.citations import CitationScanner, SourceRef
 from generation.prompt import Prompt
+from quarry import tracing
 from quarry.errors import GenerationError, QuarryError
 from retrieval.text import Language
 
@@ -67,6 +69,7 @@ async def answer_events(  # noqa: C901 - one linear pipeline, easiest read in on
     started: float,
     timings_ms: dict[str, float],
     degraded: list[str],
+    on_llm: Callable[[float | None, float, GenerationError | None], None] | None = None,
 ) -> AsyncIterator[Event]:
     """Ask the LLM and turn its stream into answer events.
 
@@ -79,6 +82,8 @@ async def answer_events(  # noqa: C901 - one linear pipeline, easiest read in on
         started: ``time.perf_counter()`` when the request arrived (for ``ttft`` and ``total``).
         timings_ms: Timings so far (``retrieve``, ``prompt``), completed here.
         degraded: What retrieval degraded; ``llm: ...`` is added when the LLM is skipped.
+        on_llm: Called once the LLM was asked, with the seconds to its first text token
+            (``None`` if none came), to its end, and its error (``None`` on success); metrics.
 
     Yields:
         ``sources``, then ``delta``/``citation`` events, then one ``done`` or ``error``.
@@ -97,6 +102,8 @@ async def answer_events(  # noqa: C901 - one linear pipeline, easiest read in on
     asked = time.perf_counter()
     usage: Usage | None = None
     finish: str | None = None
+    first: float | None = None
+    span = tracing.llm_span(generator.model_id, params)
     try:
         async with aclosing(generator.stream(prompt.messages, params)) as pieces:
             async for piece in pieces:
@@ -104,15 +111,20 @@ async def answer_events(  # noqa: C901 - one linear pipeline, easiest read in on
                 finish = piece.finish_reason or finish
                 if not piece.text:
                     continue
-                if "ttft" not in timings_ms:
-                    timings_ms["ttft"] = (time.perf_counter() - started) * 1000
+                if first is None:
+                    first = time.perf_counter()
+                    timings_ms["ttft"] = (first - started) * 1000
                 yield Event("delta", {"text": piece.text})
                 for citation in scanner.feed(piece.text):
                     yield Event("citation", citation.to_json())
+    except (GeneratorExit, asyncio.CancelledError):  # the client left: the span ends, unfinished
+        tracing.end_llm_span(span, ttft_s=None, usage=usage, finish="cancelled", error=None)
+        raise
     except GenerationError as exc:
         now = time.perf_counter()
         timings_ms["generate"] = (now - asked) * 1000
         timings_ms["total"] = (now - started) * 1000
+        _llm_ended(on_llm, span, asked, first, now, None, None, exc)
         yield Event("error", {**error_envelope(exc), "timings_ms": dict(timings_ms)}, exc)
         return
     now = time.perf_counter()
@@ -123,8 +135,25 @@ async def answer_events(  # noqa: C901 - one linear pipeline, easiest read in on
         except GenerationError:
             counted = None
         usage = Usage(usage.prompt_tokens if usage else None, counted)
+    _llm_ended(on_llm, span, asked, first, now, usage, finish, None)
     timings_ms["total"] = (time.perf_counter() - started) * 1000
     yield Event("done", _done(scanner.text, scanner, usage, finish, list(degraded), timings_ms))
+
+
+def _llm_ended(  # noqa: PLR0913 - what one LLM call reports
+    on_llm: Callable[[float | None, float, GenerationError | None], None] | None,
+    span: Any,
+    asked: float,
+    first: float | None,
+    ended: float,
+    usage: Usage | None,
+    finish: str | None,
+    error: GenerationError | None,
+) -> None:
+    ttft_s = None if first is None else first - asked
+    tracing.end_llm_span(span, ttft_s=ttft_s, usage=usage, finish=finish, error=error)
+    if on_llm is not None:
+        on_llm(ttft_s, ended - asked, error)
 
 
 def _done(

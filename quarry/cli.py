@@ -216,6 +216,7 @@ def serve(
 
     from quarry.api import create_app
     from quarry.errors import EmbeddingUnavailable
+    from quarry.logs import uvicorn_log_config
 
     settings = get_settings()
     if workers > 1:
@@ -228,7 +229,10 @@ def serve(
         except EmbeddingUnavailable as exc:
             err.print(f"[yellow]warning[/] embedding server unavailable, serving BM25 meanwhile: {escape(exc.message)}")
         application = create_app(service)
-        uvicorn.run(application, host=host or settings.api.host, port=port or settings.api.port, log_level="info")
+        uvicorn.run(
+            application, host=host or settings.api.host, port=port or settings.api.port,
+            log_config=uvicorn_log_config(settings.log.format, settings.log.level),
+        )
     finally:
         service.close()
 

@@ -15,12 +15,26 @@ share a call wait for the next free worker instead of queuing behind each other 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
+_LIVE: weakref.WeakSet[MicroBatcher[Any, Any]] = weakref.WeakSet()
+
+
+def queue_depths() -> dict[str, int]:
+    """Items queued now in the live batchers, summed by name (``quarry-embed-batcher`` -> ``embed``).
+
+    Read without the batchers' locks (a gauge read at scrape time; a length is read atomically).
+    """
+    depths: dict[str, int] = {}
+    for batcher in list(_LIVE):
+        label = batcher.name.removeprefix("quarry-").removesuffix("-batcher")
+        depths[label] = depths.get(label, 0) + len(batcher._queue)
+    return depths
 
 
 class MicroBatcher(Generic[T, R]):
@@ -55,6 +69,12 @@ class MicroBatcher(Generic[T, R]):
         self._queue: list[tuple[T, Future[R]]] = []
         self._cond = threading.Condition()
         self._busy: list[bool] = []  # one flag per worker thread; empty until start()
+        _LIVE.add(self)
+
+    @property
+    def name(self) -> str:
+        """The prefix of the worker threads' names (``quarry-embed-batcher``...)."""
+        return self._name
 
     @property
     def started(self) -> bool:

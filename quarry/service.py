@@ -22,6 +22,7 @@ from indexing.pipeline import Ingestor, IngestReport, Progress
 from indexing.planner import GIB, IndexPlan, plan_for_store
 from indexing.sources import SourceDocument
 from quarry.errors import CollectionExists, CollectionNotFound, Conflict, InvalidRequest, clip
+from quarry.metrics import SearchTelemetry
 from quarry.settings import Settings
 from rerank.base import Reranker
 from retrieval.bm25_registry import BM25Registry
@@ -83,8 +84,10 @@ class Quarry:
             if settings.embedding.query_process and embedder is None
             else BatchingEmbedder(self.embedder)
         )
+        self.telemetry = SearchTelemetry(metrics=settings.metrics.enabled)
         self.searcher = Searcher(
-            self.store, self.docstore, self.query_embedder, self.bm25, settings.search, self.reranker, clock=clock
+            self.store, self.docstore, self.query_embedder, self.bm25, settings.search, self.reranker, clock=clock,
+            observe=self.telemetry,
         )
         self._write_locks: dict[str, threading.RLock] = {}
         self._write_locks_guard = threading.Lock()

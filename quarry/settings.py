@@ -9,14 +9,15 @@ configuration at all: Milvus Lite under ``./data`` and the packaged all-MiniLM-L
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from collections.abc import Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class StoreSettings(BaseModel):
@@ -277,11 +278,74 @@ class ApiSettings(BaseModel):
         max_body_bytes: Largest request body, in bytes (32 MiB, Qdrant's default); a larger
             one is refused with 413 ``PayloadTooLarge`` as soon as its ``Content-Length``, or the
             bytes streamed in, pass the limit (:mod:`quarry.api.guard`).
+        allowed_hosts: Names the ``Host`` header may hold besides the ones always accepted
+            (``localhost``, ``127.0.0.1``, ``::1``, ``host`` and the address the request arrived
+            at); a request naming another host is a 400 (:mod:`quarry.api.browser`: a
+            DNS-rebinding page cannot drive a loopback server). ``*.example.com`` matches its
+            subdomains, ``*`` any host. Comma-separated or a JSON list.
+        cors_origins: Origins (``https://app.example.com``) whose pages may call the API from a
+            browser (CORS); ``*`` any. Empty (the default): no cross-origin access.
     """
 
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1)
+    allowed_hosts: Annotated[list[str], NoDecode] = []
+    cors_origins: Annotated[list[str], NoDecode] = []
+
+    @field_validator("allowed_hosts", "cors_origins", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        """A JSON list, or names separated by commas (``a.example,b.example``)."""
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+
+class MetricsSettings(BaseModel):
+    """Prometheus metrics at ``/metrics`` (:mod:`quarry.metrics`).
+
+    Attributes:
+        enabled: Observe requests and query stages (off: ``/metrics`` still answers, with
+            nothing observed by this server).
+        search_sla_s: The search latency objective, in seconds: exported as
+            ``quarry_sla_seconds{route=".../search"}``; the alert ``QuarrySearchP99OverSLA``
+            fires when the P99 stays above twice it (``deploy/prometheus/alerts.yml``).
+        answer_sla_s: The same for ``/answer`` (LLM generation included).
+    """
+
+    enabled: bool = True
+    search_sla_s: float = Field(0.5, gt=0, allow_inf_nan=False)
+    answer_sla_s: float = Field(20.0, gt=0, allow_inf_nan=False)
+
+
+class LogSettings(BaseModel):
+    """Logging of ``quarry serve`` (:mod:`quarry.logs`).
+
+    Attributes:
+        format: ``text`` (one line per record) or ``json`` (one JSON object per line). Every
+            line carries the request's ``X-Request-ID``; document text, queries and keys are
+            never logged.
+        level: ``DEBUG``, ``INFO``, ``WARNING`` or ``ERROR``.
+    """
+
+    format: Literal["text", "json"] = "text"
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class TracingSettings(BaseModel):
+    """OpenTelemetry traces (:mod:`quarry.tracing`; extra ``otel``).
+
+    Attributes:
+        enabled: Export a span per request and per query stage over OTLP. The exporter is
+            configured by the standard variables (``OTEL_EXPORTER_OTLP_ENDPOINT``,
+            ``OTEL_SERVICE_NAME``...) and ``OTEL_SDK_DISABLED=true`` still turns it off.
+    """
+
+    enabled: bool = False
 
 
 class Settings(BaseSettings):
@@ -308,6 +372,9 @@ class Settings(BaseSettings):
     llm: LLMSettings = LLMSettings()
     cache: CacheSettings = CacheSettings()
     api: ApiSettings = ApiSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    log: LogSettings = LogSettings()
+    tracing: TracingSettings = TracingSettings()
 
     @property
     def store_url(self) -> str:

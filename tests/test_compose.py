@@ -20,7 +20,7 @@ from quarry.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "tests" / "data" / "compose-spec.schema.json"
-SERVICES = {"triton", "etcd", "minio", "milvus", "qdrant", "postgres", "vllm", "api"}
+SERVICES = {"triton", "etcd", "minio", "milvus", "qdrant", "postgres", "vllm", "api", "prometheus", "grafana"}
 _VAR = re.compile(r"\$\{(?P<name>[A-Z0-9_]+)(?::-(?P<default>[^}]*))?\}")
 
 
@@ -163,3 +163,31 @@ def test_the_api_image_is_built_with_cpu_torch() -> None:
     assert 'CMD ["quarry", "serve", "--host", "0.0.0.0", "--port", "8080"]' in dockerfile
     for package in ("quarry", "retrieval", "indexing", "embedding", "rerank", "generation", "stores", "eval"):
         assert f"COPY {package} ./{package}" in dockerfile
+
+
+def test_prometheus_scrapes_the_api_and_grafana_shows_its_dashboard(
+    services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from quarry.api.browser import HostPolicy
+
+    prometheus, grafana, api = services["prometheus"], services["grafana"], services["api"]
+    assert "./deploy/prometheus:/etc/prometheus:ro" in prometheus["volumes"]
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+    config = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["alerts.yml"]
+    (quarry,) = [job for job in config["scrape_configs"] if job["job_name"] == "quarry"]
+    (target,) = quarry["static_configs"][0]["targets"]
+    host, port = target.split(":")
+    assert api["command"][-2:] == ["--port", port] and host == "api"
+    # the API answers Prometheus' Host: "api" is an allowed host name
+    monkeypatch.setenv("QUARRY_API__ALLOWED_HOSTS", interpolate(api["environment"]["QUARRY_API__ALLOWED_HOSTS"]))
+    assert HostPolicy.from_settings(Settings().api).allows(target, None)
+    assert "./deploy/grafana/provisioning:/etc/grafana/provisioning:ro" in grafana["volumes"]
+    assert "./deploy/grafana/dashboards:/var/lib/grafana/dashboards:ro" in grafana["volumes"]
+    datasource = yaml.safe_load((REPO / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
+    (source,) = datasource["datasources"]
+    assert source["url"] == "http://prometheus:9090" and source["uid"] == "prometheus"
+    provider = yaml.safe_load((REPO / "deploy/grafana/provisioning/dashboards/quarry.yml").read_text())
+    assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+    dashboard = json.loads((REPO / "deploy/grafana/dashboards/quarry.json").read_text())
+    assert {t["datasource"]["uid"] for p in dashboard["panels"] for t in p["targets"]} == {"prometheus"}

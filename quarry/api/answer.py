@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Annotated, Any, Literal
@@ -36,6 +36,7 @@ from generation.prompt import Candidate, Prompt, approx_tokens, build_prompt
 from indexing.collections import CollectionConfig
 from indexing.sources import is_blank
 from quarry import errors as e
+from quarry import metrics
 from quarry.api import cache as answer_cache
 from quarry.api.errors import error_responses
 from quarry.api.models import RerankIn, SearchIn, _Body
@@ -154,7 +155,7 @@ async def _events(  # noqa: PLR0913 - the request and its dependencies
     timings["prompt"] = (time.perf_counter() - t) * 1000
     events = answer_events(
         generator, prompt, params, language=collection.language, threshold=cfg.support_threshold,
-        started=started, timings_ms=timings, degraded=degraded,
+        started=started, timings_ms=timings, degraded=degraded, on_llm=_llm_metrics(q, name, body),
     )
     return answer_cache.recording(events, plan, answer_cache.directives(headers)[1])
 
@@ -179,6 +180,21 @@ async def prepare_answer(name: str, body: AnswerIn, q: Quarry, generator: Genera
         QuarryError: What retrieval raises (unknown collection, bad filter, ...), before any event.
     """
     return await _events(name, body, q, generator, None, {})  # no cache: eval measures the LLM
+
+
+def _llm_metrics(
+    q: Quarry, name: str, body: AnswerIn
+) -> Callable[[float | None, float, GenerationError | None], None] | None:
+    """What an answer's LLM call reports to :mod:`quarry.metrics` (``None`` with metrics off)."""
+    if not q.settings.metrics.enabled:
+        return None
+
+    def observe(ttft_s: float | None, total_s: float, error: GenerationError | None) -> None:
+        metrics.observe_llm(name, body.mode, ttft_s, total_s)
+        if error is not None and not body.require_answer:  # answered without the LLM's text
+            metrics.DEGRADED.labels("llm_failed").inc()
+
+    return observe
 
 
 def _check_available(generator: Generator | None) -> None:

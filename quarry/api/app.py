@@ -21,14 +21,14 @@ import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi_offline import FastAPIOffline
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from indexing.collections import CollectionConfig
 from indexing.sources import SourceDocument, parse_document
 from quarry import errors as e
-from quarry import heap
+from quarry import heap, metrics, tracing
 from quarry.api import answer, errors
+from quarry.api.browser import BrowserGuard
 from quarry.api.errors import error_responses
 from quarry.api.guard import RequestGuard
 from quarry.api.models import (
@@ -44,14 +44,13 @@ from quarry.api.models import (
     SearchOut,
     UpsertDocuments,
 )
+from quarry.api.observe import ObserveMiddleware
 from quarry.api.probe import StoreProbe
 from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, QuarryError, clip
 from quarry.service import Quarry
 from retrieval.search import RerankOptions
 
 log = logging.getLogger(__name__)
-REQUESTS = Counter("quarry_requests_total", "HTTP requests", ["route", "status"])
-LATENCY = Histogram("quarry_request_seconds", "HTTP request latency (seconds)", ["route"])
 
 
 async def get_quarry(request: Request) -> Quarry:
@@ -76,6 +75,8 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service = quarry if isinstance(quarry, Quarry) else await run_in_threadpool(quarry)
         app.state.quarry = service
+        metrics.set_slas(service.settings.metrics)
+        traced = tracing.configure(service.settings.tracing)
         app.state.store_probe = StoreProbe(service.store.list_collections)
         try:
             await run_in_threadpool(service.warm_up)
@@ -92,6 +93,8 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
             service.bm25.on_swap = previous_hook
             heap.release()
             app.state.store_probe.close()
+            if traced:
+                tracing.shutdown()
             if not isinstance(quarry, Quarry):
                 service.close()
 
@@ -104,42 +107,11 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     app.state.ready = False
     errors.install(app)
     app.add_middleware(RequestGuard)
-    app.add_middleware(MetricsMiddleware)
+    app.add_middleware(BrowserGuard)
+    app.add_middleware(ObserveMiddleware)
     app.include_router(router)
     app.include_router(answer.router)
     return app
-
-
-class MetricsMiddleware:
-    """Pure ASGI middleware: request count and latency per route template and status.
-
-    (Starlette's ``BaseHTTPMiddleware`` runs each request through an extra task and stream,
-    which costs more than the BM25 query itself.)
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Pass the request on; count it and time it once the response has gone (or failed)."""
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            path = getattr(scope.get("route"), "path", "unmatched")
-            LATENCY.labels(path).observe(time.perf_counter() - started)
-            REQUESTS.labels(path, str(status)).inc()
 
 
 # The errors each kind of route can raise, documented through quarry.api.errors.STATUS.
@@ -198,7 +170,7 @@ async def readyz(request: Request, response: Response) -> dict[str, Any]:
 
 @router.get("/metrics", tags=["ops"], include_in_schema=False)
 def prometheus() -> Response:
-    """Prometheus metrics (request counts and latency histograms)."""
+    """Prometheus metrics (:mod:`quarry.metrics`: requests, query stages, degradations, queue depths)."""
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -410,16 +410,25 @@ def test_a_body_sent_as_another_content_type_is_told_to_send_json(client: TestCl
         assert "query: Input should be a valid string" in _error(r, 422)["message"]
 
 
-def test_a_trailing_slash_is_a_404_in_the_envelope_not_a_redirect_to_the_clients_host(service: Quarry) -> None:
-    """Review: POST .../search/ with a foreign Host answered 307 with Location: http://evil.example/..."""
-    with TestClient(create_app(service)) as client:
-        r = client.post(
-            "/v1/collections/anything/search/", json={"query": "x"}, headers={"Host": "evil.example"},
-            follow_redirects=False,
-        )
-    assert r.status_code == 404, r.text
-    assert "location" not in r.headers
-    assert r.json()["error"]["type"] == "NotFound"
+def test_a_trailing_slash_is_a_404_in_the_envelope_not_a_redirect_to_the_clients_host(
+    service: Quarry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: POST .../search/ with a foreign Host answered 307 with Location: http://evil.example/...
+
+    A foreign Host is now refused (400, quarry.api.browser); with every host allowed
+    (``QUARRY_API__ALLOWED_HOSTS=*``) the trailing slash is still a 404, never a redirect.
+    """
+    for allowed, status, kind in (([], 400, "InvalidRequest"), (["*"], 404, "NotFound")):
+        api = service.settings.api.model_copy(update={"allowed_hosts": allowed})
+        monkeypatch.setattr(service, "settings", service.settings.model_copy(update={"api": api}))
+        with TestClient(create_app(service)) as client:
+            r = client.post(
+                "/v1/collections/anything/search/", json={"query": "x"}, headers={"Host": "evil.example"},
+                follow_redirects=False,
+            )
+        assert r.status_code == status, r.text
+        assert "location" not in r.headers
+        assert r.json()["error"]["type"] == kind
 
 
 # --- review of issue 20, second pass: invisible queries, echoed values, stored wide integers, big files --

@@ -128,6 +128,28 @@ def test_a_client_disconnect_closes_the_upstream_request(client: httpx.Client, s
     assert stub.closed[-1] - left < 2.0
 
 
+def test_a_client_disconnect_ends_the_llm_span_as_cancelled(client: httpx.Client, stub: StubLLM) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from quarry import tracing
+    from quarry.settings import TracingSettings
+
+    exporter = InMemorySpanExporter()
+    assert tracing.configure(TracingSettings(enabled=True), exporter=exporter)
+    try:
+        stub.replies.append(Reply(pieces=["tok "] * 100, gap_s=0.2))
+        with client.stream("POST", URL, json={**QUERY, "stream": True}) as r:
+            for kind, _, _ in sse_events(r):
+                if kind == "delta":
+                    break
+        _wait_for(lambda: any(s.name.startswith("chat") for s in exporter.get_finished_spans()))
+    finally:
+        tracing.shutdown()
+    (chat,) = [s for s in exporter.get_finished_spans() if s.name.startswith("chat")]
+    assert chat.attributes["gen_ai.response.finish_reasons"] == ("cancelled",)
+    assert chat.attributes["gen_ai.operation.name"] == "chat"
+
+
 def test_non_streaming_degrades_to_sources_or_fails_typed_when_required(client: httpx.Client, stub: StubLLM) -> None:
     stub.replies.append(Reply(hold_before_headers=True))
     started = time.monotonic()

@@ -1,0 +1,113 @@
+"""The outermost middleware: request id, request metrics, in-flight count and the request's span.
+
+Pure ASGI (Starlette's ``BaseHTTPMiddleware`` runs each request through an extra task and stream,
+which costs more than the BM25 query itself, and would buffer the answer's event stream).
+Per request: the id (:func:`quarry.logs.request_id`) set in a context variable and echoed as
+``X-Request-ID``; the in-flight count (:data:`quarry.metrics.IN_FLIGHT`, which load shedding can
+read); with metrics on (``QUARRY_METRICS__ENABLED``) one latency observation and one counter
+increment per route template and status; with tracing on
+(:mod:`quarry.tracing`) a server span, which continues a caller's W3C ``traceparent``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from quarry import tracing
+from quarry.logs import REQUEST_ID, request_id
+from quarry.metrics import IN_FLIGHT, LATENCY, REQUESTS
+
+HEADER = b"x-request-id"
+# Labelled children by route template (and status): bounded sets, looked up without the metric's lock.
+_LATENCY: dict[str, Any] = {}
+_REQUESTS: dict[tuple[str, int], Any] = {}
+
+
+class ObserveMiddleware:
+    """Request id, request count and latency per route template and status, and tracing."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the request on with its id; count it and time it once the response has gone (or failed)."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        headers = Headers(scope=scope)
+        rid = request_id(headers.get("x-request-id"))
+        token = REQUEST_ID.set(rid)
+        metrics = _metrics_on(scope)
+        status = 500
+        echoed = (HEADER, rid.encode("ascii"))
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), echoed]}
+            await send(message)
+
+        span = _server_span(scope, headers, rid) if tracing.TRACER is not None else None
+        IN_FLIGHT.add(1)  # always: load shedding reads it, metrics or not
+        try:
+            if span is None:
+                await self.app(scope, receive, send_status)
+            else:
+                await _traced(span, self.app, scope, receive, send_status)
+        finally:
+            REQUEST_ID.reset(token)
+            path = getattr(scope.get("route"), "path", "unmatched")
+            IN_FLIGHT.add(-1)
+            if metrics:
+                _observe(path, status, time.perf_counter() - started)
+            if span is not None:
+                span.update_name(f"{scope['method']} {path}")
+                span.set_attribute("http.route", path)
+                span.set_attribute("http.response.status_code", status)
+                span.end()
+
+
+def _observe(path: str, status: int, seconds: float) -> None:
+    latency = _LATENCY.get(path)
+    if latency is None:
+        latency = _LATENCY[path] = LATENCY.labels(path)
+    latency.observe(seconds)
+    count = _REQUESTS.get((path, status))
+    if count is None:
+        count = _REQUESTS[(path, status)] = REQUESTS.labels(path, str(status))
+    count.inc()
+
+
+def _metrics_on(scope: Scope) -> bool:
+    """``QUARRY_METRICS__ENABLED`` of the app's service (on before the service is there)."""
+    service = getattr(getattr(scope.get("app"), "state", None), "quarry", None)
+    settings = getattr(service, "settings", None)
+    return settings is None or bool(settings.metrics.enabled)
+
+
+def _server_span(scope: Scope, headers: Headers, rid: str) -> Any:
+    from opentelemetry.propagate import extract
+    from opentelemetry.trace import SpanKind
+
+    assert tracing.TRACER is not None
+    attributes = {"http.request.method": scope["method"], "url.path": scope["path"], "quarry.request_id": rid}
+    return tracing.TRACER.start_span(
+        scope["method"], context=extract(dict(headers)), kind=SpanKind.SERVER, attributes=attributes
+    )
+
+
+async def _traced(span: Any, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """Run the app with ``span`` current (the search's and the LLM's spans become its children)."""
+    from opentelemetry import context, trace
+
+    token = context.attach(trace.set_span_in_context(span))
+    try:
+        await app(scope, receive, send)
+    finally:
+        context.detach(token)
