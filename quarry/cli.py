@@ -247,12 +247,14 @@ def _serve_workers(settings: Settings, host: str | None, port: int | None, worke
     import uvicorn
 
     from quarry.api.workers import check_shareable
+    from quarry.logs import uvicorn_log_config
 
     check_shareable(settings)
     _quarry(settings).close()  # fail here, as one error line, if the store or docstore cannot open
     uvicorn.run(
         "quarry.api.workers:create_worker_app", factory=True, workers=workers,
-        host=host or settings.api.host, port=port or settings.api.port, log_level="info",
+        host=host or settings.api.host, port=port or settings.api.port,
+        log_config=uvicorn_log_config(settings.log.format, settings.log.level),
     )
 
 
