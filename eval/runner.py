@@ -48,6 +48,7 @@ from eval.summary import ModeResult, Summary
 from quarry.errors import EvaluationError, InvalidRequest
 
 if TYPE_CHECKING:
+    from indexing.collections import FusionConfig
     from quarry.service import Quarry
     from retrieval.search import Mode
 
@@ -68,8 +69,10 @@ def channel_ranks(explain: Mapping[str, Any]) -> dict[str, int]:
     }
 
 
-def collection_search(quarry: Quarry, collection: str) -> SearchFn:
+def collection_search(quarry: Quarry, collection: str, fusion: FusionConfig | None = None) -> SearchFn:
     """The :data:`SearchFn` over one collection of a service: each hit's document id, score and channel ranks.
+
+    ``fusion`` is passed with each search (``None``: the collection's default).
 
     Raises (from the returned callable):
         EvaluationError: A hybrid query was answered from BM25 alone (the embedder or the vector
@@ -78,7 +81,7 @@ def collection_search(quarry: Quarry, collection: str) -> SearchFn:
     """
 
     def search(text: str, mode: str, top_k: int) -> list[SearchHit]:
-        result = quarry.search(collection, text, top_k=top_k, mode=cast("Mode", mode))  # Quarry checks it
+        result = quarry.search(collection, text, top_k=top_k, mode=cast("Mode", mode), fusion=fusion)  # checked there
         if result.degraded:
             raise EvaluationError(f"{mode} query {text[:60]!r} was degraded ({'; '.join(result.degraded)}); stopped")
         return [(h.document_id, h.score, channel_ranks(h.explain)) for h in result.hits]

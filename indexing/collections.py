@@ -9,17 +9,54 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from quarry.errors import ModelMismatch
+from retrieval.fusion import Fusion
 from retrieval.text import Language
 from stores.base import Metric
 from stores.filters import FieldType
 
 NAME = re.compile(r"\A[A-Za-z][A-Za-z0-9_]{0,62}\Z")
 BUILTIN_FIELDS: dict[str, FieldType] = {"document_id": "str"}
+Weight = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class FusionConfig(BaseModel):
+    """How hybrid search fuses its two channels (:mod:`retrieval.fusion`); unset fields inherit.
+
+    A search's fusion is its request's ``fusion`` over the collection's ``fusion`` over the
+    server's ``QUARRY_SEARCH__RRF_K``/``BM25_WEIGHT``/``DENSE_WEIGHT`` (method ``rrf``,
+    normalisation ``minmax``), field by field (``weights`` channel by channel).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    method: Literal["rrf", "weighted"] | None = Field(
+        None,
+        description="rrf: sum of weight / (k + rank) (Cormack et al. 2009); weighted: sum of weight × normalised "
+        "channel score (a convex combination when the weights sum to 1; Bruch et al. 2023).",
+    )
+    k: int | None = Field(None, ge=1, le=100_000, description="RRF constant (rrf only).")
+    weights: dict[Literal["bm25", "dense"], Weight] | None = Field(
+        None, description='Channel weights, e.g. {"bm25": 0.5, "dense": 0.5}; 0 drops a channel.'
+    )
+    normalization: Literal["minmax", "zscore", "dbsf"] | None = Field(
+        None,
+        description="weighted only: minmax (Elasticsearch linear retriever), zscore, or dbsf (Qdrant's "
+        "distribution-based score fusion: (s - (mean - 3 sd)) / 6 sd, clipped to [0, 1]).",
+    )
+
+    def over(self, base: Fusion) -> Fusion:
+        """``base`` with this config's set fields applied (weights merged per channel)."""
+        return Fusion(
+            self.method or base.method,
+            base.k if self.k is None else self.k,
+            {**base.weights, **{str(c): w for c, w in (self.weights or {}).items()}},
+            self.normalization or base.normalization,
+        )
 
 
 class CollectionConfig(BaseModel):
@@ -39,6 +76,7 @@ class CollectionConfig(BaseModel):
         schema_: Metadata field -> type, including the built-in ``document_id``.
         index: The vector index spec and the planner's reason, for ``describe``.
         created_at: Unix time of creation.
+        fusion: The collection's default hybrid fusion (``None``: the server's settings).
     """
 
     name: str
@@ -52,6 +90,7 @@ class CollectionConfig(BaseModel):
     schema_: dict[str, FieldType] = Field(default_factory=lambda: dict(BUILTIN_FIELDS), alias="schema")
     index: dict[str, Any] = Field(default_factory=dict)
     created_at: float = Field(default_factory=time.time)
+    fusion: FusionConfig | None = Field(None, description="The collection's default hybrid fusion.")
 
     model_config = {"populate_by_name": True}
 

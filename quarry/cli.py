@@ -281,6 +281,14 @@ def evaluate(
     ann: Annotated[
         bool, typer.Option("--ann/--no-ann", help="Measure the index's recall against exact search (numpy scan).")
     ] = True,
+    tune: Annotated[
+        str | None,
+        typer.Option("--tune", help="Fit the hybrid fusion on this split (train, dev; never test), write "
+                     "<out>/tuned-fusion.json and compare tuned and default fusion on --split."),
+    ] = None,
+    fusion_file: Annotated[
+        Path | None, typer.Option("--fusion", help="Hybrid fusion JSON (e.g. a tuned-fusion.json) for the run.")
+    ] = None,
 ) -> None:
     """Ingest a BEIR corpus (idempotent), run each mode over a split, write the report (report.md, report.html)."""
     if ctx.invoked_subcommand is not None:
@@ -298,6 +306,8 @@ def evaluate(
         )
     name = collection or f"eval_{_default_name(beir)}"
     wanted = [m.strip() for m in modes.split(",") if m.strip()]
+    if tune is not None and tune in ("test", split):
+        raise InvalidRequest(f"--tune {tune}: tuning on the test or the reported split is refused; use train or dev")
     docs = _check_eval_inputs(beir, split, wanted, out_dir)
     _check_baseline(baseline, beir, split)
     quarry = _quarry(settings)
@@ -314,14 +324,19 @@ def evaluate(
     _ingest_with_progress(quarry, name, docs)
     cfg = quarry.get_collection(name)
 
+    fusion = _read_fusion_file(fusion_file) if fusion_file is not None else None
+    if tune is not None:
+        _tune(quarry, name, beir, tune, split, out_dir, settings.search.candidates)
     config = {
+        "fusion": quarry.searcher.fusion(cfg, fusion).describe(),
         "collection": name, "store": settings.store_url, "embedding": settings.embedding.url,
         "embedding_model": cfg.embedding_model, "language": cfg.language, "chunk_size": cfg.chunk_size,
         "chunk_overlap": cfg.chunk_overlap, "bm25": settings.bm25.model_dump(),
         "rrf_k": settings.search.rrf_k, "rank_window_size": settings.search.candidates, "index": cfg.index,
     }
     summary = run_eval(
-        collection_search(quarry, name), beir_dir=beir, split=split, modes=wanted, out_dir=out_dir, config=config,
+        collection_search(quarry, name, fusion), beir_dir=beir, split=split, modes=wanted, out_dir=out_dir,
+        config=config,
         answers=_answers_section(quarry, name, answers_queries) if answers else None,
         ann=collection_ann(quarry, name) if ann else None, baseline=baseline,
     )
@@ -379,6 +394,49 @@ def _check_baseline(baseline: Path | None, beir: Path, split: str) -> None:
 
     here = RunData("this run", {"dataset": beir.resolve().name, "split": split}, {})
     check_same_task(load_run(baseline), here)
+
+
+def _read_fusion_file(path: Path) -> Any:
+    """A :class:`~indexing.collections.FusionConfig` from a JSON file (its ``fusion`` member, or the file itself)."""
+    import json
+
+    from indexing.collections import FusionConfig
+
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        return FusionConfig.model_validate(raw.get("fusion", raw) if isinstance(raw, dict) else raw)
+    except (OSError, ValueError) as exc:
+        raise InvalidRequest(f"cannot read the fusion setting {path}: {exc}") from exc
+
+
+def _tune(quarry: Any, name: str, beir: Path, tune_split: str, report_split: str, out_dir: Path, window: int) -> None:
+    """``quarry eval --tune``: fit the fusion on ``tune_split``, write it, show tuned vs default on ``report_split``."""
+    from eval.beir import load_split
+    from eval.runner import collection_search
+    from eval.tune import DEFAULT, Point, channel_runs, default_grid, score, tune, write_setting
+
+    search = collection_search(quarry, name)
+    fit = load_split(beir, tune_split)
+    candidates = [c for c in (50, 100, 200, 300) if c <= window] or [window]
+    out.print(f"tuning on {tune_split}: {len(fit.queries)} queries, each channel searched once, {max(candidates)} deep")
+    runs = channel_runs(search, fit.queries, max(candidates))
+    best, _ = tune(runs, fit.qrels, tune_split, default_grid(candidates))
+    reported = load_split(beir, report_split)
+    held = channel_runs(search, reported.queries, max(candidates))
+    table = Table("fusion", "candidates", f"{tune_split} nDCG@10", f"{tune_split} R@100",
+                  f"{report_split} nDCG@10", f"{report_split} R@100", title="tuned vs default hybrid fusion")
+    rows = {}
+    for label, point in (("default", Point(DEFAULT, min(window, 100))), ("tuned", best)):
+        a, b = score(runs, fit.qrels, point), score(held, reported.qrels, point)
+        rows[label] = {"setting": point.describe(), tune_split: a, report_split: b}
+        table.add_row(f"{label}: {point.fusion.describe()}", str(point.candidates), f"{a['ndcg@10']:.4f}",
+                      f"{a['recall@100']:.4f}", f"{b['ndcg@10']:.4f}", f"{b['recall@100']:.4f}")
+    out.print(table)
+    path = out_dir / "tuned-fusion.json"
+    setting = write_setting(path, best, {"split": tune_split, "objective": "ndcg@10", "dataset": beir.name, **rows})
+    out.print_json(data={k: setting[k] for k in ("fusion", "candidates")})
+    out.print(f"tuned setting: {path} (quarry eval --fusion {path}; a collection's or a request's \"fusion\"; "
+              f"candidates -> QUARRY_SEARCH__CANDIDATES={best.candidates})")
 
 
 def _answers_section(quarry: Any, name: str, limit: int) -> Any:

@@ -16,7 +16,7 @@ from embedding.base import Embedder, QueryEncoder
 from embedding.batching import BatchingEmbedder
 from embedding.factory import open_embedder
 from embedding.process import ProcessEmbedder
-from indexing.collections import NAME, CollectionConfig
+from indexing.collections import NAME, CollectionConfig, FusionConfig
 from indexing.docstore import open_docstore
 from indexing.pipeline import Ingestor, IngestReport, Progress
 from indexing.planner import GIB, IndexPlan, plan_for_store
@@ -145,8 +145,12 @@ class Quarry:
         chunk_size: int | None = None,
         chunk_overlap: int | None = None,
         exist_ok: bool = False,
+        fusion: FusionConfig | None = None,
     ) -> CollectionConfig:
         """Create a collection in the store and the docstore.
+
+        ``fusion`` is the collection's default hybrid fusion (``None``: the server's settings);
+        ``describe`` shows it and each search request may override it.
 
         Raises:
             InvalidRequest: Bad name, language or chunking.
@@ -159,10 +163,16 @@ class Quarry:
         if language not in LANGUAGES:
             raise InvalidRequest(f"unknown language {clip(language)}; use one of {', '.join(LANGUAGES)}")
         with self._writing(name):
-            return self._create_collection(name, language, chunk_size, chunk_overlap, exist_ok)
+            return self._create_collection(name, language, chunk_size, chunk_overlap, exist_ok, fusion)
 
-    def _create_collection(
-        self, name: str, language: Language, chunk_size: int | None, chunk_overlap: int | None, exist_ok: bool
+    def _create_collection(  # noqa: PLR0913 - the request's fields
+        self,
+        name: str,
+        language: Language,
+        chunk_size: int | None,
+        chunk_overlap: int | None,
+        exist_ok: bool,
+        fusion: FusionConfig | None = None,
     ) -> CollectionConfig:
         existing = self.docstore.collection_config(name)
         if existing is not None:
@@ -192,7 +202,7 @@ class Quarry:
         cfg = CollectionConfig(
             name=name, language=language, embedding_model=self.embedder.model_id,
             embedding_fingerprint=self.embedder.fingerprint or None,
-            dim=self.embedder.dim, chunk_size=size, chunk_overlap=overlap,
+            dim=self.embedder.dim, chunk_size=size, chunk_overlap=overlap, fusion=fusion,
         )
         self.store.create_collection(name, cfg.dim, cfg.metric)
         try:
@@ -311,6 +321,8 @@ class Quarry:
         group: bool = True,
         rerank: RerankOptions | None = None,
         dense_timeout_s: float | None = None,
+        fusion: FusionConfig | None = None,
+        min_score: float | None = None,
     ) -> SearchResult:
         """Search a collection (see :meth:`retrieval.search.Searcher.search`).
 
@@ -322,7 +334,7 @@ class Quarry:
         cfg, flt = self._target(name, filters)
         return self.searcher.search(
             cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank,
-            dense_timeout_s=dense_timeout_s,
+            dense_timeout_s=dense_timeout_s, fusion=fusion, min_score=min_score,
         )
 
     async def search_async(  # noqa: PLR0913 - mirrors the request body
@@ -335,11 +347,14 @@ class Quarry:
         filters: Mapping[str, Any] | None = None,
         offset: int = 0,
         group: bool = True,
+        fusion: FusionConfig | None = None,
+        min_score: float | None = None,
     ) -> SearchResult:
         """:meth:`search` without rerank, for an event loop (see ``Searcher.search_async``)."""
         cfg, flt = self._target(name, filters)
         return await self.searcher.search_async(
-            cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group
+            cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, fusion=fusion,
+            min_score=min_score,
         )
 
     def _target(self, name: str, filters: Mapping[str, Any] | None) -> tuple[CollectionConfig, Filter | None]:

@@ -1,9 +1,13 @@
-"""The query path: BM25 and dense recall, grouped by document, fused by RRF, optionally reranked.
+"""The query path: BM25 and dense recall, grouped by document, fused, optionally reranked.
 
 Each channel fetches a fixed depth of chunks (``DEPTH_FACTOR × rank_window_size``), groups them
 by document and keeps ``rank_window_size`` hits (as Elasticsearch's RRF retriever does), so a page
 ``[offset, offset + top_k)`` is always a slice of one and the same fused list: joined pages equal
-the top-``(offset + top_k)`` list. Hits are grouped by document by default (a document's best
+the top-``(offset + top_k)`` list. The fusion (:mod:`retrieval.fusion`: ``rrf`` or ``weighted``) is
+the request's over the collection's default over the server's settings (:meth:`Searcher.fusion`).
+``min_score`` keeps the candidates whose score (the fused score in hybrid mode, the channel's own
+score in a single-channel mode) is at least it, before paging; ``total`` counts the candidates
+that pass it. Hits are grouped by document by default (a document's best
 chunk stands for it), since relevance is judged per document. In hybrid mode a failing embedder
 or vector store (or, on the REST path, one slower than ``dense_timeout_s``) degrades the query to
 BM25 only, and the response says so; in dense mode the error propagates (503). After an outage
@@ -20,6 +24,7 @@ on the REST API's event loop.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -31,7 +36,7 @@ import numpy as np
 
 from embedding.base import Embeddings, QueryEncoder
 from indexing.chunking import document_id_of
-from indexing.collections import CollectionConfig, model_mismatch
+from indexing.collections import CollectionConfig, FusionConfig, model_mismatch
 from indexing.docstore import DocStore
 from indexing.sources import check_unicode, is_blank
 from quarry.breaker import OutageBreaker, failed
@@ -50,7 +55,7 @@ from quarry.settings import SearchSettings
 from rerank.base import Reranker
 from retrieval.ann_batching import BatchingSearch
 from retrieval.bm25_registry import BM25Registry
-from retrieval.fusion import rrf
+from retrieval.fusion import Fusion, fuse
 from retrieval.text import tokenize
 from stores.base import ScoredId, VectorStore
 from stores.filters import Filter, predicate
@@ -62,6 +67,13 @@ DEPTH_FACTOR = 2  # chunks fetched per channel = DEPTH_FACTOR × rank_window_siz
 # every row's payload), tokenises and scores BM25 in a worker thread, off the event loop: four
 # clients looping 8,192-character queries on the loop raised a light client's p50 from 25 to 355 ms.
 LOOP_QUERY_CHARS = 256
+
+
+class _Request(NamedTuple):
+    """A search's fusion (resolved) and score floor."""
+
+    fusion: Fusion
+    min_score: float | None
 
 
 class _Late(Exception):
@@ -105,7 +117,8 @@ class _Candidate(NamedTuple):
     key: str
     score: float
     channels: dict[str, ChannelHit]
-    fused: bool = False  # scored by RRF over two channels
+    fused: bool = False  # scored by the fusion over two channels
+    normalized: dict[str, float] | None = None  # each channel's contribution before its weight
     rerank: dict[str, float] | None = None  # cross-encoder score and rank before it
 
     @property
@@ -128,7 +141,13 @@ class Hit:
 
 @dataclass
 class SearchResult:
-    """A page of hits plus how it was produced."""
+    """A page of hits plus how it was produced.
+
+    ``total`` is the number of candidates the page is cut from: the distinct hits (documents
+    when grouping) of the channels' candidate windows (``rank_window_size`` each; in hybrid mode
+    their union, at most twice that) whose score passes ``min_score``. Pages reach
+    ``min(total, rank_window_size)`` of them.
+    """
 
     hits: list[Hit]
     total: int
@@ -222,6 +241,8 @@ class Searcher:
         group: bool = True,
         rerank: RerankOptions | None = None,
         dense_timeout_s: float | None = None,
+        fusion: FusionConfig | None = None,
+        min_score: float | None = None,
     ) -> SearchResult:
         """Search one collection.
 
@@ -236,6 +257,13 @@ class Searcher:
             rerank: Rerank the fused top-N with the cross-encoder within a time budget.
             dense_timeout_s: Longest wait for the dense channel, in seconds, as in
                 :meth:`search_async`; ``None`` waits as long as the embedder and the store do.
+            fusion: Hybrid fusion over the collection's default (:meth:`fusion`).
+            min_score: Keep only candidates scoring at least this, before paging: in hybrid
+                mode the fused score (``rrf``: ``Σ w / (k + rank)``, at most ``Σ w / (k + 1)``;
+                ``weighted``: ``Σ w · φ(s)``, in ``[0, Σ w]`` for ``minmax``/``dbsf``); in ``bm25``
+                mode the BM25 score; in ``dense`` mode the store's similarity (cosine in
+                ``[-1, 1]``). A hybrid query answered by one channel (``degraded``) compares it
+                with that channel's own score. ``None``: keep all.
 
         Returns:
             The page of hits, ``total`` fused candidates, degradations and timings.
@@ -251,7 +279,8 @@ class Searcher:
                 is skipped, as when the embedder is down.
         """
         deadline = None if dense_timeout_s is None else time.monotonic() + dense_timeout_s
-        return _resolve(self._steps(cfg, query, top_k, mode, flt, offset, group, rerank), deadline)
+        request = self._request(cfg, fusion, min_score)
+        return _resolve(self._steps(cfg, query, top_k, mode, flt, offset, group, rerank, request), deadline)
 
     async def search_async(  # noqa: PLR0913 - these are the request's fields
         self,
@@ -263,6 +292,8 @@ class Searcher:
         flt: Filter | None = None,
         offset: int = 0,
         group: bool = True,
+        fusion: FusionConfig | None = None,
+        min_score: float | None = None,
     ) -> SearchResult:
         """:meth:`search` (without rerank) for an event loop; same results and errors.
 
@@ -278,7 +309,8 @@ class Searcher:
         ``EmbeddingUnavailable`` or ``StoreUnavailable`` (whichever was late; both retryable).
         """
         deadline = time.monotonic() + self._settings.dense_timeout_s
-        steps = self._steps(cfg, query, top_k, mode, flt, offset, group, None)
+        request = self._request(cfg, fusion, min_score)
+        steps = self._steps(cfg, query, top_k, mode, flt, offset, group, None, request)
         if mode != "dense" and (len(query) > LOOP_QUERY_CHARS or flt is not None):
             step = await asyncio.to_thread(_advance, steps, None)
         else:
@@ -300,6 +332,7 @@ class Searcher:
         offset: int,
         group: bool,
         rerank: RerankOptions | None,
+        request: _Request,
     ) -> Generator[Future[Any], Any, SearchResult]:
         """The query as steps, each waiting on a future.
 
@@ -355,11 +388,11 @@ class Searcher:
                     channels["dense"] = _ranked([h.id for h in found], [h.score for h in found], group, self.window)
                     result.timings_ms["dense"] = (time.perf_counter() - dense_started) * 1000
         needed = offset + top_k if rerank is None else max(offset + top_k, rerank.top_n)
-        fused, result.total = self._timed_fuse(channels, needed, result)
+        fused, result.total = self._timed_fuse(channels, needed, request, result)
         if rerank is not None:
             fused = self._rerank(cfg, query, fused, rerank, result)
         page = fused[offset : offset + top_k]
-        result.hits = self._timed(result, "hydrate", lambda: self._hydrate(cfg, page))
+        result.hits = self._timed(result, "hydrate", lambda: self._hydrate(cfg, page, request.fusion))
         self._observe(cfg.name, mode, result)
         return result
 
@@ -423,28 +456,53 @@ class Searcher:
         return _Channel(document_ids if group else chunk_ids, chunk_ids, document_ids, scores[: self.window].tolist())
 
     def _timed_fuse(
-        self, channels: dict[str, _Channel], needed: int, result: SearchResult
+        self, channels: dict[str, _Channel], needed: int, request: _Request, result: SearchResult
     ) -> tuple[list[_Candidate], int]:
         """:meth:`_fuse`, its time recorded as the ``fusion`` stage when two channels are fused."""
         started = time.perf_counter()
-        fused = self._fuse(channels, needed)
+        fused = self._fuse(channels, needed, request)
         if len(channels) > 1:
             result.stage_times["fusion"] = (started, time.perf_counter())
         return fused
 
-    def _fuse(self, channels: dict[str, _Channel], needed: int) -> tuple[list[_Candidate], int]:
-        """The best ``needed`` fused candidates (hits of each channel attached) and how many there are."""
+    def fusion(self, cfg: CollectionConfig, request: FusionConfig | None = None) -> Fusion:
+        """The fusion a hybrid search of ``cfg`` uses: the request's over the collection's over the settings'."""
+        setting = Fusion(
+            "rrf",
+            self._settings.rrf_k,
+            {"bm25": self._settings.bm25_weight, "dense": self._settings.dense_weight},
+            "minmax",
+        )
+        for layer in (cfg.fusion, request):
+            if layer is not None:
+                setting = layer.over(setting)
+        return setting
+
+    def _request(self, cfg: CollectionConfig, fusion: FusionConfig | None, min_score: float | None) -> _Request:
+        if min_score is not None and not math.isfinite(min_score):
+            raise InvalidQuery(f"min_score must be a finite number, got {min_score!r}")
+        return _Request(self.fusion(cfg, fusion), min_score)
+
+    def _fuse(self, channels: dict[str, _Channel], needed: int, request: _Request) -> tuple[list[_Candidate], int]:
+        """The best ``needed`` candidates passing ``min_score`` (hits of each channel attached) and how many pass."""
+        floor = request.min_score
         if len(channels) == 1:
             (name, only), = channels.items()
-            head = range(min(needed, len(only)))
-            return [_Candidate(only.keys[i], only.scores[i], {name: only.hit(i)}) for i in head], len(only)
-        weights = {"bm25": self._settings.bm25_weight, "dense": self._settings.dense_weight}
-        kept = {n: channel for n, channel in channels.items() if weights[n] > 0}
-        fused = rrf({n: channel.keys for n, channel in kept.items()}, self._settings.rrf_k, weights, needed)
-        total = len(set().union(*(channel.keys for channel in kept.values())))
+            passing = len(only) if floor is None else sum(1 for x in only.scores if x >= floor)  # scores descend
+            head = range(min(needed, passing))
+            return [_Candidate(only.keys[i], only.scores[i], {name: only.hit(i)}) for i in head], passing
+        lists = {n: list(zip(channel.keys, channel.scores, strict=True)) for n, channel in channels.items()}
+        fused = fuse(lists, request.fusion, needed if floor is None else None)
+        if floor is None:
+            total = len(set().union(*(channels[n].keys for n in lists if request.fusion.weights.get(n, 1.0) > 0)))
+        else:
+            fused = [f for f in fused if f.score >= floor]
+            total = len(fused)
+            fused = fused[:needed]
         # A channel hit's rank is its 1-based position in that channel's list (keys are unique there).
         candidates = [
-            _Candidate(f.id, f.score, {n: kept[n].hit(r - 1) for n, r in f.ranks.items()}, True) for f in fused
+            _Candidate(f.id, f.score, {n: channels[n].hit(r - 1) for n, r in f.ranks.items()}, True, f.normalized)
+            for f in fused
         ]
         return candidates, total
 
@@ -473,7 +531,7 @@ class Searcher:
         rescored = [head[i]._replace(rerank={"score": scores[i], "rank_before": i + 1}) for i in order]
         return rescored + tail
 
-    def _hydrate(self, cfg: CollectionConfig, page: Sequence[_Candidate]) -> list[Hit]:
+    def _hydrate(self, cfg: CollectionConfig, page: Sequence[_Candidate], fusion: Fusion) -> list[Hit]:
         chunks = self._docstore.get_chunks(cfg.name, [item.best.chunk_id for item in page])
         hits = []
         for item in page:
@@ -485,7 +543,9 @@ class Searcher:
                 name: {"rank": h.rank, "score": h.score, "chunk_id": h.chunk_id} for name, h in item.channels.items()
             }
             if item.fused:
-                explain["fusion"] = {"method": "rrf", "k": self._settings.rrf_k, "score": item.score}
+                for name, part in (item.normalized or {}).items():
+                    explain[name]["normalized"] = part
+                explain["fusion"] = {**fusion.describe(), "score": item.score}
             if item.rerank is not None:
                 explain["rerank"] = item.rerank
             score = item.rerank["score"] if item.rerank is not None else item.score

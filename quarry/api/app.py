@@ -192,7 +192,8 @@ def list_collections(q: Service) -> dict[str, Any]:
 def create_collection(body: CreateCollection, q: Service) -> dict[str, Any]:
     """Create a collection (409 if the name is taken)."""
     cfg = q.create_collection(
-        body.name, language=body.language, chunk_size=body.chunk_size, chunk_overlap=body.chunk_overlap
+        body.name, language=body.language, chunk_size=body.chunk_size, chunk_overlap=body.chunk_overlap,
+        fusion=body.fusion,
     )
     return cfg.to_json()
 
@@ -258,7 +259,7 @@ def delete_document(name: str, document_id: str, q: Service) -> IngestOut:
     ),
 )
 async def search(name: str, body: SearchIn, q: Service) -> Response:
-    """Hybrid (BM25 + dense, RRF), BM25-only or dense-only search with filters and paging.
+    """Hybrid (BM25 + dense, fused by rrf or weighted), BM25-only or dense-only search with filters and paging.
 
     Hybrid search answers from BM25 alone when the dense channel cannot (the store or the model
     is down, the collection's vectors come from another model) and says why in ``degraded``;
@@ -275,14 +276,14 @@ async def search(name: str, body: SearchIn, q: Service) -> Response:
     if rerank is None:
         result = await q.search_async(
             name, body.query, top_k=body.top_k, mode=body.mode, filters=body.filters,
-            offset=body.offset, group=body.group_by_document,
+            offset=body.offset, group=body.group_by_document, fusion=body.fusion, min_score=body.min_score,
         )
     else:
         result = await run_in_threadpool(
             partial(
                 q.search, name, body.query, top_k=body.top_k, mode=body.mode, filters=body.filters,
                 offset=body.offset, group=body.group_by_document, rerank=rerank,
-                dense_timeout_s=q.settings.search.dense_timeout_s,
+                dense_timeout_s=q.settings.search.dense_timeout_s, fusion=body.fusion, min_score=body.min_score,
             )
         )
     out = {

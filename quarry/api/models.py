@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from pydantic.config import JsonDict
 
-from indexing.collections import CollectionConfig
+from indexing.collections import CollectionConfig, FusionConfig
 from indexing.sources import RESERVED_FIELDS
 from quarry.settings import SearchSettings
 from retrieval.text import Language
@@ -31,6 +31,9 @@ class CreateCollection(_Body):
     language: Language = Field("auto", description="BM25 analysis: en (Snowball), zh (jieba) or auto (both).")
     chunk_size: int | None = Field(None, ge=8, le=4096, description="Chunk cap in text tokens.")
     chunk_overlap: int | None = Field(None, ge=0, description="Tokens shared by consecutive chunks (< chunk_size).")
+    fusion: FusionConfig | None = Field(
+        None, description="Default hybrid fusion of its searches (unset fields: the server's QUARRY_SEARCH__*)."
+    )
 
 
 # What the service checks itself (400 InvalidDocument, naming the document), told to the OpenAPI.
@@ -114,6 +117,17 @@ class SearchIn(_Body):
     offset: int = Field(0, ge=0)
     group_by_document: bool = Field(True, description="One hit per document (its best chunk).")
     rerank: RerankIn | None = None
+    fusion: FusionConfig | None = Field(
+        None, description="Hybrid fusion for this request, over the collection's default (unset fields inherit)."
+    )
+    min_score: float | None = Field(
+        None, allow_inf_nan=False,
+        description="Keep only candidates scoring at least this, before paging (and before a rerank). Hybrid: the "
+        "fused score (rrf: sum of weight / (k + rank), at most sum(weights) / (k + 1); weighted: sum of weight × "
+        "normalised score, in [0, sum(weights)] for minmax and dbsf, unbounded for zscore). bm25: the BM25 score. "
+        "dense: the store's similarity (cosine, in [-1, 1]). A degraded hybrid query (one channel) compares it with "
+        "that channel's own score.",
+    )
 
 
 class ChannelExplain(BaseModel):
@@ -122,13 +136,22 @@ class ChannelExplain(BaseModel):
     rank: int = Field(ge=1, description="1-based position in that channel's list.")
     score: float = Field(description="The channel's own score (BM25, or cosine similarity).")
     chunk_id: str = Field(description="The chunk the channel matched.")
+    normalized: float | None = Field(
+        None,
+        description="Hybrid only: the channel's part of the fused score before its weight: 1 / (k + rank) for "
+        "rrf, the normalised score for weighted.",
+    )
 
 
 class FusionExplain(BaseModel):
-    """How the channels' ranks were fused (hybrid search)."""
+    """How the channels were fused (hybrid search): the method, its parameters and the fused score."""
 
-    method: Literal["rrf"]
-    k: int = Field(description="RRF constant: a hit scores sum(weight / (k + rank)) over the channels.")
+    method: Literal["rrf", "weighted"]
+    weights: dict[str, float] = Field(description="Channel weights.")
+    k: int | None = Field(None, description="rrf: a hit scores sum(weight / (k + rank)) over the channels.")
+    normalization: Literal["minmax", "zscore", "dbsf"] | None = Field(
+        None, description="weighted: a hit scores sum(weight × normalised score) over the channels."
+    )
     score: float
 
 
@@ -174,7 +197,11 @@ class SearchOut(BaseModel):
     """A page of hits."""
 
     hits: list[HitOut]
-    total: int = Field(description="Fused candidates available (the list pages are cut from).")
+    total: int = Field(
+        description="Candidates the pages are cut from: the distinct hits (documents when grouping) in the "
+        "channels' candidate windows (rank_window_size each; in hybrid mode their union) whose score passes "
+        "min_score. Pages reach min(total, rank_window_size) of them."
+    )
     mode: str
     offset: int
     top_k: int

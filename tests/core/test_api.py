@@ -307,3 +307,89 @@ def test_the_docs_page_loads_its_assets_from_this_server(client: TestClient) -> 
     for asset in re.findall(r'(?:src|href)="(/[^"]+\.(?:js|css))"', page):
         assert client.get(asset).status_code == 200, asset
     assert client.get("/redoc").status_code == 200 and "https://" not in client.get("/redoc").text
+
+
+def test_fusion_per_request_and_as_the_collection_default(
+    client: TestClient, service: Quarry, api_collection: str, scifact_docs: list[SourceDocument]
+) -> None:
+    """Each method answers over REST, ``explain`` shows it, and the hits are the pure fusion of the channels."""
+    from retrieval.fusion import Fusion, fuse
+
+    url = f"/v1/collections/{api_collection}/search"
+    query = scifact_docs[11].title
+    window = service.searcher.window
+    channels = {
+        c: [(h["document_id"], h["score"]) for h in client.post(url, json={"query": query, "mode": c, "top_k": window})
+            .json()["hits"]]
+        for c in ("bm25", "dense")
+    }
+    for body, setting in [
+        ({}, Fusion("rrf", 60, {"bm25": 1.0, "dense": 1.0})),
+        ({"method": "rrf", "k": 5, "weights": {"dense": 0.3}}, Fusion("rrf", 5, {"bm25": 1.0, "dense": 0.3})),
+        *[
+            ({"method": "weighted", "normalization": n, "weights": {"bm25": 0.6, "dense": 0.4}},
+             Fusion("weighted", 60, {"bm25": 0.6, "dense": 0.4}, n))
+            for n in ("minmax", "zscore", "dbsf")
+        ],
+    ]:
+        r = client.post(url, json={"query": query, "top_k": 10, "fusion": body})
+        assert r.status_code == 200, r.text
+        hits = r.json()["hits"]
+        expected = fuse(channels, setting, 10)
+        assert [h["document_id"] for h in hits] == [f.id for f in expected], body
+        assert [h["score"] for h in hits] == pytest.approx([f.score for f in expected]), body
+        explain = hits[0]["explain"]
+        assert explain["fusion"]["method"] == setting.method and explain["fusion"]["weights"] == setting.weights
+        for c in expected[0].ranks:
+            assert explain[c]["normalized"] == pytest.approx(expected[0].normalized[c])
+        if setting.method == "weighted":
+            assert explain["fusion"]["normalization"] == setting.normalization and "k" not in explain["fusion"]
+    for bad in ({"method": "borda"}, {"weights": {"bm25": -1}}, {"weights": {"sparse": 1}}, {"k": 0},
+                {"normalization": "l2"}, {"extra": 1}):
+        _error(client.post(url, json={"query": query, "fusion": bad}), 422)
+
+    made = client.post("/v1/collections", json={
+        "name": "fused_default", "language": "en",
+        "fusion": {"method": "weighted", "normalization": "dbsf", "weights": {"dense": 0.7}},
+    })
+    assert made.status_code == 201, made.text
+    try:
+        described = client.get("/v1/collections/fused_default").json()
+        assert described["fusion"] == {
+            "method": "weighted", "k": None, "weights": {"dense": 0.7}, "normalization": "dbsf"
+        }
+        docs = [{"id": d.id, "title": d.title, "text": d.text} for d in scifact_docs[:60]]
+        assert client.post("/v1/collections/fused_default/documents", json={"documents": docs}).status_code == 200
+        hit = client.post("/v1/collections/fused_default/search", json={"query": query}).json()["hits"][0]
+        assert hit["explain"]["fusion"] | {"score": 0} == {
+            "method": "weighted", "weights": {"bm25": 1.0, "dense": 0.7}, "normalization": "dbsf", "score": 0
+        }
+        over = client.post("/v1/collections/fused_default/search", json={"query": query, "fusion": {"method": "rrf"}})
+        assert over.json()["hits"][0]["explain"]["fusion"]["k"] == 60  # the request's method over the default
+    finally:
+        client.delete("/v1/collections/fused_default")
+
+
+def test_min_score_per_mode_and_total(
+    client: TestClient, api_collection: str, scifact_docs: list[SourceDocument]
+) -> None:
+    """``min_score`` cuts the candidates by each mode's own score before paging; ``total`` counts what passes."""
+    url = f"/v1/collections/{api_collection}/search"
+    query = scifact_docs[11].title
+    for mode, fusion in [("bm25", None), ("dense", None), ("hybrid", None),
+                         ("hybrid", {"method": "weighted", "normalization": "minmax"})]:
+        base = {"query": query, "mode": mode, "top_k": 50, "fusion": fusion}
+        everything = client.post(url, json=base).json()
+        scores = [h["score"] for h in everything["hits"]]
+        floor = scores[4]  # the fifth hit's score: at least five pass
+        cut = client.post(url, json={**base, "min_score": floor}).json()
+        passing = [s for s in scores if s >= floor]
+        assert [h["score"] for h in cut["hits"]] == passing, mode
+        assert cut["total"] == len(passing) < everything["total"], mode
+        page = client.post(url, json={**base, "min_score": floor, "top_k": 2, "offset": 2}).json()
+        assert [h["document_id"] for h in page["hits"]] == [h["document_id"] for h in cut["hits"][2:4]]
+        assert page["total"] == cut["total"]
+        none = client.post(url, json={**base, "min_score": 1e9}).json()
+        assert none["hits"] == [] and none["total"] == 0
+    assert client.post(url, content='{"query": "x", "min_score": NaN}',
+                       headers={"content-type": "application/json"}).status_code in (400, 422)

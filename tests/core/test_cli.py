@@ -212,6 +212,34 @@ def test_eval_writes_the_html_report_and_compares_with_a_baseline(tmp_path: Path
     assert "ann_vs_exact" not in json.loads((second / "summary.json").read_text())
 
 
+def test_eval_tune_refuses_the_test_split_and_writes_a_setting_tuned_on_train(
+    tmp_path: Path, quarry_cli: Runner
+) -> None:
+    docs = [
+        {"_id": "jupiter", "title": "Jupiter", "text": "jupiter is a gas giant planet"},
+        {"_id": "cell", "title": "Cells", "text": "the mitochondria is the powerhouse of the cell"},
+    ]
+    beir, data, out = _beir(tmp_path / "toy", docs), tmp_path / "data", tmp_path / "out"
+    bad = quarry_cli(["eval", "--beir", str(beir), "--out", str(out), "--tune", "test"], data)
+    assert bad.returncode == 2 and "refused" in " ".join(bad.stderr.split()), bad.stderr
+    assert "ingest" not in bad.stderr  # refused before anything was read in
+    (beir / "qrels" / "train.tsv").write_text("query-id\tcorpus-id\tscore\nq1\tjupiter\t1\n", encoding="utf-8")
+    done = quarry_cli(["eval", "--beir", str(beir), "--modes", "hybrid", "--out", str(out), "--tune", "train"], data)
+    assert done.returncode == 0, done.stderr
+    tuned = json.loads((out / "tuned-fusion.json").read_text())
+    assert tuned["tuned"]["split"] == "train" and set(tuned["tuned"]) >= {"default", "tuned"}
+    assert tuned["fusion"]["method"] in ("rrf", "weighted") and tuned["candidates"] >= 1
+    again = quarry_cli(
+        ["eval", "--beir", str(beir), "--modes", "hybrid", "--out", str(out / "b"),
+         "--fusion", str(out / "tuned-fusion.json")],
+        data,
+    )
+    assert again.returncode == 0, again.stderr
+    assert json.loads((out / "b" / "summary.json").read_text())["config"]["fusion"] == tuned["fusion"] | {
+        "weights": {"bm25": 1.0, "dense": 1.0} | tuned["fusion"]["weights"]
+    }
+
+
 def test_bad_settings_and_stores_are_one_error_line_not_a_traceback(tmp_path: Path, quarry_cli: Runner) -> None:
     bad = quarry_cli(["search", "x", "-c", "c"], tmp_path, QUARRY_SEARCH__CANDIDATES="abc")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
