@@ -250,6 +250,21 @@ class DocStore:
             chunks = self._db.execute("SELECT COUNT(*) FROM chunks WHERE collection=?", (name,)).fetchone()[0]
         return int(docs), int(chunks)
 
+    def document_ids(self, name: str, *, after: str | None = None, limit: int | None = None) -> list[str]:
+        """Stored document ids of a collection in id order, from the first after ``after`` (keyset paging).
+
+        Args:
+            name: Collection.
+            after: Start after this id (a page's last id); ``None``: from the first.
+            limit: At most this many; ``None``: all.
+        """
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT document_id FROM documents WHERE collection=? AND document_id > ? ORDER BY document_id LIMIT ?",
+                (name, after if after is not None else "", -1 if limit is None else limit),
+            ).fetchall()
+        return [r[0] for r in rows]
+
     def write_batch(
         self,
         name: str,
