@@ -186,9 +186,8 @@ class Run:
         with self._signals():
             try:
                 with self._progress() as advance:
-                    report = self.quarry.upsert_stream(
-                        self.name, self.source, advance, stop=self.stop, seen=self.seen
-                    )
+                    seen = self.seen if self.options.prune else None  # ids kept only to prune
+                    report = self.quarry.upsert_stream(self.name, self.source, advance, stop=self.stop, seen=seen)
             except KeyboardInterrupt:
                 abandoned = True
         self.report = report

@@ -260,3 +260,36 @@ def test_source_document_sections_change_the_hash() -> None:
     plain = SourceDocument("a", "x y", "t")
     paged = SourceDocument("a", "x y", "t", sections=(Section(0, {"page": 1}), Section(2, {"page": 2})))
     assert document_hash(plain, cfg) != document_hash(paged, cfg)
+
+
+def test_documents_listed_and_fetched_over_rest(service: Quarry, collection: str, tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from quarry.api import create_app
+
+    source = Source(make_sources(tmp_path / "src"))
+    service.upsert_stream(collection, source)
+    with TestClient(create_app(service)) as client:
+        first = client.get(f"/v1/collections/{collection}/documents", params={"limit": 3})
+        assert first.status_code == 200, first.text
+        page = first.json()
+        assert [d["id"] for d in page["documents"]] == ["article.html", "bread.docx", "guide.pdf"]
+        assert page["next_cursor"] == "guide.pdf"
+        second = client.get(f"/v1/collections/{collection}/documents", params={"cursor": page["next_cursor"]}).json()
+        assert [d["id"] for d in second["documents"]] == ["notes.md"] and second["next_cursor"] is None
+        guide = client.get(f"/v1/collections/{collection}/documents/guide.pdf").json()
+        assert guide["metadata"] == {"source": "guide.pdf", "format": "pdf"}
+        assert [c["metadata"]["page"] for c in guide["chunks"]] == [1, 2, 3]
+        assert len(source.report.errors) == 2  # the damaged PDF and the Latin-1 file were not stored
+        assert all(topic in guide["text"] for topic in PAGES)
+        missing = client.get(f"/v1/collections/{collection}/documents/broken.pdf")
+        assert missing.status_code == 404 and missing.json()["error"]["type"] == "NotFound"
+        unknown = client.get("/v1/collections/nope_nope/documents")
+        assert unknown.status_code == 404
+
+
+def test_a_document_text_is_rebuilt_without_the_chunk_overlap(service: Quarry, collection: str) -> None:
+    text = " ".join(f"w{i}" for i in range(700))  # the collection chunks 256 tokens with 32 shared
+    service.upsert(collection, [SourceDocument("long", text, "T")])
+    doc = service.get_document(collection, "long")
+    assert len(doc["chunks"]) == 3 and doc["text"] == text
