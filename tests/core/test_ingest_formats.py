@@ -293,3 +293,12 @@ def test_a_document_text_is_rebuilt_without_the_chunk_overlap(service: Quarry, c
     service.upsert(collection, [SourceDocument("long", text, "T")])
     doc = service.get_document(collection, "long")
     assert len(doc["chunks"]) == 3 and doc["text"] == text
+
+
+def test_an_unavailable_store_is_the_retryable_exit_code(tmp_path: Path) -> None:
+    corpus = write_jsonl(tmp_path / "docs.jsonl", [{"id": "a", "text": "basalt"}])
+    done = _quarry(["ingest", str(corpus), "-c", "c", "--json"], tmp_path / "data",
+                   QUARRY_STORE__URL="milvus://127.0.0.1:1")  # nothing listens on port 1
+    assert done.returncode == 3, done.stderr
+    error = json.loads(done.stdout.splitlines()[-1])
+    assert error["type"] == "StoreUnavailable" and error["retryable"] is True and error["exit_code"] == 3
