@@ -19,11 +19,12 @@ second signal abandons that batch (it is rolled back: each batch is atomic).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -101,6 +102,8 @@ class Run:
         self.seen: set[str] = set()
         self.started = time.monotonic()
         self.done = 0
+        self.kept = 0  # documents of the batches written (or found unchanged) so far
+        self._writing = False  # a second signal abandons a batch only while batches are written
         self.report: Any = None  # the pipeline's IngestReport once the run has written
 
     # --- output -------------------------------------------------------------------------
@@ -122,6 +125,7 @@ class Run:
         return rate, (left / rate if rate > 0 else None)
 
     def _advance(self, n: int) -> None:
+        self.kept += n
         src = self.source.report  # files (documents of a JSONL source) done, skipped ones included
         self.done = max(self.done + n, src.read + len(src.errors) + len(src.empty))
         rate, eta = self._rate_eta()
@@ -160,11 +164,16 @@ class Run:
     @contextmanager
     def _signals(self) -> Iterator[None]:
         def handler(signum: int, _frame: FrameType | None) -> None:
+            # Only a flag, a raise and a plain write here: a second signal can come while the
+            # first one's handler runs, and a KeyboardInterrupt inside rich's lazy imports (its
+            # console output) left a half-imported module behind (exit 1, a traceback).
             name = signal.Signals(signum).name
             self.stop.signals.append(name)
-            if len(self.stop.signals) > 1:
+            if len(self.stop.signals) > 1 and self._writing:
                 raise KeyboardInterrupt(name)  # abandons the batch in flight: it is rolled back
-            self.note(f"{_now()} {name}: finishing the batch in flight, then stopping (again to abandon it)")
+            line = f"{_now()} {name}: finishing the batch in flight, then stopping (again to abandon it)\n"
+            with suppress(OSError):
+                os.write(2, line.encode())
 
         previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -183,21 +192,24 @@ class Run:
         if self.options.dry_run:
             return self._dry_run()
         report, abandoned = None, False
-        with self._signals():
+        with self._signals():  # until the report is out: a signal after the batches only stops the prune
             try:
+                self._writing = True
                 with self._progress() as advance:
                     seen = self.seen if self.options.prune else None  # ids kept only to prune
                     report = self.quarry.upsert_stream(self.name, self.source, advance, stop=self.stop, seen=seen)
             except KeyboardInterrupt:
                 abandoned = True
-        self.report = report
-        interrupted = abandoned or bool(report is not None and report.extra.get("stopped"))
-        pruned: list[str] = []
-        if self.options.prune and not interrupted:
-            pruned = self._stale_ids()
-            if pruned:
-                self.quarry.delete_documents(self.name, pruned)
-        return self._report(report, interrupted=interrupted, abandoned=abandoned, pruned=pruned)
+            finally:
+                self._writing = False
+            self.report = report
+            interrupted = abandoned or bool(self.stop.signals)
+            pruned: list[str] = []
+            if self.options.prune and not interrupted:
+                pruned = self._stale_ids()
+                if pruned:
+                    self.quarry.delete_documents(self.name, pruned)
+            return self._report(report, interrupted=interrupted, abandoned=abandoned, pruned=pruned)
 
     def _stale_ids(self) -> list[str]:
         """Stored documents not in the source (a file that failed to parse keeps its document)."""
@@ -235,7 +247,7 @@ class Run:
     ) -> int:
         src = self.source.report
         code = EXIT_INTERRUPTED if interrupted else EXIT_PARTIAL if src.errors else EXIT_OK
-        kept = report.documents if report is not None else 0
+        kept = report.documents if report is not None else self.kept  # abandoned: the batches before it
         body: dict[str, Any] = {
             "status": {EXIT_OK: "ok", EXIT_PARTIAL: "partial", EXIT_INTERRUPTED: "interrupted"}[code],
             "exit_code": code, "dry_run": self.options.dry_run, "read": src.read, "skipped": len(src.errors),
