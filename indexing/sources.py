@@ -100,7 +100,9 @@ def read_documents(path: Path, *, max_document_chars: int = 1_000_000) -> list[S
     """Read and validate every document of a source.
 
     Args:
-        path: A BEIR folder, a ``.jsonl`` file or a folder of ``.txt``/``.md`` files.
+        path: A BEIR folder, a ``.jsonl`` file or a folder of files (:func:`iter_folder`; here
+            the first file that cannot be read fails the call). ``quarry ingest`` streams
+            instead (:class:`Source`).
         max_document_chars: ``QUARRY_INGEST__MAX_DOCUMENT_CHARS``: a file of a folder over
             ``4 *`` this many bytes (UTF-8 takes at most 4 per character) is refused unread.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -174,8 +175,11 @@ def test_ingest_json_names_the_bad_file_with_the_documented_exit_code(tmp_path: 
     (src / "a.txt").write_text("granite is an igneous rock", encoding="utf-8")
     (src / "b.md").write_text("marble is a metamorphic rock", encoding="utf-8")
     (src / "bad.txt").write_bytes(b"\xff\xfe not text")
-    done = _quarry(["ingest", str(src), "-c", "rocks", "--json"], tmp_path / "data")
+    name = "rocks_in_a_collection_named_to_make_the_log_line_long_enough"  # the line: > 80 columns
+    done = _quarry(["ingest", str(src), "-c", name, "--json"], tmp_path / "data")
     assert done.returncode == 4, done.stderr
+    log = re.compile(rf"^\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\dZ ingest {name}: 3/3 documents, [\d.,]+ docs/s, ETA \S+$")
+    assert any(log.match(line) for line in done.stderr.splitlines()), done.stderr  # timestamped, one line
     events = [json.loads(line) for line in done.stdout.splitlines()]
     assert [e["event"] for e in events][-1] == "report"
     assert all(e["event"] == "progress" for e in events[:-1]) and events[-2]["done"] == events[-2]["total"] == 3
