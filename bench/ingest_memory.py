@@ -22,6 +22,12 @@ exported once into a shared cache dir before the timed runs), and reports for ea
 
 The figure of merit is ``ratio = peak_rss(large) / peak_rss(small)``; the target is <= 1.2.
 
+Measured 2026-12-03 (2 shared cores, load from other agents): 10k vs 100k documents, whole-run
+peak 279.8 vs 494.8 MiB (ratio 1.768: the target is not met), 51.5 and 49.2 docs/s; the 100k
+process sat at ~285 MiB during streaming (ps at ~90k docs). 2k vs 20k with the split: streaming
+peak 266.8 vs 267.8 MiB (stream_ratio 1.004), whole run 267.4 vs 300.9 MiB (1.125). The growth is
+the end-of-run BM25 rebuild (``BM25Registry.invalidate`` reads every row of the collection).
+
     python bench/ingest_memory.py [--small 10000] [--large 100000] [--json FILE] [--keep DIR]
 """
 
