@@ -7,11 +7,16 @@ token's start to its last token's end, so
 * every chunk is a contiguous slice of its source (``source[start:end] == chunk.text``),
 * a chunk never holds more than ``size`` tokens (a hard cap),
 * consecutive chunks share exactly ``overlap`` tokens, and ``overlap >= size`` is rejected.
+
+A document with sections (a PDF's pages, a DOCX's heading sections) is chunked section by
+section (:func:`chunk_sections`): no chunk crosses a section boundary, and there is no overlap
+across one; positions run on through the whole document.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from quarry.errors import InvalidRequest
@@ -67,6 +72,33 @@ def chunk_text(text: str, size: int, overlap: int) -> list[Chunk]:
             break
         first += step
     return chunks
+
+
+def chunk_sections(text: str, starts: Sequence[int], size: int, overlap: int) -> list[tuple[int, Chunk]]:
+    """Chunk each section ``text[starts[i]:starts[i + 1]]`` on its own.
+
+    Args:
+        text: Source text.
+        starts: Section start offsets, ascending; empty means one section (the whole text).
+        size: Hard cap on tokens per chunk.
+        overlap: Tokens shared by consecutive chunks of a section.
+
+    Returns:
+        ``(section index, chunk)`` pairs; chunk offsets are into ``text`` and positions run
+        0, 1, ... through the document.
+
+    Raises:
+        InvalidRequest: As :func:`chunk_text`.
+    """
+    if not starts:
+        return [(0, c) for c in chunk_text(text, size, overlap)]
+    bounds = [*starts, len(text)]
+    out: list[tuple[int, Chunk]] = []
+    for i in range(len(starts)):
+        lo = bounds[i]
+        for piece in chunk_text(text[lo : bounds[i + 1]], size, overlap):
+            out.append((i, Chunk(len(out), lo + piece.start, lo + piece.end, piece.text)))
+    return out
 
 
 def count_tokens(text: str) -> int:

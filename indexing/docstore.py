@@ -245,6 +245,15 @@ class StateStore(Protocol):
     def counts(self, name: str) -> tuple[int, int]:
         """``(documents, chunks)`` stored for a collection."""
 
+    def document_ids(self, name: str, *, after: str | None = None, limit: int | None = None) -> list[str]:
+        """Stored document ids of a collection in id order, from the first after ``after`` (keyset paging).
+
+        Args:
+            name: Collection.
+            after: Start after this id (a page's last id); ``None``: from the first.
+            limit: At most this many; ``None``: all.
+        """
+
     def write_batch(
         self,
         name: str,

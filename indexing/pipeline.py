@@ -18,14 +18,15 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 import numpy as np
 import numpy.typing as npt
 
 from embedding.base import Embedder
-from indexing.chunking import chunk_text, make_chunk_id
+from indexing.chunking import chunk_sections, make_chunk_id
 from indexing.collections import CollectionConfig, model_mismatch
 from indexing.docstore import DocStore, StoredChunk, StoredDocument
 from indexing.sources import SourceDocument, check_sizes
@@ -60,7 +61,11 @@ class IngestReport:
 
 def document_hash(doc: SourceDocument, cfg: CollectionConfig) -> str:
     """Content hash of a document under a collection's chunking and model."""
-    key = [doc.title, doc.text, doc.metadata, cfg.chunk_size, cfg.chunk_overlap, cfg.language, cfg.embedding_model]
+    key: list[object] = [
+        doc.title, doc.text, doc.metadata, cfg.chunk_size, cfg.chunk_overlap, cfg.language, cfg.embedding_model
+    ]
+    if doc.sections:  # appended only when there are some: the hashes of documents without stay the same
+        key.append([[s.start, s.metadata] for s in doc.sections])
     return hashlib.sha256(json.dumps(key, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 
@@ -80,7 +85,8 @@ def merge_schema(cfg: CollectionConfig, docs: Sequence[SourceDocument]) -> dict[
     """
     schema = dict(cfg.schema_)
     for doc in docs:
-        for key, value in doc.metadata.items():
+        fields = [*doc.metadata.items(), *(kv for s in doc.sections for kv in s.metadata.items())]
+        for key, value in fields:
             kind = field_type(value)
             known = schema.get(key)
             if known is None:
@@ -174,6 +180,58 @@ class Ingestor:
         report.elapsed_s = time.perf_counter() - started
         return report
 
+    def upsert_stream(
+        self,
+        cfg: CollectionConfig,
+        docs: Iterable[SourceDocument],
+        progress: Progress | None = None,
+        *,
+        stop: Callable[[], bool] | None = None,
+        seen: set[str] | None = None,
+    ) -> IngestReport:
+        """Insert or replace a stream of documents, ``batch_size`` at a time (each batch atomic).
+
+        Memory holds one batch: ``docs`` is consumed lazily. Sizes and the metadata schema are
+        checked per batch, so a batch that breaks a rule fails after the earlier ones are written
+        (a re-run is idempotent: they are then unchanged).
+
+        Args:
+            cfg: The target collection.
+            docs: Validated documents, e.g. a :class:`indexing.sources.Source`.
+            progress: Called with the number of documents finished after each batch.
+            stop: Asked after each batch; ``True`` ends the run there (``report.extra["stopped"]``).
+            seen: When given, every document id read is added to it (for pruning).
+
+        Returns:
+            The counts, ``documents`` being those written or found unchanged.
+
+        Raises:
+            As :meth:`upsert`, for the failing batch (earlier batches stay written).
+        """
+        started = time.perf_counter()
+        report = IngestReport()
+        self._flush_pending(cfg.name)
+        iterator = iter(docs)
+        try:
+            while batch := list(islice(iterator, self._batch_size)):
+                check_sizes(batch, max_document_chars=self._max_document_chars, max_token_chars=self._max_token_chars)
+                schema = merge_schema(cfg, batch)
+                if schema is not None:
+                    cfg = cfg.model_copy(update={"schema_": schema})
+                self._upsert_batch(cfg, batch, report, schema)
+                report.documents += len(batch)
+                if seen is not None:
+                    seen.update(d.id for d in batch)
+                if progress is not None:
+                    progress(len(batch))
+                if stop is not None and stop():
+                    report.extra["stopped"] = True
+                    break
+        finally:
+            self._bm25.invalidate(cfg.name)
+            report.elapsed_s = time.perf_counter() - started
+        return report
+
     def delete(self, cfg: CollectionConfig, document_ids: Sequence[str]) -> IngestReport:
         """Delete documents (and all their chunks) from both channels; unknown ids are ignored.
 
@@ -250,11 +308,13 @@ class Ingestor:
         old = self._docstore.chunk_ids_of(cfg.name, [d.id for d in changed])
         chunks, texts = [], {}
         for doc in changed:
-            for piece in chunk_text(doc.text or doc.title, cfg.chunk_size, cfg.chunk_overlap):
+            starts = [s.start for s in doc.sections] if doc.text else []
+            for section, piece in chunk_sections(doc.text or doc.title, starts, cfg.chunk_size, cfg.chunk_overlap):
                 text = indexed_text(doc.title if doc.text else "", piece.text)
                 digest = hashlib.sha256(text.encode()).hexdigest()[:12]
                 chunk_id = make_chunk_id(doc.id, piece.position, digest)
-                payload = {"document_id": doc.id, **doc.metadata}
+                extra = doc.sections[section].metadata if starts else {}
+                payload = {"document_id": doc.id, **doc.metadata, **extra}
                 tokens = tokenize(text, cfg.language)
                 chunks.append(StoredChunk(chunk_id, doc.id, piece.position, piece.text, tokens, payload))
                 texts[chunk_id] = text

@@ -1,12 +1,17 @@
-"""Document sources: a BEIR folder, a JSONL file, or a folder of ``.txt``/``.md`` files.
+"""Document sources: a BEIR folder, a JSONL file, or a folder of files.
 
-Every source is validated in full before anything is written: a malformed line raises
+A JSONL source is validated in full before anything is written: a malformed line raises
 :class:`~quarry.errors.InvalidDocument` naming the file and the 1-based line number, so a bad
-file stores nothing.
+file stores nothing. A folder is read file by file (:func:`stream_folder`): ``.txt``, ``.md``
+and, with the ``formats`` extra, ``.pdf``, ``.html``/``.htm`` and ``.docx``
+(:mod:`indexing.formats`). A file that cannot be parsed or decoded is reported with the reason
+and skipped or fails the run (``QUARRY_INGEST__ON_ERROR``); files of other formats are counted
+and named in the :class:`SourceReport`, never silently passed over.
 
 JSONL lines are objects ``{"id" | "_id": str, "text": str, "title"?: str, "metadata"?: {...}}``
-(BEIR's ``corpus.jsonl`` is the same with ``_id``). Metadata values are flat: string, number,
-boolean, or a list of strings; field names are identifiers.
+(BEIR's ``corpus.jsonl`` is the same with ``_id``); any other top-level field is kept as
+metadata. Metadata values are flat: string, number, boolean, or a list of strings; field names
+are identifiers. A Markdown file's YAML front matter (between ``---`` lines) becomes metadata.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from indexing.formats import FORMAT_SUFFIXES, PARSERS, Section
 from quarry.errors import InvalidDocument, InvalidRequest, PayloadTooLarge, clip
 from retrieval.text import long_word
 from stores.base import Payload
@@ -31,6 +37,9 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # the integers a metadata field may 
 MAX_METADATA_BYTES = 32 * 1024  # a document's metadata as UTF-8 JSON; Milvus's JSON field holds 64 KiB
 DOT_SEGMENTS = frozenset({".", ".."})  # refused as an id or a '/'-separated part of one
 TEXT_SUFFIXES = (".txt", ".md")
+READ_SUFFIXES = TEXT_SUFFIXES + FORMAT_SUFFIXES
+DOCUMENT_KEYS = frozenset({"id", "_id", "text", "title", "metadata"})
+_FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -42,12 +51,34 @@ class SourceDocument:
         text: Body text.
         title: Optional title, indexed with every chunk of the document.
         metadata: Flat metadata, filterable.
+        sections: Where its pages or heading sections start (offsets into ``text``, ascending)
+            and what their chunks carry (``page``, ``section``); empty: one section. A chunk
+            never crosses a section boundary.
     """
 
     id: str
     text: str
     title: str = ""
     metadata: Payload = field(default_factory=dict)
+    sections: tuple[Section, ...] = ()
+
+
+@dataclass
+class SourceReport:
+    """What reading a source found besides its documents.
+
+    Attributes:
+        read: Documents yielded.
+        errors: ``(path, reason)`` of files that could not be parsed or decoded (skipped under
+            ``on_error="skip"``).
+        not_read: Paths of files of formats Quarry does not read (or whose extra is missing).
+        empty: Paths of files with no text.
+    """
+
+    read: int = 0
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    not_read: list[str] = field(default_factory=list)
+    empty: list[str] = field(default_factory=list)
 
 
 def detect_format(path: Path) -> str:
@@ -69,7 +100,9 @@ def read_documents(path: Path, *, max_document_chars: int = 1_000_000) -> list[S
     """Read and validate every document of a source.
 
     Args:
-        path: A BEIR folder, a ``.jsonl`` file or a folder of ``.txt``/``.md`` files.
+        path: A BEIR folder, a ``.jsonl`` file or a folder of files (:func:`iter_folder`; here
+            the first file that cannot be read fails the call). ``quarry ingest`` streams
+            instead (:class:`Source`).
         max_document_chars: ``QUARRY_INGEST__MAX_DOCUMENT_CHARS``: a file of a folder over
             ``4 *`` this many bytes (UTF-8 takes at most 4 per character) is refused unread.
 
@@ -91,6 +124,68 @@ def read_documents(path: Path, *, max_document_chars: int = 1_000_000) -> list[S
     except OSError as exc:  # unreadable file, I/O error: one error line, not a traceback
         where = exc.filename or path
         raise InvalidRequest(f"{where}: cannot be read: {exc.strerror or exc}") from exc
+
+
+class Source:
+    """A source read as a stream: ``total`` known up front, documents yielded one at a time.
+
+    A JSONL file (or BEIR folder) is validated in a first pass that keeps only the ids (a bad
+    line fails the run before anything is written); the second pass yields the documents. A
+    folder yields its files one by one (:func:`iter_folder`), recording in :attr:`report` what
+    it skipped. Memory stays flat in the number of documents (the ids of a JSONL file aside).
+
+    Attributes:
+        path: The source.
+        format: ``beir``, ``jsonl`` or ``folder``.
+        total: Documents (JSONL) or readable files (folder) to expect, for progress and ETA.
+        report: What reading skipped; complete once the iteration is done.
+    """
+
+    def __init__(
+        self, path: Path, *, on_error: str = "skip", max_document_chars: int = 1_000_000, max_token_chars: int = 1024
+    ) -> None:
+        """Open and (a JSONL file) validate a source.
+
+        Raises:
+            InvalidDocument: A malformed JSONL line (file and line named).
+            PayloadTooLarge: A JSONL document over ``max_document_chars``.
+            InvalidRequest: The path is not a readable source.
+        """
+        self.path, self.format = path, detect_format(path)
+        self.report = SourceReport()
+        self._on_error = on_error
+        self._limits = {"max_document_chars": max_document_chars, "max_token_chars": max_token_chars}
+        try:
+            if self.format == "folder":
+                self.total = sum(1 for p in path.rglob("*") if p.is_file() and p.suffix.lower() in READ_SUFFIXES)
+            else:
+                self.total = 0
+                for doc in iter_jsonl(self._jsonl):
+                    check_sizes([doc], **self._limits)
+                    self.total += 1
+        except OSError as exc:
+            raise InvalidRequest(f"{exc.filename or path}: cannot be read: {exc.strerror or exc}") from exc
+
+    @property
+    def _jsonl(self) -> Path:
+        return self.path / "corpus.jsonl" if self.format == "beir" else self.path
+
+    def __iter__(self) -> Iterator[SourceDocument]:
+        """The documents, in source order.
+
+        Raises:
+            InvalidDocument: Under ``on_error="fail"``, a file that cannot be read (named).
+            InvalidRequest: The source cannot be read (I/O error).
+        """
+        try:
+            if self.format == "folder":
+                yield from iter_folder(self.path, on_error=self._on_error, report=self.report, **self._limits)
+                return
+            for doc in iter_jsonl(self._jsonl):
+                self.report.read += 1
+                yield doc
+        except OSError as exc:
+            raise InvalidRequest(f"{exc.filename or self.path}: cannot be read: {exc.strerror or exc}") from exc
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -151,37 +246,133 @@ def iter_jsonl(path: Path) -> Iterator[SourceDocument]:
         yield doc
 
 
-def iter_folder(path: Path, *, max_document_chars: int = 1_000_000) -> Iterator[SourceDocument]:
-    """Every ``.txt``/``.md`` file below ``path``; the id is the relative path.
+def iter_folder(
+    path: Path,
+    *,
+    max_document_chars: int = 1_000_000,
+    max_token_chars: int | None = None,
+    on_error: str = "fail",
+    report: SourceReport | None = None,
+) -> Iterator[SourceDocument]:
+    """Every file below ``path`` Quarry reads, one document each; the id is the relative path.
+
+    Files are read one at a time, in path order (memory does not grow with the folder).
 
     Args:
         path: The folder.
         max_document_chars: A file over ``4 * max_document_chars`` bytes cannot hold a document
             within the limit (UTF-8 takes at most 4 bytes a character): it is refused from its
             size, before it is read (a stray multi-GB log would otherwise be read whole first).
+        max_token_chars: When given, a document holding a longer word is a file error too.
+        on_error: ``"fail"`` raises at the first file that cannot be read; ``"skip"`` records it
+            in ``report.errors`` and goes on.
+        report: Filled with the files skipped, not read (other formats) and empty.
 
     Raises:
-        InvalidRequest: The folder holds no such file.
-        InvalidDocument: A file is not valid UTF-8, or is over the size limit (the message names it).
+        InvalidRequest: The folder holds no file of a format Quarry reads.
+        InvalidDocument: Under ``on_error="fail"``: a file is not valid UTF-8, damaged, over the
+            size limit, or has invalid front matter (the message names it).
+        PayloadTooLarge: Under ``on_error="fail"``: a parsed document is over ``max_document_chars``.
     """
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
-    if not files:
-        raise InvalidRequest(f"{path}: no .txt or .md files found")
+    report = report if report is not None else SourceReport()
+    files = sorted(p for p in path.rglob("*") if p.is_file())
+    if not any(f.suffix.lower() in READ_SUFFIXES for f in files):
+        raise InvalidRequest(f"{path}: no {', '.join(READ_SUFFIXES)} files found")
     for file in files:
         rel = file.relative_to(path).as_posix()
-        size = file.stat().st_size
-        if size > 4 * max_document_chars:
-            raise InvalidDocument(
-                f"the file is {size:,} bytes; a document holds at most {max_document_chars:,} characters "
-                f"(QUARRY_INGEST__MAX_DOCUMENT_CHARS), {4 * max_document_chars:,} bytes of UTF-8: split it",
-                source=str(file),
-            )
+        if file.suffix.lower() not in READ_SUFFIXES:
+            report.not_read.append(rel)
+            continue
         try:
-            text = file.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidDocument("not valid UTF-8 text", source=str(file)) from exc
-        if text.strip():
-            yield SourceDocument(rel, text, file.stem, {"source": rel, "format": file.suffix[1:].lower()})
+            doc = read_file(file, rel, max_document_chars=max_document_chars)
+            if doc is not None and max_token_chars is not None:
+                check_sizes([doc], max_document_chars=max_document_chars, max_token_chars=max_token_chars)
+        except (InvalidDocument, PayloadTooLarge) as exc:
+            if on_error == "fail":
+                raise
+            report.errors.append((str(file), exc.message.removeprefix(f"{file}: ")))
+            continue
+        except OSError as exc:
+            if on_error == "fail":
+                raise
+            report.errors.append((str(file), f"cannot be read: {exc.strerror or exc}"))
+            continue
+        if doc is None:
+            report.empty.append(rel)
+            continue
+        report.read += 1
+        yield doc
+
+
+def read_file(file: Path, rel: str, *, max_document_chars: int = 1_000_000) -> SourceDocument | None:
+    """One file of a folder as a document (``None``: it has no text).
+
+    Raises:
+        InvalidDocument: Over the size limit, not UTF-8, bad front matter, or a damaged PDF/HTML/DOCX
+            (:class:`indexing.formats.FormatError`).
+        ConfigError: A PDF/HTML/DOCX without the ``formats`` extra.
+        OSError: The file cannot be read.
+    """
+    size = file.stat().st_size
+    if size > 4 * max_document_chars:
+        raise InvalidDocument(
+            f"the file is {size:,} bytes; a document holds at most {max_document_chars:,} characters "
+            f"(QUARRY_INGEST__MAX_DOCUMENT_CHARS), {4 * max_document_chars:,} bytes of UTF-8: split it",
+            source=str(file),
+        )
+    suffix = file.suffix.lower()
+    metadata: Payload = {"source": rel, "format": {"htm": "html"}.get(suffix[1:], suffix[1:])}
+    if suffix in PARSERS:
+        parsed = PARSERS[suffix](file)
+        return SourceDocument(rel, parsed.text, parsed.title, metadata, parsed.sections)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidDocument(
+            f"not valid UTF-8 text: byte {exc.object[exc.start]:#04x} at byte {exc.start}", source=str(file)
+        ) from exc
+    title = file.stem
+    if suffix == ".md":
+        text, front = front_matter(text, str(file))
+        front_title = front.pop("title", None)
+        title = front_title if isinstance(front_title, str) and front_title.strip() else title
+        metadata = {**check_metadata(front, rel), **metadata}
+    return SourceDocument(rel, text, title, metadata) if text.strip() else None
+
+
+def front_matter(text: str, where: str) -> tuple[str, dict[str, Any]]:
+    """Split YAML front matter (``---`` lines around it, at the very start) from a Markdown text.
+
+    Dates become ISO strings; ``title`` is returned with the rest (the caller takes it as the title).
+
+    Returns:
+        ``(text after the front matter, its fields)``; ``(text, {})`` when there is none.
+
+    Raises:
+        InvalidDocument: The front matter is not YAML, or not a mapping.
+    """
+    import datetime as dt
+
+    import yaml
+
+    match = _FRONT_MATTER.match(text.lstrip("\ufeff"))
+    if match is None:
+        return text, {}
+    try:
+        fields = yaml.safe_load(match.group(1)) or {}
+    except yaml.YAMLError as exc:
+        raise InvalidDocument(f"front matter is not valid YAML: {exc}", source=where) from exc
+    if not isinstance(fields, dict):
+        raise InvalidDocument("front matter must be a mapping of fields", source=where)
+
+    def flat(value: Any) -> Any:
+        if isinstance(value, dt.date | dt.datetime):
+            return value.isoformat()
+        if isinstance(value, list):
+            return [flat(v) if isinstance(v, dt.date | dt.datetime) else v for v in value]
+        return value
+
+    return text.lstrip("\ufeff")[match.end() :], {str(k): flat(v) for k, v in fields.items()}
 
 
 def parse_document(raw: Any) -> SourceDocument:
@@ -209,7 +400,7 @@ def parse_document(raw: Any) -> SourceDocument:
         raise InvalidDocument(f"document {doc_id!r}: 'title' must be a string")
     if not (text.strip() or title.strip()):
         raise InvalidDocument(f"document {doc_id!r}: 'text' and 'title' are both empty")
-    metadata = check_metadata(raw.get("metadata") or {}, doc_id)
+    metadata = check_metadata(_with_extra_fields(raw, doc_id), doc_id)
     fields: list[tuple[str, object]] = [("'id'", doc_id), ("'text'", text), ("'title'", title)]
     for key, value in metadata.items():
         fields += [(f"metadata field {clip(key)}", v) for v in (value if isinstance(value, list) else [value])]
@@ -222,6 +413,25 @@ def parse_document(raw: Any) -> SourceDocument:
                     f"{field_value.index(chr(0))}; remove it"
                 )
     return SourceDocument(doc_id, text, title, metadata)
+
+
+def _with_extra_fields(raw: dict[str, Any], doc_id: str) -> Any:
+    """``metadata`` plus the line's other top-level fields (kept, not dropped).
+
+    Raises:
+        InvalidDocument: A top-level field is also in ``metadata``.
+    """
+    meta = raw.get("metadata") or {}
+    extra = {k: v for k, v in raw.items() if k not in DOCUMENT_KEYS}
+    if not extra or not isinstance(meta, dict):
+        return meta
+    both = sorted(set(extra) & set(meta))
+    if both:
+        raise InvalidDocument(
+            f"document {doc_id!r}: field {clip(both[0])} is both a top-level field and in 'metadata'; "
+            "top-level fields other than id, text, title and metadata are kept as metadata"
+        )
+    return {**meta, **extra}
 
 
 def _check_id(doc_id: object) -> str:

@@ -187,6 +187,16 @@ class SqlCollections(SqlBase):
             )
         return [_document(r) for r in rows]
 
+    def document_ids(self, name: str, *, after: str | None = None, limit: int | None = None) -> list[str]:
+        """Stored document ids in id order after ``after`` (keyset paging); ``limit`` ``None``: all."""
+        with self._read() as tx:
+            rows = tx.all(
+                f"SELECT document_id FROM documents WHERE collection_id = {CID} "  # noqa: S608
+                "AND document_id > ? ORDER BY document_id" + ("" if limit is None else " LIMIT ?"),
+                (*self._key(name), after or "", *(() if limit is None else (limit,))),
+            )
+        return [r[0] for r in rows]
+
     # --- chunks ------------------------------------------------------------------------
     def chunk_ids_of(self, name: str, document_ids: Iterable[str]) -> dict[str, list[str]]:
         """``document_id -> [chunk_id, ...]`` (by position) for the stored ones of ``document_ids``."""

@@ -50,6 +50,8 @@ app.add_typer(collections_app, name="collections")
 index_app = typer.Typer(help="Plan and build vector indexes by data size.", no_args_is_help=True)
 app.add_typer(index_app, name="index")
 app.add_typer(triton_app, name="triton")
+docs_app = typer.Typer(help="List and fetch a collection's documents.", no_args_is_help=True)
+app.add_typer(docs_app, name="docs")
 app.add_typer(config_app, name="config")
 eval_app = typer.Typer(help="Evaluate retrieval on a BEIR split (quarry eval --beir DIR); compare runs.")
 app.add_typer(eval_app, name="eval")
@@ -98,46 +100,87 @@ def _main(
         err.print(f"[yellow]warning[/] {escape(variable)} is not a Quarry setting and is ignored{escape(hint)}")
 
 
-@app.command()
+def _ingest_epilog() -> str:
+    from quarry.ingest_run import EXIT_CODES
+
+    return EXIT_CODES
+
+
+@app.command(epilog=_ingest_epilog())
 def ingest(
-    path: Annotated[Path, typer.Argument(help="BEIR folder, .jsonl file, or folder of .txt/.md files.")],
+    path: Annotated[
+        Path, typer.Argument(help="BEIR folder, .jsonl file, or folder of .txt/.md/.pdf/.html/.docx files.")
+    ],
     collection: Annotated[str | None, typer.Option("--collection", "-c", help="Default: the path's name.")] = None,
     language: Annotated[
         str | None, typer.Option(help="BM25 analysis for a new collection: en, zh or auto (default).")
     ] = None,
     chunk_size: Annotated[int | None, typer.Option(help="Chunk cap in text tokens (new collection).")] = None,
     chunk_overlap: Annotated[int | None, typer.Option(help="Overlap in tokens (new collection).")] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per line on stdout: progress events, then the report.")
+    ] = False,
+    prune: Annotated[
+        bool, typer.Option("--prune", help="Delete the collection's documents that are no longer in the source.")
+    ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Read the source and say what would change (and go, with --prune).")
+    ] = False,
 ) -> None:
-    """Ingest documents (idempotent: unchanged documents are skipped without embedding)."""
-    from indexing.sources import read_documents
+    """Ingest documents (idempotent: unchanged documents are skipped without embedding).
+
+    The source is streamed batch by batch (memory holds one batch). A folder's files that cannot
+    be parsed are skipped and named (QUARRY_INGEST__ON_ERROR=skip|fail); files of other formats
+    are counted and named in the report.
+    """
+    from quarry.ingest_run import exit_code_of, fail_json
 
     name = collection or _default_name(path)
+    try:
+        code = _ingest(path, name, language, chunk_size, chunk_overlap, as_json=as_json, prune=prune, dry_run=dry_run)
+    except QuarryError as exc:
+        if as_json:
+            fail_json(name, exc)
+        err.print(f"[bold red]error[/] ({type(exc).__name__}): {escape(str(exc))}")
+        raise typer.Exit(exit_code_of(exc)) from None
+    if code:
+        raise typer.Exit(code)
+
+
+def _ingest(  # noqa: PLR0913 - the command's options
+    path: Path, name: str, language: str | None, chunk_size: int | None, chunk_overlap: int | None, *,
+    as_json: bool, prune: bool, dry_run: bool,
+) -> int:
+    from indexing.sources import Source
+    from quarry.ingest_run import Options, Run
+
     settings = get_settings()
-    docs = read_documents(path, max_document_chars=settings.ingest.max_document_chars)
+    limits = settings.ingest
+    source = Source(
+        path, on_error=limits.on_error, max_document_chars=limits.max_document_chars,
+        max_token_chars=limits.max_token_chars,
+    )
     quarry = _quarry(settings)
-    cfg = quarry.create_collection(
-        name, language=language or "auto", chunk_size=chunk_size, chunk_overlap=chunk_overlap, exist_ok=True
-    )
-    asked = {"language": language, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap}
-    ignored = {k: v for k, v in asked.items() if v is not None and getattr(cfg, k) != v}
-    if ignored:
-        has = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in ignored)
-        err.print(
-            f"[yellow]note[/] collection {escape(name)} exists with {escape(has)}; "
-            f"{', '.join('--' + k.replace('_', '-') for k in ignored)} "
-            f"{'applies' if len(ignored) == 1 else 'apply'} to a new collection only "
-            "(drop it, or ingest into another --collection)"
+    if not dry_run:
+        cfg = quarry.create_collection(
+            name, language=language or "auto", chunk_size=chunk_size, chunk_overlap=chunk_overlap, exist_ok=True
         )
-    report = _ingest_with_progress(quarry, name, docs)
-    counts = quarry.describe(name)
-    out.print(
-        f"[green]ingested[/] {name}: {report.added} added, {report.updated} updated, "
-        f"{report.unchanged} unchanged; {report.embedded} chunks embedded "
-        f"({report.truncated} truncated) in {report.elapsed_s:.1f}s; collection has "
-        f"{counts['documents']} documents, {counts['chunks']} chunks"
-    )
-    if report.truncated:
-        out.print(_truncation_hint(report.truncated, report.embedded, quarry.embedder.max_seq_length))
+        asked = {"language": language, "chunk_size": chunk_size, "chunk_overlap": chunk_overlap}
+        ignored = {k: v for k, v in asked.items() if v is not None and getattr(cfg, k) != v}
+        if ignored:
+            has = ", ".join(f"{k}={getattr(cfg, k)!r}" for k in ignored)
+            err.print(
+                f"[yellow]note[/] collection {escape(name)} exists with {escape(has)}; "
+                f"{', '.join('--' + k.replace('_', '-') for k in ignored)} "
+                f"{'applies' if len(ignored) == 1 else 'apply'} to a new collection only "
+                "(drop it, or ingest into another --collection)"
+            )
+    options = Options(as_json=as_json, prune=prune, dry_run=dry_run, on_error=limits.on_error)
+    run = Run(quarry, name, source, options, out, err)
+    code = run.execute()
+    if not as_json and run.report is not None and run.report.truncated:
+        out.print(_truncation_hint(run.report.truncated, run.report.embedded, quarry.embedder.max_seq_length))
+    return code
 
 
 def _truncation_hint(truncated: int, embedded: int, max_seq_length: int) -> str:
@@ -506,6 +549,41 @@ def drop_collection(name: str) -> None:
     """Drop a collection and all its data."""
     _quarry().drop_collection(name)
     out.print(f"dropped {name}")
+
+
+@docs_app.command("list")
+def list_docs(
+    collection: Annotated[str, typer.Option("--collection", "-c")],
+    cursor: Annotated[str | None, typer.Option(help="The next_cursor of the previous page.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="Documents per page.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the page as JSON.")] = False,
+) -> None:
+    """List a collection's documents in id order (id, chunks, metadata), a page at a time."""
+    docs, next_cursor = _quarry().list_documents(collection, cursor=cursor, limit=limit)
+    if as_json:
+        out.file.write(json.dumps({"documents": docs, "next_cursor": next_cursor}, ensure_ascii=False) + "\n")
+        return
+    for doc in docs:
+        out.print(f"{doc['id']}\t{doc['chunks']} chunks\t{json.dumps(doc['metadata'], ensure_ascii=False)}",
+                  soft_wrap=True, highlight=False, markup=False)
+    if next_cursor is not None:
+        err.print(f"more: --cursor {escape(next_cursor)}", soft_wrap=True)
+
+
+@docs_app.command("get")
+def get_doc(
+    document_id: Annotated[str, typer.Argument(help="The document's id.")],
+    collection: Annotated[str, typer.Option("--collection", "-c")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the document, its chunks included, as JSON.")] = False,
+) -> None:
+    """Print a document: its text (its chunks' texts joined) and metadata."""
+    doc = _quarry().get_document(collection, document_id)
+    if as_json:
+        out.file.write(json.dumps(doc, ensure_ascii=False) + "\n")
+        return
+    out.print(f"{doc['id']} {json.dumps(doc['metadata'], ensure_ascii=False)}", soft_wrap=True, highlight=False,
+              markup=False)
+    out.print(doc["text"], soft_wrap=True, highlight=False, markup=False)
 
 
 @index_app.command("plan")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -302,6 +302,49 @@ class Quarry:
             if report.chunks_written:
                 self.replan_index(name)
         return report
+
+    def upsert_stream(
+        self,
+        name: str,
+        docs: Iterable[SourceDocument],
+        progress: Progress | None = None,
+        *,
+        stop: Callable[[], bool] | None = None,
+        seen: set[str] | None = None,
+    ) -> IngestReport:
+        """Insert or replace a stream of documents batch by batch, then re-plan the index.
+
+        See :meth:`indexing.pipeline.Ingestor.upsert_stream`.
+        """
+        with self._writing(name):
+            report = self.ingestor.upsert_stream(self.get_collection(name), docs, progress, stop=stop, seen=seen)
+            if report.chunks_written:
+                self.replan_index(name)
+        return report
+
+    def get_document(self, name: str, document_id: str) -> dict[str, Any]:
+        """A stored document rebuilt from its chunks (see :mod:`indexing.documents`).
+
+        Raises:
+            CollectionNotFound: No such collection.
+            NotFound: No such document.
+        """
+        from indexing.documents import get_document
+
+        return get_document(self.docstore, name, document_id, self.get_collection(name).chunk_overlap)
+
+    def list_documents(
+        self, name: str, *, cursor: str | None = None, limit: int = 100
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """A page of stored documents in id order, and the cursor of the next page (``None``: last).
+
+        Raises:
+            CollectionNotFound: No such collection.
+        """
+        from indexing.documents import list_documents
+
+        self.get_collection(name)
+        return list_documents(self.docstore, name, cursor=cursor, limit=limit)
 
     def delete_documents(self, name: str, document_ids: Sequence[str]) -> IngestReport:
         """Delete documents by id from both channels."""

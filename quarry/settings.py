@@ -176,6 +176,10 @@ class IngestSettings(BaseModel):
             text, and each one would stay in the collection's BM25 vocabulary, which is rewritten
             on every rebuild. Lucene refuses terms over 32,766 bytes, and its standard tokenizer
             cuts words at 255 characters.
+        on_error: What ``quarry ingest`` does with a file of a folder that cannot be parsed or
+            decoded (a damaged PDF, bytes that are not UTF-8): ``skip`` reports it by path with
+            the reason and goes on (exit status 4 at the end), ``fail`` stops the run there
+            (exit status 2; the batches written before it stay).
     """
 
     chunk_size: int = Field(256, ge=8)
@@ -183,6 +187,7 @@ class IngestSettings(BaseModel):
     batch_size: int = Field(512, ge=1)
     max_document_chars: int = Field(1_000_000, ge=1)
     max_token_chars: int = Field(1024, ge=1)
+    on_error: Literal["skip", "fail"] = "skip"
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> IngestSettings:

@@ -18,7 +18,7 @@ from functools import partial
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -36,6 +36,8 @@ from quarry.api.models import (
     CollectionsOut,
     CreateCollection,
     DeleteDocuments,
+    DocumentOut,
+    DocumentsOut,
     DroppedOut,
     HealthOut,
     IngestOut,
@@ -240,6 +242,27 @@ def delete_documents(name: str, body: DeleteDocuments, q: Service) -> IngestOut:
     # The docstore commits first (BM25, and dense hits are read back through the docstore), then
     # the vector store is asked; the pending deletes are recorded in that commit.
     return IngestOut(**_report(q.delete_documents(name, body.ids)))
+
+
+@router.get(
+    "/v1/collections/{name}/documents", tags=["documents"], response_model=DocumentsOut,
+    responses=error_responses(*_NAMED),
+)
+def list_documents(
+    name: str, q: Service, cursor: str | None = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+) -> DocumentsOut:
+    """List a collection's documents in id order, ``limit`` at a time (keyset paging by ``cursor``)."""
+    docs, next_cursor = q.list_documents(name, cursor=cursor, limit=limit)
+    return DocumentsOut.model_validate({"documents": docs, "next_cursor": next_cursor})
+
+
+@router.get(
+    "/v1/collections/{name}/documents/{document_id:whole}", tags=["documents"], response_model=DocumentOut,
+    responses=error_responses(*_NAMED, e.NotFound),
+)
+def get_document(name: str, document_id: str, q: Service) -> DocumentOut:
+    """A stored document by id: its text (its chunks' texts joined), metadata and chunks."""
+    return DocumentOut.model_validate(q.get_document(name, document_id))
 
 
 @router.delete(

@@ -212,6 +212,39 @@ class SearchOut(BaseModel):
     timings_ms: TimingsOut
 
 
+class DocumentChunkOut(BaseModel):
+    """One chunk of a stored document."""
+
+    id: str
+    position: int
+    text: str
+    metadata: dict[str, Any] = Field(description="The chunk's metadata: the document's, plus page or section.")
+
+
+class DocumentOut(BaseModel):
+    """``GET /v1/collections/{name}/documents/{id}``: a stored document, rebuilt from its chunks."""
+
+    id: str
+    text: str = Field(description="The chunks' texts in order, the overlap between chunks written once.")
+    metadata: dict[str, Any] = Field(description="What every chunk holds alike (a PDF's page is per chunk).")
+    chunks: list[DocumentChunkOut]
+
+
+class DocumentSummaryOut(BaseModel):
+    """A document in a listing."""
+
+    id: str
+    metadata: dict[str, Any]
+    chunks: int
+
+
+class DocumentsOut(BaseModel):
+    """``GET /v1/collections/{name}/documents``: a page of documents in id order."""
+
+    documents: list[DocumentSummaryOut]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null on the last.")
+
+
 class IngestOut(BaseModel):
     """What an upsert or delete did."""
 
