@@ -61,9 +61,9 @@ def scifact_chunks(shared_data: Path) -> list[list[str]]:
     """What the service embeds when it ingests SciFact with the default chunking: per document, its texts.
 
     5,183 documents, 7,559 texts in all; each is a chunk as ``indexing.pipeline`` builds it (title,
-    newline, chunk), documents and chunks in corpus order. The quality tests' ingest and the
-    ONNX-vs-torch check embed these same texts, so each model runs over SciFact once per machine
-    (``minilm_vectors``), not once per test. A document's first chunk has the same word-pieces as
+    newline, chunk), documents and chunks in corpus order. The quality tests' ingest embeds them
+    all and the ONNX-vs-torch check the first chunks, so the torch model runs over SciFact once
+    per machine (``minilm_vectors``), not once per test. A document's first chunk has the same word-pieces as
     ``title + " " + text`` cut at the model's 256 tokens.
     """
     ingest = IngestSettings()
