@@ -1,4 +1,4 @@
-"""Shared fixtures: offline model hub, the shared evaluation data, the one torch MiniLM."""
+"""Shared fixtures: offline model hub, the shared evaluation data, the one torch MiniLM and its vectors."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ import pytest
 
 from embedding import length_batches
 from embedding import sentence_transformers as st
+from indexing.chunking import chunk_text
+from indexing.pipeline import indexed_text
+from indexing.sources import read_documents
+from quarry.settings import IngestSettings
 from tests.embedding_cache import CachedEmbedder, cache_file, fingerprint, folder_files
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -50,3 +54,23 @@ def minilm_vectors(minilm: st.SentenceTransformerEmbedder) -> Iterator[CachedEmb
     cached = CachedEmbedder(minilm, cache_file(minilm.model_id, digest))
     yield cached
     cached.close()
+
+
+@pytest.fixture(scope="session")
+def scifact_chunks(shared_data: Path) -> list[list[str]]:
+    """What the service embeds when it ingests SciFact with the default chunking: per document, its texts.
+
+    5,183 documents, 7,559 texts in all; each is a chunk as ``indexing.pipeline`` builds it (title,
+    newline, chunk), documents and chunks in corpus order. The quality tests' ingest embeds them
+    all and the ONNX-vs-torch check the first chunks, so the torch model runs over SciFact once
+    per machine (``minilm_vectors``), not once per test. A document's first chunk has the same word-pieces as
+    ``title + " " + text`` cut at the model's 256 tokens.
+    """
+    ingest = IngestSettings()
+    return [
+        [
+            indexed_text(doc.title if doc.text else "", piece.text)
+            for piece in chunk_text(doc.text or doc.title, ingest.chunk_size, ingest.chunk_overlap)
+        ]
+        for doc in read_documents(shared_data / "scifact")
+    ]

@@ -66,6 +66,20 @@ def test_scifact_reingest_is_a_no_op(scifact_quarry: Quarry, counting: CountingE
     assert before["documents"] == 5183 and before["vectors"] == before["chunks"]
 
 
+def test_the_ingest_embeds_the_shared_scifact_texts(
+    scifact_quarry: Quarry, scifact_chunks: list[list[str]], minilm_vectors: CachedEmbedder
+) -> None:
+    """The texts of ``scifact_chunks`` (the ONNX check's torch reference) are those this ingest embedded.
+
+    Their rows are all in the vector memo now, so the torch model runs over SciFact once per run.
+    """
+    texts = [text for chunks in scifact_chunks for text in chunks]
+    runs = minilm_vectors.model_runs
+    minilm_vectors.embed(texts)
+    assert minilm_vectors.model_runs == runs
+    assert scifact_quarry.describe("scifact")["chunks"] == len(texts) == 7559
+
+
 def test_cmrc_chinese_bm25(tmp_path: Path, shared_data: Path, minilm_vectors: CachedEmbedder) -> None:
     """Chinese BM25 through the service: ingestion (chunking, ``zh`` analysis, the docstore) and search.
 

@@ -1,11 +1,20 @@
-"""Fixtures of the embedding tests: SciFact texts, an ONNX cache (the torch model is in ``tests/conftest.py``)."""
+"""Fixtures of the embedding tests: SciFact texts, an ONNX cache, the ONNX embedders and their vectors.
+
+The torch model and its vectors are in ``tests/conftest.py``.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from embedding import length_batches, onnx
+from embedding.onnx import OnnxEmbedder
+from embedding.sentence_transformers import resolve_model_path
+from tests.embedding_cache import CachedEmbedder, cache_file, fingerprint, folder_files
 
 
 def scifact_texts(shared_data: Path, limit: int | None = None) -> list[str]:
@@ -29,3 +38,54 @@ def scifact_subset(shared_data: Path) -> list[str]:
 def onnx_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One model cache for the session: each ONNX export happens once."""
     return tmp_path_factory.mktemp("models")
+
+
+def _onnx(onnx_cache: Path, quantize: str) -> OnnxEmbedder:
+    embedder = OnnxEmbedder.from_url(f"onnx://all-MiniLM-L6-v2?quantize={quantize}", onnx_cache, batch_size=32)
+    embedder.warm_up()
+    return embedder
+
+
+@pytest.fixture(scope="session")
+def fp32(onnx_cache: Path) -> OnnxEmbedder:
+    """The packaged MiniLM exported to ONNX, fp32 (one session for the whole run)."""
+    return _onnx(onnx_cache, "none")
+
+
+@pytest.fixture(scope="session")
+def int8(onnx_cache: Path) -> OnnxEmbedder:
+    """The packaged MiniLM exported to ONNX, int8 (one session for the whole run)."""
+    return _onnx(onnx_cache, "int8")
+
+
+def _onnx_vectors(embedder: OnnxEmbedder) -> CachedEmbedder:
+    """The embedder's rows, each distinct text run once per machine (``tests/embedding_cache.py``).
+
+    Keyed by the exported ONNX file's bytes, the tokenizer and pooling files, the code that runs
+    them, ONNX Runtime's version and the settings that change a row (int8 rows depend slightly on
+    the other texts of their batch, so the batch size is part of the key).
+    """
+    assert embedder.onnx_path is not None
+    files = {f"model/{k}": v for k, v in folder_files(resolve_model_path("all-MiniLM-L6-v2")).items()}
+    files["export.onnx"] = embedder.onnx_path
+    digest = fingerprint(
+        files, [onnx, length_batches], ["onnxruntime", "tokenizers", "numpy"],
+        quantize=embedder.quantize, batch_size=embedder._batch_size, threads=embedder._threads,
+    )
+    return CachedEmbedder(embedder, cache_file(f"{embedder.model_id}-onnx-{embedder.quantize}", digest))
+
+
+@pytest.fixture(scope="session")
+def int8_vectors(int8: OnnxEmbedder) -> Iterator[CachedEmbedder]:
+    """int8 ONNX rows as data: the SciFact check against torch and the int8 nDCG test share them."""
+    cached = _onnx_vectors(int8)
+    yield cached
+    cached.close()
+
+
+@pytest.fixture(scope="session")
+def fp32_vectors(fp32: OnnxEmbedder) -> Iterator[CachedEmbedder]:
+    """fp32 ONNX rows as data (the SciFact check against torch)."""
+    cached = _onnx_vectors(fp32)
+    yield cached
+    cached.close()
