@@ -8,6 +8,7 @@ tests/data/compose-spec.SOURCE.md) and the contents the stack needs.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,8 @@ from quarry.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "tests" / "data" / "compose-spec.schema.json"
-SERVICES = {"triton", "etcd", "minio", "milvus", "qdrant", "postgres", "vllm", "api", "prometheus", "grafana"}
+REPLICAS = ("api-1", "api-2")
+SERVICES = {"triton", "etcd", "minio", "milvus", "qdrant", "postgres", "vllm", *REPLICAS, "lb", "prometheus", "grafana"}
 _VAR = re.compile(r"\$\{(?P<name>[A-Z0-9_]+)(?::-(?P<default>[^}]*))?\}")
 
 
@@ -59,11 +61,11 @@ def test_the_file_is_valid_against_the_compose_schema(compose: dict[str, Any]) -
 
 def test_the_schema_rejects_what_compose_rejects(compose: dict[str, Any]) -> None:
     bad = json.loads(json.dumps(compose))
-    bad["services"]["api"]["depends_on"]["qdrant"] = {"conditon": "service_healthy"}
+    bad["services"]["api-1"]["depends_on"]["qdrant"] = {"conditon": "service_healthy"}
     bad["services"]["qdrant"]["healthcheck"]["interval"] = 10
     bad["services"]["postgres"]["restart_policy"] = "always"
     found = {tuple(e.absolute_path)[:3] for e in validator().iter_errors(bad)}
-    assert ("services", "api", "depends_on") in found
+    assert ("services", "api-1", "depends_on") in found
     assert ("services", "qdrant", "healthcheck") in found
     assert ("services", "postgres") in found
 
@@ -88,7 +90,9 @@ def test_every_dependency_is_waited_for_until_healthy(services: dict[str, dict[s
             assert target in services, f"{name} depends on unknown service {target}"
             assert spec["condition"] == "service_healthy", f"{name} -> {target}"
     assert set(services["milvus"]["depends_on"]) == {"etcd", "minio"}
-    assert set(services["api"]["depends_on"]) == {"triton", "milvus", "qdrant", "postgres"}
+    for replica in REPLICAS:
+        assert set(services[replica]["depends_on"]) == {"triton", "milvus", "qdrant", "postgres"}, replica
+    assert set(services["lb"]["depends_on"]) == set(REPLICAS)
 
 
 def test_triton_serves_the_model_repository_on_a_gpu(services: dict[str, dict[str, Any]]) -> None:
@@ -120,10 +124,11 @@ def test_qdrant_and_postgres_health(services: dict[str, dict[str, Any]]) -> None
     assert postgres["healthcheck"]["test"][1] == "pg_isready"
 
 
+@pytest.mark.parametrize("replica", REPLICAS)
 def test_the_api_environment_maps_onto_settings(
-    services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+    services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch, replica: str
 ) -> None:
-    api = services["api"]
+    api = services[replica]
     env = {key: interpolate(str(value)) for key, value in api["environment"].items()}
     assert env["QUARRY_EMBEDDING__URL"] == "triton+grpc://triton:8001/minilm"
     for key, value in env.items():
@@ -141,7 +146,7 @@ def test_the_api_environment_maps_onto_settings(
 def test_vllm_serves_the_model_the_api_asks_for_on_a_gpu(services: dict[str, dict[str, Any]]) -> None:
     from generation.openai_compat import parse_url
 
-    vllm, api = services["vllm"], services["api"]
+    vllm, api = services["vllm"], services["api-1"]
     assert interpolate(vllm["image"]).startswith("vllm/vllm-openai:v")
     args = [interpolate(a) for a in vllm["command"]]
     flags = dict(a.removeprefix("--").split("=", 1) for a in args if "=" in a)
@@ -151,7 +156,8 @@ def test_vllm_serves_the_model_the_api_asks_for_on_a_gpu(services: dict[str, dic
     assert f"http://127.0.0.1:{flags['port']}/health" in " ".join(vllm["healthcheck"]["test"])
     (device,) = vllm["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
-    assert "vllm" not in api["depends_on"]  # search serves while the model loads; answers degrade
+    for replica in REPLICAS:  # search serves while the model loads; answers degrade
+        assert "vllm" not in services[replica]["depends_on"]
     hosts = [p.split(":")[0] for svc in services.values() for p in svc.get("ports", [])]
     assert len(hosts) == len(set(hosts)), f"host ports clash: {sorted(hosts)}"
 
@@ -170,18 +176,22 @@ def test_prometheus_scrapes_the_api_and_grafana_shows_its_dashboard(
 ) -> None:
     from quarry.api.browser import HostPolicy
 
-    prometheus, grafana, api = services["prometheus"], services["grafana"], services["api"]
+    prometheus, grafana = services["prometheus"], services["grafana"]
     assert "./deploy/prometheus:/etc/prometheus:ro" in prometheus["volumes"]
     assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
     config = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
     assert config["rule_files"] == ["alerts.yml"]
     (quarry,) = [job for job in config["scrape_configs"] if job["job_name"] == "quarry"]
-    (target,) = quarry["static_configs"][0]["targets"]
-    host, port = target.split(":")
-    assert api["command"][-2:] == ["--port", port] and host == "api"
-    # the API answers Prometheus' Host: "api" is an allowed host name
-    monkeypatch.setenv("QUARRY_API__ALLOWED_HOSTS", interpolate(api["environment"]["QUARRY_API__ALLOWED_HOSTS"]))
-    assert HostPolicy.from_settings(Settings().api).allows(target, None)
+    # each replica scraped on its own, not through the balancer (which would pick one at random)
+    targets = quarry["static_configs"][0]["targets"]
+    assert sorted(t.split(":")[0] for t in targets) == sorted(REPLICAS)
+    for target in targets:
+        host, port = target.split(":")
+        api = services[host]
+        assert api["command"][-2:] == ["--port", port]
+        # the replica answers Prometheus' Host: its own service name is an allowed host name
+        monkeypatch.setenv("QUARRY_API__ALLOWED_HOSTS", interpolate(api["environment"]["QUARRY_API__ALLOWED_HOSTS"]))
+        assert HostPolicy.from_settings(Settings().api).allows(target, None), target
     assert "./deploy/grafana/provisioning:/etc/grafana/provisioning:ro" in grafana["volumes"]
     assert "./deploy/grafana/dashboards:/var/lib/grafana/dashboards:ro" in grafana["volumes"]
     datasource = yaml.safe_load((REPO / "deploy/grafana/provisioning/datasources/prometheus.yml").read_text())
@@ -191,3 +201,155 @@ def test_prometheus_scrapes_the_api_and_grafana_shows_its_dashboard(
     assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
     dashboard = json.loads((REPO / "deploy/grafana/dashboards/quarry.json").read_text())
     assert {t["datasource"]["uid"] for p in dashboard["panels"] for t in p["targets"]} == {"prometheus"}
+
+
+# --- Replicas behind the load balancer -----------------------------------------------------------
+
+NGINX = REPO / "deploy" / "nginx" / "nginx.conf"
+_SIZE = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def nginx_blocks(text: str) -> dict[str, list[list[str]]]:
+    """nginx.conf's directives per innermost block (``upstream quarry_api``, ``location /``, ...).
+
+    A reader of the subset deploy/nginx/nginx.conf uses: ``#`` comments, ``name args;`` and
+    ``head {`` ... ``}``; quoted strings are kept whole. Returns ``{block head: [[name, *args]]}``,
+    the top level under ``""``.
+    """
+    tokens = re.findall(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|[{};]|[^\s{};]+", re.sub(r"#[^\n]*", "", text))
+    blocks: dict[str, list[list[str]]] = {"": []}
+    stack, words = [""], []
+    for token in tokens:
+        if token == "{":
+            stack.append(" ".join(words))
+            blocks.setdefault(stack[-1], [])
+            words = []
+        elif token == "}":
+            stack.pop()
+        elif token == ";":
+            blocks[stack[-1]].append(words)
+            words = []
+        else:
+            words.append(token)
+    assert stack == [""], "unbalanced braces"
+    return blocks
+
+
+def directive(block: list[list[str]], name: str) -> list[list[str]]:
+    """Every ``name ...;`` of one block, as its arguments."""
+    return [d[1:] for d in block if d[0] == name]
+
+
+def replica_settings(service: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The settings a replica's container starts with (compose defaults, nothing else set)."""
+    for key in [k for k in os.environ if k.startswith("QUARRY_")]:
+        monkeypatch.delenv(key)
+    for key, value in service["environment"].items():
+        monkeypatch.setenv(key, interpolate(str(value)))
+    return Settings()
+
+
+@pytest.fixture(scope="module")
+def nginx() -> dict[str, list[list[str]]]:
+    return nginx_blocks(NGINX.read_text())
+
+
+def test_the_replicas_are_one_definition_with_their_own_data(services: dict[str, dict[str, Any]]) -> None:
+    first, *others = (services[r] for r in REPLICAS)
+    for other in others:
+        for key in ("image", "command", "environment", "healthcheck", "depends_on"):
+            assert other[key] == first[key], key
+    data = [next(v for v in services[r]["volumes"] if v.endswith(":/data")) for r in REPLICAS]
+    assert len(set(data)) == len(REPLICAS), f"replicas share a data dir: {data}"
+    for replica in REPLICAS:
+        assert "ports" not in services[replica], f"{replica}: only the balancer is published"
+        assert "/readyz" in " ".join(services[replica]["healthcheck"]["test"])
+    assert services["lb"]["ports"] == ["8080:8080"]
+    assert "http://127.0.0.1:8080/readyz" in services["lb"]["healthcheck"]["test"]
+
+
+@pytest.mark.parametrize("replica", REPLICAS)
+def test_every_replica_uses_the_shared_docstore_and_a_store_server(
+    services: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch, replica: str
+) -> None:
+    from urllib.parse import urlsplit
+
+    from quarry.api.workers import check_shareable
+
+    settings = replica_settings(services[replica], monkeypatch)
+    check_shareable(settings)  # raises ConfigError on Milvus Lite / Qdrant edge / a SQLite docstore
+    store = urlsplit(settings.store_url)
+    assert store.scheme == "milvus" and store.hostname in services, settings.store_url
+    docstore = urlsplit(settings.docstore.url)
+    postgres = services["postgres"]
+    assert docstore.scheme == "postgresql" and docstore.hostname == "postgres" and docstore.port == 5432
+    assert docstore.username == postgres["environment"]["POSTGRES_USER"]
+    assert docstore.password == interpolate(postgres["environment"]["POSTGRES_PASSWORD"])
+    # its database is created by the postgres image's init scripts, mounted from deploy/postgres/initdb
+    (mount,) = [v for v in postgres["volumes"] if ":/docker-entrypoint-initdb.d" in v]
+    initdb = REPO / mount.split(":")[0]
+    created = re.findall(r"CREATE DATABASE (\w+)", " ".join(p.read_text() for p in sorted(initdb.glob("*.sql"))))
+    assert docstore.path.lstrip("/") in created, (docstore.path, created)
+    assert docstore.path.lstrip("/") != postgres["environment"]["POSTGRES_DB"], "docstore beside the pgvector store"
+
+
+def test_the_balancer_upstreams_are_the_replicas(
+    services: dict[str, dict[str, Any]], nginx: dict[str, list[list[str]]]
+) -> None:
+    assert "./deploy/nginx/nginx.conf:/etc/nginx/nginx.conf:ro" in services["lb"]["volumes"]
+    (server,) = [nginx[head] for head in nginx if head.startswith("server")]
+    assert directive(server, "listen") == [["8080"]]
+    (upstream,) = [head.split()[1] for head in nginx if head.startswith("upstream ")]
+    servers = [args[0] for args in directive(nginx[f"upstream {upstream}"], "server")]
+    assert sorted(servers) == sorted(f"{r}:{services[r]['command'][-1]}" for r in REPLICAS)
+    assert directive(nginx["location /"], "proxy_pass") == [[f"http://{upstream}"]]
+
+
+def test_the_balancer_passes_request_ids_and_hosts_the_replicas_allow(
+    services: dict[str, dict[str, Any]], nginx: dict[str, list[list[str]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from quarry.api.browser import HostPolicy
+
+    location = nginx["location /"]
+    headers = {args[0].lower(): args[1] for args in directive(location, "proxy_set_header")}
+    # the client's id when it sends one, else nginx's $request_id (32 hex: a safe id the API keeps)
+    assert headers["x-request-id"] == "$quarry_request_id"
+    (mapping,) = [nginx[h] for h in nginx if h.startswith("map $http_x_request_id $quarry_request_id")]
+    assert {d[0]: d[1] for d in mapping} == {"default": "$http_x_request_id", '""': "$request_id"}
+    assert headers["host"] == "$host"
+    for replica in REPLICAS:
+        policy = HostPolicy.from_settings(replica_settings(services[replica], monkeypatch).api)
+        # loopback (healthchecks, a client on the host's published port), the balancer's name
+        # (another container calling http://lb:8080) and the replica's own (Prometheus)
+        for host in ("localhost:8080", "127.0.0.1:8080", "lb:8080", f"{replica}:8080"):
+            assert policy.allows(host, None), (replica, host)
+        assert not policy.allows("evil.example:8080", None)
+
+
+def test_the_balancer_body_limit_and_timeouts_match_the_api(
+    services: dict[str, dict[str, Any]], nginx: dict[str, list[list[str]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (server,) = [nginx[head] for head in nginx if head.startswith("server")]
+    ((size,),) = directive(server, "client_max_body_size")
+    match = re.fullmatch(r"(\d+)([kmg]?)", size.lower())
+    assert match, size
+    number, unit = match.groups()
+    settings = [replica_settings(services[r], monkeypatch) for r in REPLICAS]
+    assert {s.api.max_body_bytes for s in settings} == {int(number) * _SIZE[unit]}
+    # nginx's own 413 carries the API's error envelope
+    (payload,) = [h for h in nginx if h == "location @payload_too_large"]
+    ((status, body),) = directive(nginx[payload], "return")
+    error = json.loads(body.strip("'").replace("\\'", "'"))["error"]
+    assert status == "413" and error["type"] == "PayloadTooLarge" and error["retryable"] is False
+    assert f"{settings[0].api.max_body_bytes:,} bytes" in error["message"]
+    location = nginx["location /"]
+
+    def seconds(name: str) -> float:
+        ((value,),) = directive(location, name)
+        return float(value.removesuffix("s"))
+
+    assert seconds("proxy_connect_timeout") <= 10
+    # a non-streamed answer may take the LLM's whole budget; the balancer must not cut it first
+    assert seconds("proxy_read_timeout") > max(s.llm.total_timeout_s for s in settings)
+    assert directive(location, "proxy_buffering") == [["off"]]  # answer streams flow token by token
+    assert directive(location, "proxy_http_version") == [["1.1"]]
