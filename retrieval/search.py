@@ -62,6 +62,9 @@ DEPTH_FACTOR = 2  # chunks fetched per channel = DEPTH_FACTOR × rank_window_siz
 # every row's payload), tokenises and scores BM25 in a worker thread, off the event loop: four
 # clients looping 8,192-character queries on the loop raised a light client's p50 from 25 to 355 ms.
 LOOP_QUERY_CHARS = 256
+# Told of each dense channel's ANN answer: (collection, metric, query vector, filter, top_k, hits);
+# must return at once (the recall monitor's RecallMonitor.offer queues a sample or does nothing).
+DenseSampler = Callable[[str, Any, Any, Filter | None, int, Sequence[ScoredId]], object]
 
 
 class _Late(Exception):
@@ -161,6 +164,7 @@ class Searcher:
         clock: Seconds of a monotonic clock (:func:`time.monotonic` by default), read by the
             outage breakers' skip windows and the rerank budget; not by the dense deadline,
             which is real time.
+        sample_dense: Told of every dense channel's ANN answer (the recall monitor's sampler).
     """
 
     def __init__(
@@ -173,7 +177,9 @@ class Searcher:
         reranker: Reranker | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
+        sample_dense: DenseSampler | None = None,
     ) -> None:
+        self._sample_dense: DenseSampler = sample_dense or _no_sample
         self._ann = BatchingSearch(
             store, max_batch=settings.ann_max_batch, retry_after_s=settings.retry_after_s, clock=clock
         )
@@ -345,6 +351,7 @@ class Searcher:
                     ended = time.perf_counter()
                     result.timings_ms["ann"] = (ended - ann_started) * 1000
                     channels["dense"] = _ranked([h.id for h in found], [h.score for h in found], group, self.window)
+                    self._sample_dense(cfg.name, cfg.metric, embeddings.vectors[0], flt, top_k, found)
                     result.timings_ms["dense"] = (time.perf_counter() - dense_started) * 1000
         needed = offset + top_k if rerank is None else max(offset + top_k, rerank.top_n)
         fused, result.total = self._fuse(channels, needed)
@@ -482,6 +489,10 @@ class Searcher:
         out = fn()
         result.timings_ms[name] = (time.perf_counter() - started) * 1000
         return out
+
+
+def _no_sample(*_: Any) -> None:
+    """The default :data:`DenseSampler`: no recall monitor."""
 
 
 def _resolve(steps: Generator[Future[Any], Any, SearchResult], deadline: float | None) -> SearchResult:
