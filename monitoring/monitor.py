@@ -311,10 +311,18 @@ class RecallMonitor:
         return RecallTrigger(True, s.recall_floor, s.trigger_window_s, below, reason)
 
     def forget(self, collection: str) -> None:
-        """Drop a collection's windows and recorded queries (it was dropped)."""
+        """Drop a collection's windows, metric series and recorded queries (it was dropped)."""
         with self._lock:
             for key in [key for key in self._windows if key[0] == collection]:
                 del self._windows[key]
+        for metric, labels in [
+            *((m, (collection, b)) for m in (RECALL, SAMPLES) for b in BUCKETS), (DROPPED, (collection,)),
+            (ERRORS, (collection,)),
+        ]:
+            try:
+                metric.remove(*labels)
+            except KeyError:  # no series with these labels
+                continue
         if self.recent is not None:
             self.recent.forget(collection)
 

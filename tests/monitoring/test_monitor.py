@@ -206,6 +206,8 @@ def test_a_full_queue_drops_and_counts(store: VectorStore, coll: str, tmp_path: 
         monitor.close()
     assert sum(queued) < 50 and monitor.dropped == 50 - sum(queued)
     assert sample_value("quarry_recall_samples_dropped_total", collection=coll) == before + monitor.dropped
+    monitor.forget(coll)  # the collection was dropped: its series go
+    assert REGISTRY.get_sample_value("quarry_recall_samples_dropped_total", {"collection": coll}) is None
 
 
 def test_sampling_rate_zero_queues_nothing(store: VectorStore, tmp_path: Path) -> None:
