@@ -68,14 +68,18 @@ class RecentQueries:
         self.keep = keep
         self._writes = 0
         self._lock = threading.Lock()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as db:
-            db.executescript(SCHEMA)
+        self._ready = False
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
+        """A connection to the file, made (with its table) on the first write: reading makes nothing."""
+        if not self._ready:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         with closing(sqlite3.connect(self.path, timeout=10.0)) as db, db:
-            db.execute("PRAGMA journal_mode=WAL")
+            if not self._ready:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.executescript(SCHEMA)
+                self._ready = True
             yield db
 
     def record(self, collection: str, vector: npt.NDArray[np.float32], flt: Filter | None, top_k: int) -> None:
@@ -96,6 +100,8 @@ class RecentQueries:
 
     def latest(self, collection: str, n: int) -> list[RecordedQuery]:
         """The newest ``n`` recorded queries of ``collection``, newest first (fewer if fewer were kept)."""
+        if not self._ready and not self.path.exists():
+            return []
         with self._connect() as db:
             rows = db.execute(
                 "SELECT vector, filter, top_k FROM recent WHERE collection = ? ORDER BY at DESC LIMIT ?",
@@ -112,5 +118,7 @@ class RecentQueries:
 
     def forget(self, collection: str) -> None:
         """Drop the recorded queries of ``collection`` (it was dropped)."""
+        if not self._ready and not self.path.exists():
+            return
         with self._connect() as db:
             db.execute("DELETE FROM recent WHERE collection = ?", (collection,))
