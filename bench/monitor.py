@@ -1,8 +1,9 @@
 """Benchmark the recall monitor's cost: the REST API's 32-client hybrid throughput, monitor on vs off.
 
 Two ``quarry serve`` processes over the same data take turns (on, off, on, off, ...: one at a
-time, as Milvus Lite lets one process open its file): ``QUARRY_MONITOR__SAMPLE_RATE`` at its
-default (0.01) and at 0 (off). Each phase drives the server with bench/search.py's load (wrk
+time, as Milvus Lite lets one process open its file, in the order on, off, off, on, ... so that a
+drift of the machine's load cancels out): ``QUARRY_MONITOR__SAMPLE_RATE`` at its default (0.01)
+and at 0 (off). Each phase drives the server with bench/search.py's load (wrk
 when installed, else httpx; 32 clients, the SciFact test queries, ``top_k`` 10, hybrid); the
 figure is the ratio of the on phases' summed requests/s to the off phases' (target >= 0.95).
 Also reported: p50/p99 per phase, errors (non-2xx, transport, degraded answers), and the
@@ -94,8 +95,8 @@ def main() -> None:
     queries = list(load_split(args.scifact, "test").queries.values())
     loader = args.load if args.load != "auto" else ("wrk" if shutil.which("wrk") else "httpx")
     phases = []
-    for _ in range(args.rounds):
-        for rate in (args.rate, 0.0):
+    for r in range(args.rounds):  # on, off, off, on, ...: a drift of the machine's load cancels out
+        for rate in (args.rate, 0.0) if r % 2 == 0 else (0.0, args.rate):
             phases.append(phase(env, rate, queries, args.collection, args.seconds, loader))
             console.print(phases[-1])
     on = [p for p in phases if p["rate"] > 0]
