@@ -238,6 +238,25 @@ def search(
 
 
 @app.command()
+def recall(
+    name: Annotated[str, typer.Argument(help="Collection.")],
+    queries: Annotated[int, typer.Option("--queries", "-n", help="Queries to measure.")] = 100,
+) -> None:
+    """Measure recall@k of the ANN index against exact search now (the recall monitor's check).
+
+    Queries are the collection's recently sampled searches if any were recorded, else texts of
+    its own chunks; one row per filter-selectivity bucket.
+    """
+    check = _quarry().check_recall(name, queries)
+    title = escape(f"{name}: recall@k of {check.queries} queries from {check.source}")
+    table = Table("selectivity", "queries", "mean", "p10", "min", title=title)
+    for row in check.buckets:
+        table.add_row(escape(row.bucket), str(row.samples), f"{row.mean_recall:.3f}", f"{row.p10_recall:.3f}",
+                      f"{row.min_recall:.3f}")
+    out.print(table)
+
+
+@app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default QUARRY_API__HOST).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default QUARRY_API__PORT).")] = None,

@@ -21,6 +21,8 @@ from indexing.docstore import open_docstore
 from indexing.pipeline import Ingestor, IngestReport, Progress
 from indexing.planner import GIB, IndexPlan, plan_for_store
 from indexing.sources import SourceDocument
+from monitoring.monitor import RecallMonitor
+from monitoring.recent import RecentQueries
 from quarry.errors import CollectionExists, CollectionNotFound, Conflict, InvalidRequest, clip
 from quarry.metrics import SearchTelemetry
 from quarry.settings import Settings
@@ -85,9 +87,12 @@ class Quarry:
             else BatchingEmbedder(self.embedder)
         )
         self.telemetry = SearchTelemetry(metrics=settings.metrics.enabled)
+        # a share of live searches re-run exactly in a background thread (monitoring/)
+        recent = RecentQueries(settings.data_dir / "monitor" / "recent.sqlite", settings.monitor.recent_queries)
+        self.monitor = RecallMonitor(self.store, settings.monitor, recent=recent)
         self.searcher = Searcher(
             self.store, self.docstore, self.query_embedder, self.bm25, settings.search, self.reranker, clock=clock,
-            observe=self.telemetry,
+            observe=self.telemetry, sample_dense=self.monitor.offer,
         )
         self._write_locks: dict[str, threading.RLock] = {}
         self._write_locks_guard = threading.Lock()
@@ -129,6 +134,7 @@ class Quarry:
 
     def close(self) -> None:
         """Release the store, the docstore and the query encoder process (if any)."""
+        self.monitor.close()
         try:
             if isinstance(self.query_embedder, ProcessEmbedder):
                 self.query_embedder.close()
@@ -291,6 +297,7 @@ class Quarry:
             self.store.drop_collection(name)
             self.bm25.drop(name)
             self.docstore.drop_collection(name)
+            self.monitor.forget(name)
 
     # --- documents ---------------------------------------------------------------------
     def upsert(
@@ -399,6 +406,27 @@ class Quarry:
             cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, fusion=fusion,
             min_score=min_score,
         )
+
+    # --- recall monitoring -------------------------------------------------------------
+    def recall(self, name: str) -> dict[str, Any]:
+        """Recent recall figures of a collection's sampled searches (see ``RecallMonitor.figures``).
+
+        Raises:
+            CollectionNotFound: No such collection.
+        """
+        self.get_collection(name)
+        return self.monitor.figures(name)
+
+    def check_recall(self, name: str, queries: int) -> Any:
+        """Measure recall@k now on ``queries`` queries (see :func:`monitoring.check.check_recall`).
+
+        Raises:
+            CollectionNotFound: No such collection.
+            InvalidRequest: ``queries < 1``.
+        """
+        from monitoring.check import check_recall
+
+        return check_recall(self, name, queries)
 
     def _target(self, name: str, filters: Mapping[str, Any] | None) -> tuple[CollectionConfig, Filter | None]:
         """A search's collection and its filter, checked once for every mode.

@@ -353,6 +353,38 @@ class TracingSettings(BaseModel):
     enabled: bool = False
 
 
+class MonitorSettings(BaseModel):
+    """Online recall monitoring (:mod:`monitoring`).
+
+    Attributes:
+        sample_rate: Share of live dense and hybrid searches re-run exactly in the background
+            (0 turns sampling off; 1 samples every one). turbopuffer samples 1 %.
+        queue_size: Samples waiting for the worker; a full queue drops the new sample and
+            counts it (``quarry_recall_samples_dropped_total``), the request never waits.
+        cpu_share: Share of one core the worker may use: after a sample that took ``t`` s it
+            sleeps ``t * (1 / cpu_share - 1)`` s.
+        tolerance: Score tolerance of a tie in recall@k (relative above a score of 1).
+        window_s: Seconds of samples behind ``GET /v1/collections/{name}/recall``.
+        window_samples: Most samples kept per collection and bucket for those figures.
+        recall_floor: Recall@k below which the reindex trigger fires.
+        trigger_window_s: Seconds over which a bucket's mean recall must stay below the floor.
+        trigger_min_samples: Fewest samples in that window before the trigger may fire.
+        recent_queries: Sampled queries kept per collection on disk, for ``quarry recall`` and a
+            reindex's verification.
+    """
+
+    sample_rate: float = Field(0.01, ge=0, le=1)
+    queue_size: int = Field(256, ge=1, le=1_000_000)
+    cpu_share: float = Field(0.25, gt=0, le=1)
+    tolerance: float = Field(1e-5, ge=0, le=1)
+    window_s: float = Field(3600.0, gt=0, allow_inf_nan=False)
+    window_samples: int = Field(10_000, ge=1)
+    recall_floor: float = Field(0.9, ge=0, le=1)
+    trigger_window_s: float = Field(900.0, gt=0, allow_inf_nan=False)
+    trigger_min_samples: int = Field(20, ge=1)
+    recent_queries: int = Field(1000, ge=1)
+
+
 class Settings(BaseSettings):
     """All of Quarry's configuration.
 
@@ -380,6 +412,7 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = MetricsSettings()
     log: LogSettings = LogSettings()
     tracing: TracingSettings = TracingSettings()
+    monitor: MonitorSettings = MonitorSettings()
 
     @property
     def store_url(self) -> str:

@@ -67,6 +67,9 @@ DEPTH_FACTOR = 2  # chunks fetched per channel = DEPTH_FACTOR × rank_window_siz
 # every row's payload), tokenises and scores BM25 in a worker thread, off the event loop: four
 # clients looping 8,192-character queries on the loop raised a light client's p50 from 25 to 355 ms.
 LOOP_QUERY_CHARS = 256
+# Told of each dense channel's ANN answer: (collection, metric, query vector, filter, top_k, hits);
+# must return at once (the recall monitor's RecallMonitor.offer queues a sample or does nothing).
+DenseSampler = Callable[[str, Any, Any, Filter | None, int, Sequence[ScoredId]], object]
 
 
 class _Request(NamedTuple):
@@ -184,6 +187,7 @@ class Searcher:
             which is real time.
         observe: Called with ``(collection, mode, result)`` as each search ends (metrics and
             spans, :class:`quarry.metrics.SearchTelemetry`).
+        sample_dense: Told of every dense channel's ANN answer (the recall monitor's sampler).
     """
 
     def __init__(
@@ -197,8 +201,10 @@ class Searcher:
         *,
         clock: Callable[[], float] = time.monotonic,
         observe: Callable[[str, str, SearchResult], None] | None = None,
+        sample_dense: DenseSampler | None = None,
     ) -> None:
         self._observe = observe or _unobserved
+        self._sample_dense: DenseSampler = sample_dense or _no_sample
         self._ann = BatchingSearch(
             store, max_batch=settings.ann_max_batch, retry_after_s=settings.retry_after_s, clock=clock
         )
@@ -386,6 +392,7 @@ class Searcher:
                     result.timings_ms["ann"] = (ended - ann_started) * 1000
                     result.stage_times["ann"] = (ann_started, ended)
                     channels["dense"] = _ranked([h.id for h in found], [h.score for h in found], group, self.window)
+                    self._sample_dense(cfg.name, cfg.metric, embeddings.vectors[0], flt, top_k, found)
                     result.timings_ms["dense"] = (time.perf_counter() - dense_started) * 1000
         needed = offset + top_k if rerank is None else max(offset + top_k, rerank.top_n)
         fused, result.total = self._timed_fuse(channels, needed, request, result)
@@ -568,6 +575,10 @@ class Searcher:
 
 def _unobserved(collection: str, mode: str, result: SearchResult) -> None:
     """The default search observer: nothing."""
+
+
+def _no_sample(*_: Any) -> None:
+    """The default :data:`DenseSampler`: no recall monitor."""
 
 
 def _resolve(steps: Generator[Future[Any], Any, SearchResult], deadline: float | None) -> SearchResult:

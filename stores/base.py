@@ -189,6 +189,30 @@ class VectorStore(Protocol):
         """
         ...
 
+    def search_exact(
+        self, name: str, queries: FloatMatrix, top_k: int, flt: Filter | None = None
+    ) -> list[list[ScoredId]]:
+        """Exact k-nearest-neighbour search: every stored row (that ``flt`` matches) is scored.
+
+        The ground truth the recall monitor (:mod:`monitoring`) compares the ANN answer with,
+        whatever index the collection has; slow by design (a scan), payloads are left empty.
+        Each backend says in its module docstring which exact method it uses.
+
+        Args:
+            name: Collection or alias.
+            queries: ``(n, dim) float32`` query vectors (L2-normalised for cosine).
+            top_k: Hits per query, ``>= 1``.
+            flt: Optional payload filter.
+
+        Returns:
+            ``n`` lists of at most ``top_k`` hits each, best first, scored as :meth:`search` does.
+
+        Raises:
+            DimensionMismatch: ``queries.shape[1]`` differs from the collection's dimension.
+            InvalidQuery: ``top_k < 1`` or ``queries`` not a matrix.
+        """
+        ...
+
     def build_index(self, name: str, spec: IndexSpec, timeout_s: float = 600.0) -> None:
         """Build (or replace) the vector index, waiting until it is ready.
 
@@ -222,6 +246,37 @@ class VectorStore(Protocol):
     def close(self) -> None:
         """Release connections and handles; the store is unusable afterwards."""
         ...
+
+
+def exact_top_k(
+    queries: FloatMatrix, vectors: FloatMatrix, ids: Sequence[str], top_k: int, metric: Metric
+) -> list[list[ScoredId]]:
+    """Exact k-NN in numpy: a backend's scan of its stored vectors (see ``search_exact``).
+
+    Args:
+        queries: ``(n, dim) float32``.
+        vectors: ``(m, dim) float32``, the stored vectors; ``ids[i]`` is the id of row ``i``.
+        ids: ``m`` ids.
+        top_k: Hits per query.
+        metric: ``cosine``/``ip`` score by inner product, ``l2`` by ``-`` Euclidean distance.
+
+    Returns:
+        ``n`` lists of at most ``top_k`` hits, best first, without payloads.
+    """
+    if len(ids) == 0:
+        return [[] for _ in range(len(queries))]
+    if metric == "l2":
+        squared = (queries**2).sum(1)[:, None] - 2 * queries @ vectors.T + (vectors**2).sum(1)[None, :]
+        scores = -np.sqrt(np.maximum(squared, 0.0))
+    else:
+        scores = queries @ vectors.T
+    k = min(top_k, len(ids))
+    out = []
+    for row in scores:
+        top = np.argpartition(-row, k - 1)[:k]
+        top = top[np.argsort(-row[top], kind="stable")]
+        out.append([ScoredId(ids[i], float(row[i]), {}) for i in top.tolist()])
+    return out
 
 
 def redact_url(url: str) -> str:

@@ -54,6 +54,8 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
+import numpy as np
+
 from quarry.errors import (
     CollectionExists,
     CollectionNotFound,
@@ -73,6 +75,7 @@ from stores.base import (
     ScoredId,
     StoreCapabilities,
     VectorRecord,
+    exact_top_k,
 )
 from stores.filters import Filter, canonical
 from stores.routing import FilterRouter
@@ -84,7 +87,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from stores import milvus_fastpath
 from stores.milvus_aliases import META_COLLECTION, Aliases, LiteAliases, ServerAliases
-from stores.milvus_expr import compile_filter, encode_id, ids_expr
+from stores.milvus_expr import compile_filter, decode_id, encode_id, ids_expr
 from stores.milvus_mapping import (
     BUILT_INDEX,
     EXACT_INDEX,
@@ -394,6 +397,39 @@ class MilvusStore:
                 hits[i] = again
         self._settled(info.name, level)
         return hits
+
+    def search_exact(
+        self, name: str, queries: FloatMatrix, top_k: int, flt: Filter | None = None
+    ) -> list[list[ScoredId]]:
+        """Exact k-NN: a FLAT search, IVF_FLAT with ``nprobe = nlist``, else a scan of the vectors.
+
+        A collection without a built index (or with FLAT) is searched through its FLAT index, and
+        IVF_FLAT probing every list scores every row; both run in the engine. HNSW, IVF_PQ and
+        DiskANN have no exact setting, so their stored vectors (those ``flt`` matches) are read
+        with a query iterator and ranked in numpy: O(rows x dim) per batch of queries.
+        """
+        info = self._info(name)
+        matrix = query_matrix(queries, info)
+        if not 1 <= top_k <= _MAX_TOP_K:
+            raise InvalidQuery(f"top_k must be in 1..{_MAX_TOP_K}, got {top_k}")
+        spec = self._index_spec(info)
+        if spec is None or spec.kind in ("FLAT", "IVF_FLAT"):
+            return self.search(name, matrix, top_k, flt, {"exact": True}, with_payload=False)
+        expr = compile_filter(canonical(flt), lite=self._lite) if flt is not None else ""
+        ids: list[str] = []
+        vectors: list[Any] = []
+        with wrapped("search_exact", name):
+            rows = self._client.query_iterator(
+                info.name, batch_size=_BATCH, filter=expr, output_fields=["id", "vector"], timeout=READ_S
+            )
+            try:
+                while batch := rows.next():
+                    ids.extend(decode_id(row["id"]) for row in batch)
+                    vectors.extend(row["vector"] for row in batch)
+            finally:
+                rows.close()
+        stored = np.asarray(vectors, dtype=np.float32).reshape(-1, info.dim)
+        return exact_top_k(matrix, stored, ids, top_k, info.metric)
 
     def _count_now(self, info: CollectionInfo, expr: str) -> int:
         """Rows matching ``expr`` (all with ``""``), read ``Eventually``: a routing estimate."""

@@ -493,6 +493,16 @@ class PgVectorStore:
                     hits[i] = redo
         return hits
 
+    def search_exact(
+        self, name: str, queries: FloatMatrix, top_k: int, flt: Filter | None = None
+    ) -> list[list[ScoredId]]:
+        """Exact k-NN: :meth:`search` with ``exact=True`` (``SET LOCAL enable_indexscan = off``).
+
+        The HNSW/IVFFlat index is never used: PostgreSQL scans the table (or the rows the payload
+        GIN index finds for the filter) and sorts by the distance operator.
+        """
+        return self.search(name, queries, top_k, flt, {"exact": True}, with_payload=False)
+
     def _route(
         self,
         conn: Conn,

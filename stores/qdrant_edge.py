@@ -459,6 +459,14 @@ class QdrantEdgeStore:
             batches = coll.shard.query_batch(qe.QueryBatchRequest(requests)) if requests else []
         return [[qf.hit(coll.metric, p) for p in hits] for hits in batches]
 
+    def search_exact(
+        self, name: str, queries: FloatMatrix, top_k: int, flt: Filter | None = None
+    ) -> list[list[ScoredId]]:
+        """Exact k-NN: :meth:`search` with Qdrant's ``exact=True`` (full vectors, quantization ignored)."""
+        return self.search(
+            name, queries, top_k, flt, {"exact": True, "ignore_quantization": True}, with_payload=False
+        )
+
     # -- indexes --------------------------------------------------------------------------
 
     def build_index(self, name: str, spec: IndexSpec, timeout_s: float = 600.0) -> None:

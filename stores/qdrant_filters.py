@@ -280,14 +280,17 @@ def search_knobs(
     """Query-time settings: ``(hnsw_ef, exact, quantization search params or None)``.
 
     No index (or ``FLAT``) searches exactly; ``ef``, ``exact``, ``rescore`` and ``oversampling``
-    come from the spec's ``search_params``, overridden per call.
+    come from the spec's ``search_params``, overridden per call. ``ignore_quantization`` with
+    ``exact`` scores the full vectors only (Qdrant's ``quantization.ignore``).
     """
     merged = {**(spec.search_params if spec else {}), **(overrides or {})}
     exact = bool(merged.get("exact", spec is None or spec.kind == "FLAT"))
     ef = merged.get("ef")
     quantized = spec is not None and spec.params.get("quantization") is not None
     quant: dict[str, Any] | None = None
-    if quantized and not exact:
+    if quantized and exact and merged.get("ignore_quantization"):
+        quant = {"ignore": True}  # the stored full vectors only, not their codes (search_exact)
+    elif quantized and not exact:
         quant = {"rescore": bool(merged.get("rescore", True))}
         if merged.get("oversampling") is not None:
             quant["oversampling"] = float(merged["oversampling"])

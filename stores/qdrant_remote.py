@@ -357,6 +357,14 @@ class QdrantClientStore:
 
     # -- indexes --------------------------------------------------------------------------
 
+    def search_exact(
+        self, name: str, queries: FloatMatrix, top_k: int, flt: Filter | None = None
+    ) -> list[list[ScoredId]]:
+        """Exact k-NN: :meth:`search` with Qdrant's ``exact=True`` (full vectors, quantization ignored)."""
+        return self.search(
+            name, queries, top_k, flt, {"exact": True, "ignore_quantization": True}, with_payload=False
+        )
+
     def build_index(self, name: str, spec: IndexSpec, timeout_s: float = 600.0) -> None:
         """Update the HNSW/quantization config and wait until the optimizer is done.
 

@@ -42,6 +42,7 @@ from quarry.api.models import (
     HealthOut,
     IngestOut,
     ReadyOut,
+    RecallOut,
     SearchIn,
     SearchOut,
     UpsertDocuments,
@@ -207,6 +208,20 @@ def create_collection(body: CreateCollection, q: Service) -> dict[str, Any]:
 def describe_collection(name: str, q: Service) -> dict[str, Any]:
     """Configuration, metadata schema, index and counts of a collection."""
     return q.describe(name)
+
+
+@router.get(
+    "/v1/collections/{name}/recall", tags=["collections"], response_model=RecallOut,
+    responses=error_responses(e.InvalidRequest, e.CollectionNotFound),  # 400: RequestGuard's path check
+)
+def collection_recall(name: str, q: Service) -> dict[str, Any]:
+    """Recall@k of the collection's sampled searches against exact search, per filter selectivity.
+
+    A share of live dense and hybrid searches (``QUARRY_MONITOR__SAMPLE_RATE``, default 1 %) is
+    re-run exactly in the background; these are the figures of the last ``window_s`` seconds, and
+    whether the reindex trigger (recall below the floor for a sustained window) fires.
+    """
+    return q.recall(name)
 
 
 @router.delete(

@@ -311,3 +311,36 @@ class ReadyOut(BaseModel):
         None,
         description="Collections whose BM25 index can be neither loaded nor rebuilt, and why (``collection error``).",
     )
+
+
+class RecallBucketOut(BaseModel):
+    """One filter-selectivity bucket's recall@k over the window (``null`` without samples)."""
+
+    samples: int
+    mean_recall: float | None
+    p10_recall: float | None
+
+
+class RecallTriggerOut(BaseModel):
+    """The reindex trigger: mean recall below ``floor`` over ``window_s`` in the ``below`` buckets."""
+
+    fired: bool
+    floor: float
+    window_s: float
+    below: dict[str, float]
+    reason: str
+
+
+class RecallOut(BaseModel):
+    """Recent recall of a collection's sampled searches (``GET /v1/collections/{name}/recall``).
+
+    Buckets: ``none`` (no filter), ``>=10%``, ``1-10%``, ``<1%`` of the rows matching the filter.
+    """
+
+    collection: str
+    window_s: float
+    sample_rate: float
+    dropped: int
+    queued: int
+    buckets: dict[str, RecallBucketOut]
+    trigger: RecallTriggerOut

@@ -354,6 +354,41 @@ def test_alias_set_swap_drop(store: VectorStore, names: Callable[[], str]) -> No
 # -- indexes -------------------------------------------------------------------------------
 
 
+WEAK_INDEX: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "HNSW": ({"M": 4, "efConstruction": 8}, {"ef": 1}),
+    "IVF_FLAT": ({"nlist": 64}, {"nprobe": 1}),
+    "IVF_PQ": ({"nlist": 64, "m": 4, "nbits": 8}, {"nprobe": 1}),
+}
+
+
+@pytest.mark.parametrize("metric", ["cosine", "l2"])
+def test_search_exact_ignores_a_weak_index(store: VectorStore, coll: str, metric: Metric) -> None:
+    """``search_exact`` is the monitor's ground truth: exact whatever index is built, filter or not."""
+    rng = np.random.default_rng(31)
+    n, k = 2000, 10
+    data = unit(rng, n)
+    if metric == "l2":
+        data = data * rng.uniform(0.5, 2.0, size=(n, 1)).astype(np.float32)
+    payloads = [{"tag": "a" if i % 50 == 0 else "b", "i": i} for i in range(n)]
+    store.create_collection(coll, DIM, metric=metric)
+    store.upsert(coll, records(data, payloads))
+    queries = unit(rng, 6)
+    kinds = [kind for kind in WEAK_INDEX if kind in store.capabilities().index_kinds]
+    for kind in [None, *kinds]:
+        if kind is not None:
+            params, search = WEAK_INDEX[kind]
+            store.build_index(coll, IndexSpec(kind, metric, params, search), 300)  # type: ignore[arg-type]
+        for flt, rows in ((None, np.arange(n)), (Eq("tag", "a"), np.arange(0, n, 50))):
+            got = store.search_exact(coll, queries, k, flt)
+            want = exact_top(data[rows], queries, k, metric)
+            for q, (hits, best) in enumerate(zip(got, want, strict=True)):
+                assert len(hits) == k, (kind, flt)
+                np.testing.assert_allclose([h.score for h in hits], best, atol=1e-3, err_msg=f"{kind} {flt}")
+                own = exact_top(data[[int(h.id[1:]) for h in hits]], queries[q : q + 1], k, metric)[0]
+                np.testing.assert_allclose(sorted((h.score for h in hits), reverse=True), own, atol=1e-3)
+                assert all(h.payload == {} for h in hits)
+
+
 def test_index_build_describe_drop(store: VectorStore, coll: str) -> None:
     rng = np.random.default_rng(14)
     data = unit(rng, 500)

@@ -167,6 +167,8 @@ def test_spec_mapping() -> None:
     spec = IndexSpec("HNSW", params={"quantization": "int8"}, search_params={"ef": 32})
     assert qf.search_knobs(spec, None) == (32, False, {"rescore": True})
     assert qf.search_knobs(spec, {"exact": True}) == (32, True, None)
+    # search_exact: the full vectors only, never the int8 codes
+    assert qf.search_knobs(spec, {"exact": True, "ignore_quantization": True}) == (32, True, {"ignore": True})
     assert qf.search_knobs(None, None) == (None, True, None)
 
 
@@ -280,6 +282,10 @@ def test_edge_quantized_builds(edge: QdrantEdgeStore) -> None:
         hits = edge.search("q", data[:5], 3)
         assert [row[0].id for row in hits] == ["0", "1", "2", "3", "4"]
         assert abs(hits[0][0].score - 1.0) < 1e-3  # rescored with the original vectors
+        queries = unit(rng, 4, 32)
+        exact = edge.search_exact("q", queries, 10)  # the full vectors, not the codes
+        want = np.sort(queries @ data.T, axis=1)[:, ::-1][:, :10]
+        np.testing.assert_allclose([[h.score for h in row] for row in exact], want, atol=1e-5)
 
 
 def test_edge_root_is_owned_by_one_store(tmp_path: Path) -> None:

@@ -1,0 +1,98 @@
+"""The on-demand recall check (``quarry recall NAME --queries N``): the monitor's comparison, now.
+
+Queries come from the collection's recorded recent searches (:mod:`monitoring.recent`) when
+there are any, else from its own chunks: ``N`` chunk texts drawn at random (seeded), embedded
+with the service's model. Each is searched as the live dense channel searches (the ANN at the
+searcher's depth, the first ``top_k`` kept) and compared with the exact answer
+(:meth:`monitoring.monitor.RecallMonitor.measure` without recording).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+
+from monitoring.monitor import Measurement, Sample
+from monitoring.recall import BUCKETS
+from monitoring.recent import RecordedQuery
+from quarry.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from quarry.service import Quarry
+
+CHUNK_TOP_K = 10
+
+
+@dataclass(frozen=True)
+class BucketFigures:
+    """One selectivity bucket's figures: samples, mean, 10th percentile and minimum recall@k."""
+
+    bucket: str
+    samples: int
+    mean_recall: float
+    p10_recall: float
+    min_recall: float
+
+
+@dataclass(frozen=True)
+class RecallCheck:
+    """An on-demand check's outcome: where the queries came from and per-bucket figures."""
+
+    collection: str
+    source: Literal["recent", "chunks"]
+    queries: int
+    buckets: list[BucketFigures]
+    measurements: list[Measurement]
+
+
+def check_recall(quarry: Quarry, name: str, n_queries: int, seed: int = 0) -> RecallCheck:
+    """Measure recall@k of ``n_queries`` queries on collection ``name`` now.
+
+    Raises:
+        CollectionNotFound: No such collection.
+        InvalidRequest: ``n_queries < 1``.
+        StoreError, EmbeddingError: The store or the model failed.
+    """
+    if n_queries < 1:
+        raise InvalidRequest(f"queries must be >= 1, got {n_queries}")
+    cfg = quarry.get_collection(name)
+    queries = quarry.monitor.recent.latest(name, n_queries) if quarry.monitor.recent is not None else []
+    source: Literal["recent", "chunks"] = "recent"
+    if not queries:
+        source = "chunks"
+        queries = _chunk_queries(quarry, name, n_queries, seed)
+    depth = quarry.searcher.depth
+    measured = []
+    for q in queries:
+        found = quarry.store.search(name, q.vector[None, :], max(depth, q.top_k), q.flt, with_payload=False)[0]
+        sample = Sample(name, cfg.metric, q.vector, q.flt, q.top_k, tuple(h.id for h in found[: q.top_k]))
+        measured.append(quarry.monitor.measure(sample, record=False))
+    return RecallCheck(name, source, len(queries), _figures(measured), measured)
+
+
+def _chunk_queries(quarry: Quarry, name: str, n: int, seed: int) -> list[RecordedQuery]:
+    _, chunk_ids = quarry.docstore.bm25_chunk_ids(name)
+    picked = random.Random(seed).sample(chunk_ids, min(n, len(chunk_ids)))
+    chunks = quarry.docstore.get_chunks(name, picked)
+    texts = [chunks[c].text for c in picked if c in chunks]
+    if not texts:
+        return []
+    quarry.embedder.warm_up()
+    vectors = quarry.embedder.embed(texts).vectors
+    return [RecordedQuery(np.asarray(v, dtype=np.float32), None, CHUNK_TOP_K) for v in vectors]
+
+
+def _figures(measured: list[Measurement]) -> list[BucketFigures]:
+    out = []
+    for bucket in BUCKETS:
+        values = [m.recall for m in measured if m.bucket == bucket]
+        if values:
+            out.append(
+                BucketFigures(
+                    bucket, len(values), float(np.mean(values)), float(np.percentile(values, 10)), min(values)
+                )
+            )
+    return out
