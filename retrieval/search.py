@@ -140,6 +140,18 @@ class SearchResult:
 
 
 @dataclass(frozen=True)
+class DenseTarget:
+    """Where a query's dense channel searches: a version's store collection and that version's model.
+
+    Chosen together from one version record (``indexing.versions``), so that a query vector is
+    only ever searched against vectors of the same model.
+    """
+
+    physical: str
+    encoder: QueryEncoder
+
+
+@dataclass(frozen=True)
 class RerankOptions:
     """Rerank the fused top ``top_n`` within ``budget_ms``."""
 
@@ -216,6 +228,7 @@ class Searcher:
         group: bool = True,
         rerank: RerankOptions | None = None,
         dense_timeout_s: float | None = None,
+        target: DenseTarget | None = None,
     ) -> SearchResult:
         """Search one collection.
 
@@ -230,6 +243,8 @@ class Searcher:
             rerank: Rerank the fused top-N with the cross-encoder within a time budget.
             dense_timeout_s: Longest wait for the dense channel, in seconds, as in
                 :meth:`search_async`; ``None`` waits as long as the embedder and the store do.
+            target: The live version's store collection and query model (default: ``cfg.name``
+                and the searcher's encoder).
 
         Returns:
             The page of hits, ``total`` fused candidates, degradations and timings.
@@ -245,7 +260,7 @@ class Searcher:
                 is skipped, as when the embedder is down.
         """
         deadline = None if dense_timeout_s is None else time.monotonic() + dense_timeout_s
-        return _resolve(self._steps(cfg, query, top_k, mode, flt, offset, group, rerank), deadline)
+        return _resolve(self._steps(cfg, query, top_k, mode, flt, offset, group, rerank, target), deadline)
 
     async def search_async(  # noqa: PLR0913 - these are the request's fields
         self,
@@ -257,6 +272,7 @@ class Searcher:
         flt: Filter | None = None,
         offset: int = 0,
         group: bool = True,
+        target: DenseTarget | None = None,
     ) -> SearchResult:
         """:meth:`search` (without rerank) for an event loop; same results and errors.
 
@@ -272,7 +288,7 @@ class Searcher:
         ``EmbeddingUnavailable`` or ``StoreUnavailable`` (whichever was late; both retryable).
         """
         deadline = time.monotonic() + self._settings.dense_timeout_s
-        steps = self._steps(cfg, query, top_k, mode, flt, offset, group, None)
+        steps = self._steps(cfg, query, top_k, mode, flt, offset, group, None, target)
         if mode != "dense" and (len(query) > LOOP_QUERY_CHARS or flt is not None):
             step = await asyncio.to_thread(_advance, steps, None)
         else:
@@ -294,6 +310,7 @@ class Searcher:
         offset: int,
         group: bool,
         rerank: RerankOptions | None,
+        target: DenseTarget | None = None,
     ) -> Generator[Future[Any], Any, SearchResult]:
         """The query as steps, each waiting on a future.
 
@@ -306,7 +323,8 @@ class Searcher:
         channels: dict[str, _Channel] = {}
         started = time.perf_counter()
         # The model runs while BM25 scores; submit never blocks (errors come through the future).
-        pending = self._submit_query(query) if mode != "bm25" else None
+        physical, encoder = (cfg.name, self._embedder) if target is None else (target.physical, target.encoder)
+        pending = self._submit_query(query, encoder) if mode != "bm25" else None
         if mode in ("bm25", "hybrid"):
             channels["bm25"] = self._timed(result, "bm25", lambda: self._bm25_channel(cfg, query, flt, group))
         if pending is not None:
@@ -322,9 +340,9 @@ class Searcher:
                 _skip_dense(result, no_vector)
             if embeddings is not None and embeddings.vectors.shape[1] != cfg.dim:  # the clearer reason first
                 dims = {"expected": cfg.dim, "got": int(embeddings.vectors.shape[1])}
-                _skip_dense(result, ModelDimensionMismatch(cfg.name, self._embedder.model_id, **dims))
+                _skip_dense(result, ModelDimensionMismatch(cfg.name, encoder.model_id, **dims))
                 embeddings = None
-            mismatch = None if embeddings is None else self._model_mismatch(cfg)
+            mismatch = None if embeddings is None else model_mismatch(cfg, encoder.model_id, encoder.fingerprint)
             if mismatch is not None:
                 _skip_dense(result, mismatch)
                 embeddings = None
@@ -332,7 +350,7 @@ class Searcher:
                 ann_started = time.perf_counter()
                 result.timings_ms["embed"] = (ann_started - started) * 1000  # queued -> vector, beside BM25
                 # Ids and scores only: the document id is part of the chunk id, texts come from the docstore.
-                asked = self._ann.submit(cfg.name, embeddings.vectors, self.depth, flt, with_payload=False)
+                asked = self._ann.submit(physical, embeddings.vectors, self.depth, flt, with_payload=False)
                 try:
                     found: list[ScoredId] = yield asked
                 except StoreUnavailable as exc:
@@ -361,12 +379,12 @@ class Searcher:
         """
         return self._submit_query(query)
 
-    def _submit_query(self, query: str) -> Future[Embeddings]:
+    def _submit_query(self, query: str, encoder: QueryEncoder | None = None) -> Future[Embeddings]:
         """Queue the query for the model, unless the model's server is being skipped after an outage."""
         skipped = self._embed_breaker.check()
         if skipped is not None:
             return failed(skipped)
-        pending = self._embedder.submit([query])
+        pending = (encoder or self._embedder).submit([query])
         pending.add_done_callback(lambda done: self._embed_breaker.record(_outcome(done)))
         return pending
 
