@@ -298,3 +298,29 @@ def test_processes_sharing_pgvector_reindex_once_and_a_killed_one_leaves_the_liv
     report = service.reindex(filled)
     assert service.live_version(filled).version == report.version
     assert _top(service, filled, "hybrid", query) == before
+
+
+def test_rest_reindex_job_and_rollback(svc: Quarry, filled: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from quarry.api import create_app
+
+    with TestClient(create_app(svc)) as client:
+        started = client.post(f"/v1/collections/{filled}/reindex", json={})
+        assert started.status_code == 202, started.text
+        job_id = started.json()["id"]
+        for _ in range(600):
+            job = client.get(f"/v1/jobs/{job_id}").json()
+            if job["state"] in ("done", "failed"):
+                break
+            time.sleep(0.1)
+        assert job["state"] == "done", job
+        assert job["counters"]["embedded"] == 0 and job["counters"]["done"] == job["counters"]["total"] > 0
+        described = client.get(f"/v1/collections/{filled}").json()
+        assert described["live_version"] == job["counters"]["version"]
+        assert {v["state"] for v in described["versions"]} == {"live", "retired"}
+        rolled = client.post(f"/v1/collections/{filled}/rollback")
+        assert rolled.status_code == 200 and rolled.json()["version"] == 1
+        missing = client.get("/v1/jobs/nope")
+        assert missing.status_code == 404 and missing.json()["error"]["type"] == "NotFound"
+        assert client.post("/v1/collections/absent/reindex", json={}).status_code == 404
