@@ -102,6 +102,19 @@ def merge_schema(cfg: CollectionConfig, docs: Sequence[SourceDocument]) -> dict[
     return None if schema == cfg.schema_ else schema
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where a write's vectors go: the live version's physical store collection and its model.
+
+    Attributes:
+        physical: The store collection of the collection's live version (``indexing.versions``).
+        embedder: The model of that version (vectors of another model never go in).
+    """
+
+    physical: str
+    embedder: Embedder
+
+
 @dataclass
 class _Planned:
     chunks: list[StoredChunk]
@@ -141,11 +154,14 @@ class Ingestor:
         progress: Progress | None = None,
         *,
         atomic: bool = False,
+        target: Target | None = None,
     ) -> IngestReport:
         """Insert or replace documents, in batches of ``batch_size`` (each batch is atomic).
 
         Args:
             cfg: The target collection.
+            target: The live version's store collection and model (default: ``cfg.name`` and
+                the ingestor's embedder).
             docs: Validated documents (see :mod:`indexing.sources`).
             progress: Called with the number of documents finished after each batch.
             atomic: All of ``docs`` in one batch: written whole or not at all (a REST request).
@@ -165,14 +181,15 @@ class Ingestor:
         started = time.perf_counter()
         report = IngestReport(documents=len(docs))
         check_sizes(docs, max_document_chars=self._max_document_chars, max_token_chars=self._max_token_chars)
-        self._flush_pending(cfg.name)
+        target = target or Target(cfg.name, self._embedder)
+        self._flush_pending(cfg.name, target)
         schema = merge_schema(cfg, docs)
         if schema is not None:
             cfg = cfg.model_copy(update={"schema_": schema})
         size = max(1, len(docs)) if atomic else self._batch_size
         for i in range(0, len(docs), size):
             batch = docs[i : i + size]
-            self._upsert_batch(cfg, batch, report, schema)
+            self._upsert_batch(cfg, batch, report, schema, target)
             schema = None
             if progress is not None:
                 progress(len(batch))
@@ -188,6 +205,7 @@ class Ingestor:
         *,
         stop: Callable[[], bool] | None = None,
         seen: set[str] | None = None,
+        target: Target | None = None,
     ) -> IngestReport:
         """Insert or replace a stream of documents, ``batch_size`` at a time (each batch atomic).
 
@@ -201,6 +219,8 @@ class Ingestor:
             progress: Called with the number of documents finished after each batch.
             stop: Asked after each batch; ``True`` ends the run there (``report.extra["stopped"]``).
             seen: When given, every document id read is added to it (for pruning).
+            target: The live version's store collection and model (default: ``cfg.name`` and
+                the ingestor's embedder).
 
         Returns:
             The counts, ``documents`` being those written or found unchanged.
@@ -210,7 +230,8 @@ class Ingestor:
         """
         started = time.perf_counter()
         report = IngestReport()
-        self._flush_pending(cfg.name)
+        target = target or Target(cfg.name, self._embedder)
+        self._flush_pending(cfg.name, target)
         iterator = iter(docs)
         try:
             while batch := list(islice(iterator, self._batch_size)):
@@ -218,7 +239,7 @@ class Ingestor:
                 schema = merge_schema(cfg, batch)
                 if schema is not None:
                     cfg = cfg.model_copy(update={"schema_": schema})
-                self._upsert_batch(cfg, batch, report, schema)
+                self._upsert_batch(cfg, batch, report, schema, target)
                 report.documents += len(batch)
                 if seen is not None:
                     seen.update(d.id for d in batch)
@@ -232,7 +253,9 @@ class Ingestor:
             report.elapsed_s = time.perf_counter() - started
         return report
 
-    def delete(self, cfg: CollectionConfig, document_ids: Sequence[str]) -> IngestReport:
+    def delete(
+        self, cfg: CollectionConfig, document_ids: Sequence[str], target: Target | None = None
+    ) -> IngestReport:
         """Delete documents (and all their chunks) from both channels; unknown ids are ignored.
 
         The docstore commits first, recording the chunks' vectors as pending deletes; then the
@@ -249,7 +272,7 @@ class Ingestor:
         known = list(self._docstore.document_hashes(cfg.name, document_ids))
         self._docstore.write_batch(cfg.name, [], [], [], deleted_document_ids=known, pending=chunk_ids)
         self._bm25.invalidate(cfg.name)
-        self._flush_pending(cfg.name)
+        self._flush_pending(cfg.name, target or Target(cfg.name, self._embedder))
         return IngestReport(
             documents=len(document_ids),
             deleted=len(known),
@@ -263,30 +286,31 @@ class Ingestor:
         docs: Sequence[SourceDocument],
         report: IngestReport,
         schema: dict[str, FieldType] | None,
+        target: Target,
     ) -> None:
         planned = self._plan(cfg, docs, report)
         if not planned.hashes and schema is None:
             return
         owned = self._docstore.chunk_ids_of(cfg.name, [d.document_id for d in planned.hashes])
         existing = {c for ids in owned.values() for c in ids}
-        kept = self._existing_vectors(cfg, [c.chunk_id for c in planned.chunks if c.chunk_id in existing])
+        kept = self._existing_vectors(target, [c.chunk_id for c in planned.chunks if c.chunk_id in existing])
         to_embed = [c for c in planned.chunks if c.chunk_id not in kept]
-        vectors = self._embed(cfg, [planned.texts[c.chunk_id] for c in to_embed], report)
+        vectors = self._embed(cfg, [planned.texts[c.chunk_id] for c in to_embed], report, target.embedder)
         fresh = dict(zip((c.chunk_id for c in to_embed), vectors, strict=True))
         known = {**kept, **fresh}
         records = [VectorRecord(c.chunk_id, known[c.chunk_id], dict(c.payload)) for c in planned.chunks]
         try:
             if records:
-                self._store.upsert(cfg.name, records)
+                self._store.upsert(target.physical, records)
             self._docstore.write_batch(
                 cfg.name, planned.hashes, planned.chunks, planned.stale,
                 config=cfg.to_json() if schema is not None else None, pending=planned.stale,
             )
         except BaseException:
-            self._compensate(cfg.name, [c for c in fresh if c not in existing], kept)
+            self._compensate(cfg.name, target.physical, [c for c in fresh if c not in existing], kept)
             raise
         if planned.stale:
-            self._flush_pending(cfg.name)
+            self._flush_pending(cfg.name, target)
         report.chunks_written += len(records)
         report.chunks_deleted += len(planned.stale)
 
@@ -322,33 +346,36 @@ class Ingestor:
         stale = [c for ids in old.values() for c in ids if c not in fresh]
         return _Planned(chunks, texts, hashes, stale)
 
-    def _embed(self, cfg: CollectionConfig, texts: list[str], report: IngestReport) -> list[FloatVector]:
+    def _embed(
+        self, cfg: CollectionConfig, texts: list[str], report: IngestReport, embedder: Embedder | None = None
+    ) -> list[FloatVector]:
+        model = embedder or self._embedder
         out: list[FloatVector] = []
         if texts:
-            self._embedder.warm_up()  # a remote model's id is known once it answered
-            if self._embedder.dim != cfg.dim:
-                dims = {"expected": cfg.dim, "got": self._embedder.dim}
-                raise ModelDimensionMismatch(cfg.name, self._embedder.model_id, **dims)
-            self._check_model(cfg)
+            model.warm_up()  # a remote model's id is known once it answered
+            if model.dim != cfg.dim:
+                dims = {"expected": cfg.dim, "got": model.dim}
+                raise ModelDimensionMismatch(cfg.name, model.model_id, **dims)
+            self._check_model(cfg, model)
         for i in range(0, len(texts), self._embed_batch_size):
-            result = self._embedder.embed(texts[i : i + self._embed_batch_size])
+            result = model.embed(texts[i : i + self._embed_batch_size])
             if result.vectors.shape[1] != cfg.dim:
                 raise ModelDimensionMismatch(
-                    cfg.name, self._embedder.model_id, expected=cfg.dim, got=result.vectors.shape[1]
+                    cfg.name, model.model_id, expected=cfg.dim, got=result.vectors.shape[1]
                 )
             out.extend(result.vectors)
             report.embedded += len(result.vectors)
             report.truncated += int(result.truncated.sum())
         return out
 
-    def _check_model(self, cfg: CollectionConfig) -> None:
+    def _check_model(self, cfg: CollectionConfig, model: Embedder) -> None:
         """Refuse another model's vectors; record the fingerprint of a collection that had none.
 
         Raises:
             ModelMismatch: The embedder is not the collection's model (409).
         """
-        fingerprint = self._embedder.fingerprint
-        mismatch = model_mismatch(cfg, self._embedder.model_id, fingerprint)
+        fingerprint = model.fingerprint
+        mismatch = model_mismatch(cfg, model.model_id, fingerprint)
         if mismatch is not None:
             raise mismatch
         if cfg.embedding_fingerprint is None and fingerprint:  # made before fingerprints: adopt
@@ -358,13 +385,13 @@ class Ingestor:
             cfg.embedding_fingerprint = fingerprint  # a config this batch writes keeps it
             log.info("collection %r: recorded model %r's fingerprint %s", cfg.name, cfg.embedding_model, fingerprint)
 
-    def _existing_vectors(self, cfg: CollectionConfig, ids: list[str]) -> dict[str, FloatVector]:
+    def _existing_vectors(self, target: Target, ids: list[str]) -> dict[str, FloatVector]:
         """Vectors already stored for unchanged chunks (re-used instead of re-embedded)."""
         if not ids:
             return {}
-        return {r.id: r.vector for r in self._store.get(cfg.name, ids)}
+        return {r.id: r.vector for r in self._store.get(target.physical, ids)}
 
-    def _flush_pending(self, collection: str) -> None:
+    def _flush_pending(self, collection: str, target: Target) -> None:
         """Delete the vectors an earlier write left pending (see ``StateStore.write_batch``).
 
         Raises:
@@ -372,10 +399,10 @@ class Ingestor:
         """
         ids = self._docstore.pending_deletes(collection)
         if ids:
-            self._store.delete(collection, ids)
+            self._store.delete(target.physical, ids)
             self._docstore.clear_pending(collection, ids)
 
-    def _compensate(self, collection: str, fresh: list[str], kept: dict[str, FloatVector]) -> None:
+    def _compensate(self, collection: str, physical: str, fresh: list[str], kept: dict[str, FloatVector]) -> None:
         """Undo a batch's vector writes after its docstore commit failed.
 
         Deletes the vectors it added and puts back the payloads (metadata) the docstore still
@@ -383,11 +410,11 @@ class Ingestor:
         """
         try:
             if fresh:
-                self._store.delete(collection, fresh)
+                self._store.delete(physical, fresh)
             if kept:
                 old = self._docstore.get_chunks(collection, list(kept))
                 self._store.upsert(
-                    collection, [VectorRecord(i, kept[i], dict(c.payload)) for i, c in old.items() if i in kept]
+                    physical, [VectorRecord(i, kept[i], dict(c.payload)) for i, c in old.items() if i in kept]
                 )
         except Exception:  # noqa: BLE001 - the original error is re-raised by the caller
             return

@@ -66,6 +66,9 @@ class Sample:
         flt: The search's filter.
         k: Recall cut-off: the search's ``top_k``.
         ids: The ANN answer's first ``k`` ids, best first.
+        physical: The store collection the ANN searched (a version's, ``indexing.versions``);
+            ``None``: ``collection`` itself. The exact re-run reads that one, so it measures the
+            index that answered, with vectors of the query's own model.
     """
 
     collection: str
@@ -74,6 +77,7 @@ class Sample:
     flt: Filter | None
     k: int
     ids: tuple[str, ...]
+    physical: str | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,7 @@ class RecallMonitor:
     def offer(
         self, collection: str, metric: Metric, vector: npt.NDArray[np.float32], flt: Filter | None, k: int,
         hits: Sequence[ScoredId],
+        physical: str | None = None,
     ) -> bool:
         """Queue this search for measurement with probability ``sample_rate``; never blocks.
 
@@ -153,6 +158,7 @@ class RecallMonitor:
             flt: The search's filter.
             k: The recall cut-off (the request's ``top_k``).
             hits: The ANN answer, best first (only the first ``k`` ids are kept).
+            physical: The store collection searched when it is not ``collection`` (a version's).
 
         Returns:
             Whether the search was queued (``False``: not drawn, or dropped on a full queue).
@@ -160,7 +166,7 @@ class RecallMonitor:
         rate = self.settings.sample_rate
         if rate <= 0.0 or self._draw() >= rate:
             return False
-        sample = Sample(collection, metric, vector, flt, k, tuple(h.id for h in hits[:k]))
+        sample = Sample(collection, metric, vector, flt, k, tuple(h.id for h in hits[:k]), physical)
         try:
             self._queue.put_nowait(sample)
         except queue.Full:
@@ -240,15 +246,16 @@ class RecallMonitor:
         if record and self.recent is not None:
             self.recent.record(sample.collection, sample.vector, sample.flt, sample.k)
         query = np.asarray(sample.vector, dtype=np.float32)[None, :]
-        exact = self._store.search_exact(sample.collection, query, sample.k, sample.flt)[0]
-        found = {r.id: r.vector for r in self._store.get(sample.collection, list(sample.ids))}
+        store_name = sample.physical or sample.collection
+        exact = self._store.search_exact(store_name, query, sample.k, sample.flt)[0]
+        found = {r.id: r.vector for r in self._store.get(store_name, list(sample.ids))}
         true = [_score(sample.metric, query[0], found[i]) if i in found else float("-inf") for i in sample.ids]
         recall = recall_at_k(
             list(sample.ids), true, [h.id for h in exact], [h.score for h in exact], sample.k,
             self.settings.tolerance,
         )
-        total = self._store.count(sample.collection)
-        matching = None if sample.flt is None else self._store.count(sample.collection, sample.flt)
+        total = self._store.count(store_name)
+        matching = None if sample.flt is None else self._store.count(store_name, sample.flt)
         bucket = selectivity_bucket(matching, total)
         if record:
             RECALL.labels(sample.collection, bucket).observe(recall)

@@ -550,6 +550,49 @@ def _check_eval_inputs(beir: Path, split: str, modes: list[str], out_dir: Path) 
     return docs
 
 
+@app.command()
+def reindex(
+    name: Annotated[str, typer.Argument(help="The collection to rebuild.")],
+    model: Annotated[
+        str | None, typer.Option(help="Another embedding model's URL (re-embeds); default: the live version's.")
+    ] = None,
+    index: Annotated[str, typer.Option(help="auto (the planner's choice for the current size) or a kind: "
+                                            "flat, hnsw, ivf_flat, ...")] = "auto",
+    chunk_size: Annotated[int | None, typer.Option(help="Must be the collection's (re-chunking: not yet).")] = None,
+) -> None:
+    """Build the next version of a collection from the docstore, verify it, and swap it in."""
+    quarry = _quarry()
+    try:
+        if not err.is_terminal:
+            report = quarry.reindex(name, model=model, index=index, chunk_size=chunk_size,
+                                    progress=lambda done, total: err.print(f"reindex {name}: {done}/{total} chunks"))
+        else:
+            columns = (TextColumn("[bold]reindex"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            with Progress(*columns, console=err, transient=False) as bar:
+                task = bar.add_task("chunks", total=None)
+                report = quarry.reindex(name, model=model, index=index, chunk_size=chunk_size,
+                                        progress=lambda done, total: bar.update(task, completed=done, total=total))
+    finally:
+        quarry.close()
+    recall = "n/a" if report.recall is None else f"{report.recall:.3f}"
+    out.print(
+        f"{name}: version {report.version} live (was {report.previous}): {report.chunks} vectors, "
+        f"{report.copied} copied, {report.embedded} embedded, {report.replayed} documents replayed, "
+        f"recall@10 {recall}, {report.elapsed_s:.1f} s"
+    )
+
+
+@app.command()
+def rollback(name: Annotated[str, typer.Argument(help="The collection to swap back.")]) -> None:
+    """Swap a collection back to the version it served before its last reindex (while still kept)."""
+    quarry = _quarry()
+    try:
+        report = quarry.rollback(name)
+    finally:
+        quarry.close()
+    out.print(f"{name}: version {report.version} live again (was {report.previous})")
+
+
 @collections_app.command("list")
 def list_collections() -> None:
     """List collections."""

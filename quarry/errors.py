@@ -18,8 +18,10 @@ their message. Driver errors are wrapped with ``raise ... from exc``, never swal
     │   └── CollectionNotFound             404
     ├── Conflict                           409
     │   ├── CollectionExists               409
-    │   └── ModelMismatch                  409  the collection's vectors come from another model
-    │       └── ModelDimensionMismatch     409  ... of another dimension than the configured one
+    │   ├── ModelMismatch                  409  the collection's vectors come from another model
+    │   │   └── ModelDimensionMismatch     409  ... of another dimension than the configured one
+    │   ├── ReindexRunning                 409  another process holds the collection's reindex lease (retryable)
+    │   └── ReindexFailed                  409  a reindex's verification failed; the live version still serves
     ├── ConfigError                        500  bad settings, unknown URL scheme, missing extra
     ├── StoreError                         500  a vector store operation failed
     │   ├── StoreUnavailable               503  the store cannot be reached (retryable)
@@ -144,6 +146,16 @@ class CollectionNotFound(NotFound):
 
 class Conflict(QuarryError):
     """The request conflicts with the current state."""
+
+
+class ReindexRunning(Conflict):
+    """A reindex of the collection is already running (its lease is held)."""
+
+    retryable = True
+
+
+class ReindexFailed(Conflict):
+    """A reindex did not swap (its checks failed); the live version serves unchanged."""
 
 
 class CollectionExists(Conflict):

@@ -17,20 +17,22 @@ from embedding.batching import BatchingEmbedder
 from embedding.factory import open_embedder
 from embedding.process import ProcessEmbedder
 from indexing.collections import NAME, CollectionConfig, FusionConfig
-from indexing.docstore import open_docstore
-from indexing.pipeline import Ingestor, IngestReport, Progress
+from indexing.docstore import CollectionVersion, Job, open_docstore
+from indexing.pipeline import Ingestor, IngestReport, Progress, Target
 from indexing.planner import GIB, IndexPlan, plan_for_store
+from indexing.reindex import Build, Reindexer, ReindexReport, new_owner
 from indexing.sources import SourceDocument
+from indexing.versions import describe_versions, ensure_live, live_config
 from monitoring.monitor import RecallMonitor
 from monitoring.recent import RecentQueries
-from quarry.errors import CollectionExists, CollectionNotFound, Conflict, InvalidRequest, clip
+from quarry.errors import CollectionExists, CollectionNotFound, Conflict, InvalidRequest, ModelMismatch, NotFound, clip
 from quarry.metrics import SearchTelemetry
 from quarry.settings import Settings
 from rerank.base import Reranker
 from retrieval.bm25_registry import BM25Registry
-from retrieval.search import Mode, RerankOptions, Searcher, SearchResult
+from retrieval.search import DenseTarget, Mode, RerankOptions, Searcher, SearchResult
 from retrieval.text import LANGUAGES, Language
-from stores.base import VectorStore, redact_url
+from stores.base import IndexSpec, VectorStore, redact_url
 from stores.factory import open_store
 from stores.filters import Filter, FilterLimits, parse_filter
 from stores.routing import FilterRouter
@@ -96,6 +98,14 @@ class Quarry:
         )
         self._write_locks: dict[str, threading.RLock] = {}
         self._write_locks_guard = threading.Lock()
+        self._versions: dict[tuple[str, int], CollectionVersion] = {}  # (name, number): rows are immutable
+        self._models: dict[str, tuple[Embedder, QueryEncoder]] = {}  # fingerprint -> other models
+        self._models_guard = threading.Lock()
+        self._model_urls: dict[str, str] = {}  # URL -> fingerprint of models registered by hand
+        self.reindexer = Reindexer(
+            self.store, self.docstore, settings.reindex, self._writing, self._plan,
+            index_timeout_s=settings.store.index_build_timeout_s,
+        )
 
     @contextmanager
     def _writing(self, name: str) -> Iterator[None]:
@@ -241,7 +251,7 @@ class Quarry:
         """
         with self._writing(name):
             cfg = self.get_collection(name)
-            plan = self._plan(self.store.count(name), cfg.dim)
+            plan = self._plan(self.store.count(self.live_version(name).physical_name), cfg.dim)
             if plan.spec.kind != cfg.index.get("kind"):
                 self.apply_index(name, plan)
                 return plan
@@ -261,7 +271,8 @@ class Quarry:
         """
         with self._writing(name):
             cfg = self.get_collection(name)
-            self.store.build_index(name, plan.spec, timeout_s=self.settings.store.index_build_timeout_s)
+            physical = self.live_version(name).physical_name
+            self.store.build_index(physical, plan.spec, timeout_s=self.settings.store.index_build_timeout_s)
             cfg.index = _index_record(plan)
             self.docstore.put_collection(name, cfg.to_json())
 
@@ -283,8 +294,13 @@ class Quarry:
     def describe(self, name: str) -> dict[str, Any]:
         """Configuration plus document/chunk/vector counts."""
         cfg = self.get_collection(name)
+        live = self.live_version(name)
         documents, chunks = self.docstore.counts(name)
-        return {**cfg.to_json(), "documents": documents, "chunks": chunks, "vectors": self.store.count(name)}
+        return {
+            **live_config(cfg, live).to_json(), "documents": documents, "chunks": chunks,
+            "vectors": self.store.count(live.physical_name), "live_version": live.version,
+            "versions": [v for v in describe_versions(self.docstore, name) if v["state"] != "failed"],
+        }
 
     def drop_collection(self, name: str) -> None:
         """Drop a collection everywhere.
@@ -294,6 +310,9 @@ class Quarry:
         """
         with self._writing(name):
             self.get_collection(name)
+            for version in self.docstore.list_versions(name):
+                self.store.drop_collection(version.physical_name)
+            self.store.drop_alias(name)
             self.store.drop_collection(name)
             self.bm25.drop(name)
             self.docstore.drop_collection(name)
@@ -305,7 +324,8 @@ class Quarry:
     ) -> IngestReport:
         """Insert or replace documents (see :meth:`indexing.pipeline.Ingestor.upsert`), then re-plan the index."""
         with self._writing(name):
-            report = self.ingestor.upsert(self.get_collection(name), docs, progress, atomic=atomic)
+            cfg, target = self._write_target(name)
+            report = self.ingestor.upsert(cfg, docs, progress, atomic=atomic, target=target)
             if report.chunks_written:
                 self.replan_index(name)
         return report
@@ -356,7 +376,228 @@ class Quarry:
     def delete_documents(self, name: str, document_ids: Sequence[str]) -> IngestReport:
         """Delete documents by id from both channels."""
         with self._writing(name):
-            return self.ingestor.delete(self.get_collection(name), document_ids)
+            cfg, target = self._write_target(name)
+            return self.ingestor.delete(cfg, document_ids, target)
+
+    # --- versions and reindex (indexing/versions.py, indexing/reindex.py) ---------------------
+    def live_version(self, name: str) -> CollectionVersion:
+        """The version serving ``name`` (a collection made before versions becomes version 1).
+
+        Raises:
+            CollectionNotFound: No such collection.
+        """
+        state = self.docstore.collection_state(name)
+        if state is None:
+            raise CollectionNotFound(name)
+        cached = self._versions.get((name, state.live_version)) if state.live_version else None
+        if cached is not None:
+            return cached
+        with self._writing(name):
+            cfg = self.get_collection(name)
+            version = ensure_live(self.docstore, cfg, self._url_of(cfg.embedding_fingerprint))
+        self._versions[(name, version.version)] = version
+        return version
+
+    def _url_of(self, fingerprint: str | None) -> str | None:
+        """The service's model URL when ``fingerprint`` is its embedder's (or unknown), else ``None``."""
+        mine = _fingerprint(self.embedder)
+        return self.settings.embedding.url if fingerprint is None or not mine or fingerprint == mine else None
+
+    def _model_for(self, version: CollectionVersion) -> tuple[Embedder, QueryEncoder]:
+        """The embedder and query encoder of ``version``'s model, chosen by fingerprint.
+
+        The service's own model when the fingerprints agree, when either is unknown (a remote
+        model not yet reached), or when the version's URL is the service's own (then the
+        ingestor's and the searcher's model checks refuse a model that computes other vectors);
+        else the model at the version's URL, opened once and checked.
+
+        Raises:
+            ModelMismatch: The version's model cannot be opened, or computes something else.
+        """
+        mine = _fingerprint(self.embedder)
+        wanted = version.model_fingerprint
+        if not wanted or not mine or wanted == mine or version.model_name in (None, self.settings.embedding.url):
+            return self.embedder, self.query_embedder  # the service's model (the model checks refuse another)
+        with self._models_guard:
+            known = self._models.get(wanted)
+            if known is not None:
+                return known
+            if not version.model_name:
+                raise ModelMismatch(version.physical_name, "unknown", self.embedder.model_id,
+                                    stored_fingerprint=wanted, current_fingerprint=mine)
+            return self._open_model(version.model_name, wanted)
+
+    def _open_model(self, url: str, fingerprint: str | None = None) -> tuple[Embedder, QueryEncoder]:
+        """Open (and warm) the model at ``url``; keep it by fingerprint (caller holds ``_models_guard``)."""
+        model = open_embedder(url, self.settings)
+        model.warm_up()
+        if fingerprint is not None and model.fingerprint != fingerprint:
+            raise ModelMismatch(url, url, model.model_id, stored_fingerprint=fingerprint,
+                                current_fingerprint=model.fingerprint)
+        pair: tuple[Embedder, QueryEncoder] = (model, BatchingEmbedder(model))
+        self._models[model.fingerprint] = pair
+        return pair
+
+    def register_model(self, url: str, model: Embedder) -> None:
+        """Use ``model`` (warmed up here) for versions whose fingerprint is its own, as if opened from ``url``."""
+        model.warm_up()
+        with self._models_guard:
+            self._models[model.fingerprint] = (model, BatchingEmbedder(model))
+            self._model_urls[url] = model.fingerprint
+
+    def _dense_target(self, cfg: CollectionConfig, mode: Mode) -> tuple[CollectionConfig, DenseTarget | None]:
+        """The live version's config view and, unless BM25 only, its store collection and query model."""
+        live = self.live_version(cfg.name)
+        view = live_config(cfg, live)
+        if mode == "bm25":
+            return view, None
+        return view, DenseTarget(live.physical_name, self._model_for(live)[1])
+
+    def _write_target(self, name: str) -> tuple[CollectionConfig, Target]:
+        live = self.live_version(name)
+        return live_config(self.get_collection(name), live), Target(live.physical_name, self._model_for(live)[0])
+
+    def reindex(
+        self,
+        name: str,
+        *,
+        model: str | None = None,
+        index: str | IndexSpec | None = None,
+        chunk_size: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        job_id: str | None = None,
+        owner: str | None = None,
+    ) -> ReindexReport:
+        """Build the next version of ``name`` from the docstore, verify it and swap it in.
+
+        Args:
+            name: The collection.
+            model: Another embedding model's URL (re-embeds everything); ``None`` keeps the live one's.
+            index: ``auto`` / ``None`` (the planner's choice for the current size), an index kind,
+                or a whole :class:`~stores.base.IndexSpec`.
+            chunk_size: Must be the collection's (re-chunking is not built yet).
+            progress: Called with ``(chunks done, total)``.
+            job_id: The job to record progress and the outcome in.
+            owner: The lease owner (a caller that took the lease already passes its id).
+
+        Raises:
+            CollectionNotFound: No such collection.
+            InvalidRequest: A chunk size other than the collection's.
+            ReindexRunning: Another reindex of it holds the lease.
+            ReindexFailed: Verification failed; the live version serves.
+        """
+        cfg = self.get_collection(name)
+        if chunk_size is not None and chunk_size != cfg.chunk_size:
+            raise InvalidRequest(f"re-chunking ({cfg.chunk_size} -> {chunk_size} tokens) is not supported yet")
+        owner = owner or new_owner()
+        self.reindexer.acquire(name, owner)
+        try:
+            live = self.live_version(name)
+            embedder, url = self._reindex_model(live, model)
+            same = bool(embedder.fingerprint) and embedder.fingerprint == live.model_fingerprint
+            plan = self._plan(self.docstore.counts(name)[1], embedder.dim)
+            spec = index if isinstance(index, IndexSpec) else _index_spec(index, plan)
+            build = Build(live_config(cfg, live), live, embedder, url, same, spec)
+            report = self.reindexer.run(build, owner, self._job_progress(job_id, progress))
+            self._record_model(name, embedder, self.live_version(name))
+            if job_id is not None:
+                self.docstore.update_job(job_id, state="done", counters=_counters(report))
+            return report
+        except Exception as exc:
+            if job_id is not None:
+                self.docstore.update_job(job_id, state="failed", error=str(exc))
+            raise
+        finally:
+            self.docstore.release_lease(f"reindex:{name}", owner)
+
+    def _reindex_model(self, live: CollectionVersion, url: str | None) -> tuple[Embedder, str | None]:
+        if url is None:
+            return self._model_for(live)[0], live.model_name
+        with self._models_guard:
+            fingerprint = self._model_urls.get(url)
+            if fingerprint is not None and fingerprint in self._models:
+                return self._models[fingerprint][0], url
+            if url == self.settings.embedding.url:
+                self.embedder.warm_up()
+                return self.embedder, url
+            return self._open_model(url)[0], url
+
+    def _record_model(self, name: str, embedder: Embedder, version: CollectionVersion) -> None:
+        """Around a swap: the collection's config names ``version``'s model and index (``list``, version 1)."""
+        with self._writing(name):
+            cfg = self.get_collection(name)
+            cfg.embedding_model, cfg.embedding_fingerprint, cfg.dim = (
+                embedder.model_id, embedder.fingerprint or version.model_fingerprint, embedder.dim)
+            cfg.index = {**cfg.index, **version.index_plan}
+            self.docstore.put_collection(name, cfg.to_json())
+
+    def _job_progress(
+        self, job_id: str | None, progress: Callable[[int, int], None] | None
+    ) -> Callable[[int, int], None] | None:
+        if job_id is None:
+            return progress
+
+        def both(done: int, total: int) -> None:
+            self.docstore.update_job(job_id, state="running", counters={"done": done, "total": total})
+            if progress is not None:
+                progress(done, total)
+
+        return both
+
+    def start_reindex(self, name: str, *, model: str | None = None, index: str | None = None) -> Job:
+        """Take the lease now and run :meth:`reindex` in a background thread; returns its job.
+
+        Raises:
+            CollectionNotFound: No such collection.
+            ReindexRunning: Another reindex of it holds the lease.
+        """
+        self.get_collection(name)
+        owner = new_owner()
+        self.reindexer.acquire(name, owner)
+        job = self.docstore.create_job("reindex", collection=name, params={"model": model, "index": index})
+
+        def work() -> None:
+            try:
+                self.reindex(name, model=model, index=index, job_id=job.id, owner=owner)
+            except Exception:  # recorded in the job
+                log.exception("reindex job %s of %r failed", job.id, name)
+
+        threading.Thread(target=work, name=f"reindex-{name}", daemon=True).start()
+        return job
+
+    def get_job(self, job_id: str) -> Job:
+        """A job's state, progress counters and error.
+
+        Raises:
+            NotFound: No such job.
+        """
+        job = self.docstore.get_job(job_id)
+        if job is None:
+            raise NotFound(f"job {clip(job_id)} does not exist")
+        return job
+
+    def rollback(self, name: str) -> ReindexReport:
+        """Swap back to the most recent retired version still kept.
+
+        Raises:
+            CollectionNotFound: No such collection.
+            NotFound: No retired version is kept.
+            ReindexRunning: A reindex of it holds the lease.
+        """
+        self.get_collection(name)
+        owner = new_owner()
+        self.reindexer.acquire(name, owner)
+        try:
+            target = self.reindexer.rollback_target(name)
+            if target is None:
+                raise NotFound(f"collection {name!r} keeps no earlier version to roll back to")
+            live = self.live_version(name)
+            embedder = self._model_for(target)[0]
+            same = bool(embedder.fingerprint) and embedder.fingerprint == live.model_fingerprint
+            build = Build(live_config(self.get_collection(name), live), live, embedder, target.model_name, same, None)
+            return self.reindexer.rollback(build, target, lambda: self._record_model(name, embedder, target))
+        finally:
+            self.docstore.release_lease(f"reindex:{name}", owner)
 
     # --- search ------------------------------------------------------------------------
     def search(  # noqa: PLR0913 - mirrors the request body
@@ -382,9 +623,10 @@ class Quarry:
             InvalidQuery: Blank or over-long query, or bad paging.
         """
         cfg, flt = self._target(name, filters)
+        cfg, target = self._dense_target(cfg, mode)
         return self.searcher.search(
             cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank,
-            dense_timeout_s=dense_timeout_s, fusion=fusion, min_score=min_score,
+            dense_timeout_s=dense_timeout_s, fusion=fusion, min_score=min_score, target=target,
         )
 
     async def search_async(  # noqa: PLR0913 - mirrors the request body
@@ -402,9 +644,10 @@ class Quarry:
     ) -> SearchResult:
         """:meth:`search` without rerank, for an event loop (see ``Searcher.search_async``)."""
         cfg, flt = self._target(name, filters)
+        cfg, target = self._dense_target(cfg, mode)
         return await self.searcher.search_async(
             cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, fusion=fusion,
-            min_score=min_score,
+            min_score=min_score, target=target,
         )
 
     # --- recall monitoring -------------------------------------------------------------
@@ -445,6 +688,29 @@ class Quarry:
         if flt is not None and check is not None:
             check(flt)  # here, so that every mode, BM25 included, answers the same
         return cfg, flt
+
+
+def _fingerprint(model: Embedder) -> str:
+    """A model's fingerprint, or ``""`` while it is unknown (a remote model not yet reached)."""
+    try:
+        return model.fingerprint
+    except Exception:  # noqa: BLE001 - unknown until warm: the searcher's model check decides
+        return ""
+
+
+def _counters(report: ReindexReport) -> dict[str, int]:
+    return {"version": report.version, "previous": report.previous, "done": report.chunks, "total": report.chunks,
+            "copied": report.copied, "embedded": report.embedded, "replayed": report.replayed}
+
+
+def _index_spec(kind: str | None, plan: IndexPlan) -> IndexSpec | None:
+    """The index a reindex asks for: ``None``/``auto`` is the planner's, a kind its own defaults or the plan's."""
+    if kind is None or kind.lower() == "auto":
+        return None
+    wanted = kind.upper()
+    if wanted == plan.spec.kind:
+        return plan.spec
+    return IndexSpec(wanted, plan.spec.metric)  # type: ignore[arg-type]  # the store checks the kind
 
 
 def _index_record(plan: IndexPlan) -> dict[str, Any]:

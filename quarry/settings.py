@@ -211,6 +211,25 @@ class BM25Settings(BaseModel):
     b: float = Field(0.75, ge=0, le=1)
 
 
+class ReindexSettings(BaseModel):
+    """``QUARRY_REINDEX__*``: how a reindex builds, checks and keeps versions (``indexing/reindex.py``).
+
+    Attributes:
+        recall_floor: Least recall@10 of the new version's ANN against exact search (over a
+            sample of its own stored vectors as queries) for the swap to happen.
+        recall_sample: Queries in that sample.
+        retention_s: Seconds a replaced version is kept for ``quarry rollback`` (then dropped).
+        lease_ttl_s: Seconds a reindex's lease lasts unless renewed (a killed process's lapses).
+        batch_size: Chunks copied (or re-embedded) per batch.
+    """
+
+    recall_floor: float = Field(0.9, ge=0, le=1)
+    recall_sample: int = Field(50, ge=1, le=100_000)
+    retention_s: float = Field(86_400.0, ge=0, allow_inf_nan=False)
+    lease_ttl_s: float = Field(60.0, gt=0, le=86_400, allow_inf_nan=False)
+    batch_size: int = Field(512, ge=1, le=100_000)
+
+
 class LLMSettings(BaseModel):
     """The LLM that answers over retrieved chunks (``POST /v1/collections/{name}/answer``).
 
@@ -406,6 +425,7 @@ class Settings(BaseSettings):
     search: SearchSettings = SearchSettings()
     ingest: IngestSettings = IngestSettings()
     bm25: BM25Settings = BM25Settings()
+    reindex: ReindexSettings = ReindexSettings()
     llm: LLMSettings = LLMSettings()
     cache: CacheSettings = CacheSettings()
     api: ApiSettings = ApiSettings()

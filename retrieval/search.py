@@ -67,9 +67,10 @@ DEPTH_FACTOR = 2  # chunks fetched per channel = DEPTH_FACTOR × rank_window_siz
 # every row's payload), tokenises and scores BM25 in a worker thread, off the event loop: four
 # clients looping 8,192-character queries on the loop raised a light client's p50 from 25 to 355 ms.
 LOOP_QUERY_CHARS = 256
-# Told of each dense channel's ANN answer: (collection, metric, query vector, filter, top_k, hits);
+# Told of each dense channel's ANN answer: (collection, metric, query vector, filter, top_k, hits,
+# the store collection searched);
 # must return at once (the recall monitor's RecallMonitor.offer queues a sample or does nothing).
-DenseSampler = Callable[[str, Any, Any, Filter | None, int, Sequence[ScoredId]], object]
+DenseSampler = Callable[[str, Any, Any, Filter | None, int, Sequence[ScoredId], str], object]
 
 
 class _Request(NamedTuple):
@@ -164,6 +165,18 @@ class SearchResult:
 
 
 @dataclass(frozen=True)
+class DenseTarget:
+    """Where a query's dense channel searches: a version's store collection and that version's model.
+
+    Chosen together from one version record (``indexing.versions``), so that a query vector is
+    only ever searched against vectors of the same model.
+    """
+
+    physical: str
+    encoder: QueryEncoder
+
+
+@dataclass(frozen=True)
 class RerankOptions:
     """Rerank the fused top ``top_n`` within ``budget_ms``."""
 
@@ -249,6 +262,7 @@ class Searcher:
         dense_timeout_s: float | None = None,
         fusion: FusionConfig | None = None,
         min_score: float | None = None,
+        target: DenseTarget | None = None,
     ) -> SearchResult:
         """Search one collection.
 
@@ -270,6 +284,8 @@ class Searcher:
                 mode the BM25 score; in ``dense`` mode the store's similarity (cosine in
                 ``[-1, 1]``). A hybrid query answered by one channel (``degraded``) compares it
                 with that channel's own score. ``None``: keep all.
+            target: The live version's store collection and query model (default: ``cfg.name``
+                and the searcher's encoder).
 
         Returns:
             The page of hits, ``total`` fused candidates, degradations and timings.
@@ -286,7 +302,7 @@ class Searcher:
         """
         deadline = None if dense_timeout_s is None else time.monotonic() + dense_timeout_s
         request = self._request(cfg, fusion, min_score)
-        return _resolve(self._steps(cfg, query, top_k, mode, flt, offset, group, rerank, request), deadline)
+        return _resolve(self._steps(cfg, query, top_k, mode, flt, offset, group, rerank, request, target), deadline)
 
     async def search_async(  # noqa: PLR0913 - these are the request's fields
         self,
@@ -300,6 +316,7 @@ class Searcher:
         group: bool = True,
         fusion: FusionConfig | None = None,
         min_score: float | None = None,
+        target: DenseTarget | None = None,
     ) -> SearchResult:
         """:meth:`search` (without rerank) for an event loop; same results and errors.
 
@@ -316,7 +333,7 @@ class Searcher:
         """
         deadline = time.monotonic() + self._settings.dense_timeout_s
         request = self._request(cfg, fusion, min_score)
-        steps = self._steps(cfg, query, top_k, mode, flt, offset, group, None, request)
+        steps = self._steps(cfg, query, top_k, mode, flt, offset, group, None, request, target)
         if mode != "dense" and (len(query) > LOOP_QUERY_CHARS or flt is not None):
             step = await asyncio.to_thread(_advance, steps, None)
         else:
@@ -339,6 +356,7 @@ class Searcher:
         group: bool,
         rerank: RerankOptions | None,
         request: _Request,
+        target: DenseTarget | None = None,
     ) -> Generator[Future[Any], Any, SearchResult]:
         """The query as steps, each waiting on a future.
 
@@ -351,7 +369,8 @@ class Searcher:
         channels: dict[str, _Channel] = {}
         started = time.perf_counter()
         # The model runs while BM25 scores; submit never blocks (errors come through the future).
-        pending = self._submit_query(query) if mode != "bm25" else None
+        physical, encoder = (cfg.name, self._embedder) if target is None else (target.physical, target.encoder)
+        pending = self._submit_query(query, encoder) if mode != "bm25" else None
         if mode in ("bm25", "hybrid"):
             channels["bm25"] = self._timed(result, "bm25", lambda: self._bm25_channel(cfg, query, flt, group))
         if pending is not None:
@@ -367,9 +386,9 @@ class Searcher:
                 _skip_dense(result, no_vector)
             if embeddings is not None and embeddings.vectors.shape[1] != cfg.dim:  # the clearer reason first
                 dims = {"expected": cfg.dim, "got": int(embeddings.vectors.shape[1])}
-                _skip_dense(result, ModelDimensionMismatch(cfg.name, self._embedder.model_id, **dims))
+                _skip_dense(result, ModelDimensionMismatch(cfg.name, encoder.model_id, **dims))
                 embeddings = None
-            mismatch = None if embeddings is None else self._model_mismatch(cfg)
+            mismatch = None if embeddings is None else model_mismatch(cfg, encoder.model_id, encoder.fingerprint)
             if mismatch is not None:
                 _skip_dense(result, mismatch)
                 embeddings = None
@@ -378,7 +397,7 @@ class Searcher:
                 result.timings_ms["embed"] = (ann_started - started) * 1000  # queued -> vector, beside BM25
                 result.stage_times["embed"] = (started, ann_started)
                 # Ids and scores only: the document id is part of the chunk id, texts come from the docstore.
-                asked = self._ann.submit(cfg.name, embeddings.vectors, self.depth, flt, with_payload=False)
+                asked = self._ann.submit(physical, embeddings.vectors, self.depth, flt, with_payload=False)
                 try:
                     found: list[ScoredId] = yield asked
                 except StoreUnavailable as exc:
@@ -392,7 +411,7 @@ class Searcher:
                     result.timings_ms["ann"] = (ended - ann_started) * 1000
                     result.stage_times["ann"] = (ann_started, ended)
                     channels["dense"] = _ranked([h.id for h in found], [h.score for h in found], group, self.window)
-                    self._sample_dense(cfg.name, cfg.metric, embeddings.vectors[0], flt, top_k, found)
+                    self._sample_dense(cfg.name, cfg.metric, embeddings.vectors[0], flt, top_k, found, physical)
                     result.timings_ms["dense"] = (time.perf_counter() - dense_started) * 1000
         needed = offset + top_k if rerank is None else max(offset + top_k, rerank.top_n)
         fused, result.total = self._timed_fuse(channels, needed, request, result)
@@ -410,12 +429,12 @@ class Searcher:
         """
         return self._submit_query(query)
 
-    def _submit_query(self, query: str) -> Future[Embeddings]:
+    def _submit_query(self, query: str, encoder: QueryEncoder | None = None) -> Future[Embeddings]:
         """Queue the query for the model, unless the model's server is being skipped after an outage."""
         skipped = self._embed_breaker.check()
         if skipped is not None:
             return failed(skipped)
-        pending = self._embedder.submit([query])
+        pending = (encoder or self._embedder).submit([query])
         pending.add_done_callback(lambda done: self._embed_breaker.record(_outcome(done)))
         return pending
 

@@ -41,8 +41,11 @@ from quarry.api.models import (
     DroppedOut,
     HealthOut,
     IngestOut,
+    JobOut,
     ReadyOut,
     RecallOut,
+    ReindexIn,
+    RollbackOut,
     SearchIn,
     SearchOut,
     UpsertDocuments,
@@ -232,6 +235,39 @@ def drop_collection(name: str, q: Service) -> dict[str, str]:
     """Drop a collection with all its data."""
     q.drop_collection(name)
     return {"deleted": name}
+
+
+@router.post(
+    "/v1/collections/{name}/reindex", status_code=202, tags=["collections"], response_model=JobOut,
+    responses=error_responses(e.InvalidRequest, e.CollectionNotFound, e.ReindexRunning, *_STORE, body=True),
+)
+def reindex_collection(name: str, q: Service, body: ReindexIn | None = None) -> dict[str, Any]:
+    """Start building the collection's next version (202 with the job; follow it at ``/v1/jobs/{id}``)."""
+    body = body or ReindexIn()
+    return _job(q.start_reindex(name, model=body.model, index=body.index))
+
+
+@router.post(
+    "/v1/collections/{name}/rollback", tags=["collections"], response_model=RollbackOut,
+    responses=error_responses(e.InvalidRequest, e.CollectionNotFound, e.NotFound, e.ReindexRunning, *_STORE),
+)
+def rollback_collection(name: str, q: Service) -> dict[str, int]:
+    """Swap back to the version served before the last reindex (404 when none is kept)."""
+    report = q.rollback(name)
+    return {"version": report.version, "previous": report.previous}
+
+
+@router.get(
+    "/v1/jobs/{job_id}", tags=["collections"], response_model=JobOut,
+    responses=error_responses(e.InvalidRequest, e.NotFound, *_STORE),
+)
+def get_job(job_id: str, q: Service) -> dict[str, Any]:
+    """A job's state, progress counters and error."""
+    return _job(q.get_job(job_id))
+
+
+def _job(job: Any) -> dict[str, Any]:
+    return {k: getattr(job, k) for k in JobOut.model_fields}
 
 
 @router.post(

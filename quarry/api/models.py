@@ -279,7 +279,40 @@ class CollectionOut(CollectionConfig):
 
     documents: int = Field(description="Documents stored.")
     chunks: int = Field(description="Chunks stored.")
-    vectors: int = Field(description="Vectors in the vector store.")
+    vectors: int = Field(description="Vectors in the vector store (of the live version).")
+    live_version: int | None = Field(None, description="The physical version serving the collection.")
+    versions: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Its versions (live, building, verifying, retired): store collection, model, dim, index, state.",
+    )
+
+
+class ReindexIn(_Body):
+    """``POST /v1/collections/{name}/reindex``."""
+
+    model: str | None = Field(None, description="Another embedding model's URL (re-embeds); default: the live one's.")
+    index: str = Field("auto", description="auto (the planner's choice for the current size) or an index kind.")
+
+
+class JobOut(BaseModel):
+    """A background job (``GET /v1/jobs/{id}``)."""
+
+    id: str
+    kind: str
+    collection: str | None
+    state: str = Field(description="queued, running, done or failed.")
+    params: dict[str, Any]
+    counters: dict[str, int] = Field(description="Progress: done and total chunks; at the end copied, embedded, ...")
+    error: str | None = Field(description="Why it failed.")
+    created_at: float
+    updated_at: float
+
+
+class RollbackOut(BaseModel):
+    """A rollback's outcome."""
+
+    version: int = Field(description="The version live again.")
+    previous: int = Field(description="The version it replaced.")
 
 
 class CollectionsOut(BaseModel):

@@ -1,0 +1,429 @@
+"""Reindex: build version ``v+1`` of a collection beside the live one, check it, swap, roll back.
+
+The steps (docs/design-state.md, issue 22), each safe to interrupt before the swap:
+
+1. take the collection's lease ``reindex:<name>`` (one reindex per collection, across processes
+   sharing the state of record; renewed every batch, so a killed holder's lapses after
+   ``QUARRY_REINDEX__LEASE_TTL_S``); versions a killed run left ``building`` are dropped;
+2. read ``seq`` (``built_from_seq``), then page through the docstore's documents: for each
+   chunk, copy its vector from the live version when the model is unchanged (store ``get``: no
+   model call), else embed its text with the new model; re-plan the index for the current size
+   (or build the one asked for);
+3. replay the change log after ``built_from_seq`` (upserts *and* deletes: each changed document's
+   vectors are deleted by ``document_id`` and its current chunks written again), once outside
+   and once more under the collection's write lock, so no write can land between the last
+   replay and the swap;
+4. verify, still under the lock: the vector count equals the docstore's chunk count, and
+   recall@10 of the new ANN index against an exact scan of its stored vectors, over a sample of
+   its own vectors as queries, is at least ``QUARRY_REINDEX__RECALL_FLOOR``; a failed check
+   drops the new version (state ``failed``) and raises :class:`~quarry.errors.ReindexFailed`;
+5. swap: ``live_version`` in the docstore (one transaction: Quarry's readers take the store
+   collection and the query model from that row), then the store alias where ``<name>`` is not
+   itself a physical collection; the old version stays ``retired`` until ``retire_after``.
+
+BM25 needs no rebuild: with the chunking unchanged the version's chunks are the docstore's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from embedding.base import Embedder
+from indexing.collections import CollectionConfig
+from indexing.docstore import CollectionVersion, StateStore, StoredDocument
+from indexing.pipeline import indexed_text
+from indexing.planner import IndexPlan
+from indexing.versions import SUFFIX, chunking_of
+from quarry.errors import ModelDimensionMismatch, ReindexFailed, ReindexRunning
+from quarry.settings import ReindexSettings
+from stores.base import FloatMatrix, IndexSpec, Metric, VectorRecord, VectorStore
+from stores.filters import In
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]  # (chunks done, chunks in total)
+TOP_K = 10
+
+
+def lease_name(collection: str) -> str:
+    """The lease that admits one reindex (or rollback) of ``collection`` at a time."""
+    return f"reindex:{collection}"
+
+
+def new_owner() -> str:
+    """A lease owner id unique to this process and call (``host:pid:random``)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class ReindexReport:
+    """What a reindex did.
+
+    Attributes:
+        version: The version built (live after a swap).
+        previous: The version it replaced.
+        chunks: Vectors in the new version.
+        copied: Vectors copied from the live version (no model call).
+        embedded: Texts embedded by the new version's model.
+        replayed: Documents refreshed from the change log.
+        recall: recall@10 of the new index against exact search (tie-aware).
+        elapsed_s: Wall time, seconds.
+    """
+
+    version: int
+    previous: int
+    chunks: int = 0
+    copied: int = 0
+    embedded: int = 0
+    replayed: int = 0
+    recall: float | None = None
+    elapsed_s: float = 0.0
+    counters: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Build:
+    """One reindex's inputs, fixed at its start."""
+
+    cfg: CollectionConfig
+    live: CollectionVersion
+    model: Embedder
+    model_url: str | None
+    same_model: bool
+    index: IndexSpec | None  # None: the planner's choice
+
+
+class Reindexer:
+    """Builds, verifies and swaps versions of collections (see the module docstring).
+
+    Args:
+        store: The vector store.
+        docstore: The state of record.
+        settings: ``QUARRY_REINDEX__*``.
+        writing: The service's per-collection write lock (a context manager factory).
+        plan: ``(vectors, dim) -> IndexPlan``, the planner with the service's budget and engine.
+        index_timeout_s: Longest index build.
+
+    Attributes:
+        on_batch: Called with ``(phase, done)`` after every batch (``copy`` or ``replay``): a
+            test injects a failure or concurrent writes there.
+    """
+
+    def __init__(
+        self,
+        store: VectorStore,
+        docstore: StateStore,
+        settings: ReindexSettings,
+        writing: Callable[[str], AbstractContextManager[None]],
+        plan: Callable[[int, int], IndexPlan],
+        *,
+        index_timeout_s: float = 600.0,
+    ) -> None:
+        self._store = store
+        self._docstore = docstore
+        self._settings = settings
+        self._writing = writing
+        self._plan = plan
+        self._index_timeout_s = index_timeout_s
+        self.on_batch: Callable[[str, int], None] | None = None
+
+    # --- the lease ------------------------------------------------------------------------
+    def acquire(self, name: str, owner: str) -> None:
+        """Take the collection's reindex lease for ``owner``.
+
+        Raises:
+            ReindexRunning: Another owner holds it (and it has not lapsed).
+        """
+        if not self._docstore.acquire_lease(lease_name(name), owner, self._settings.lease_ttl_s):
+            held = self._docstore.get_lease(lease_name(name))
+            until = time.strftime("%H:%M:%S", time.gmtime(held.expires_at)) if held else ""
+            who = f" by {held.owner} until {until} UTC" if held else ""
+            raise ReindexRunning(f"a reindex of collection {name!r} is running (lease held{who})",
+                                 retry_after_s=self._settings.lease_ttl_s)
+
+    def _renew(self, name: str, owner: str) -> None:
+        if not self._docstore.renew_lease(lease_name(name), owner, self._settings.lease_ttl_s):
+            raise ReindexFailed(f"reindex of {name!r} lost its lease (it lapsed and another process took it)")
+
+    # --- the build --------------------------------------------------------------------------
+    def run(self, build: Build, owner: str, progress: Progress | None = None) -> ReindexReport:
+        """Build, verify and swap the next version (the caller holds the lease as ``owner``).
+
+        Raises:
+            ReindexFailed: Verification failed, or the lease was lost; the live version serves.
+            ModelDimensionMismatch: The model's vectors are not of its stated dimension.
+            StoreError, EmbeddingError: A backend failed (the new version is left ``building``
+                and dropped by the next run).
+        """
+        started = time.perf_counter()
+        name = build.cfg.name
+        self._drop_unfinished(name)
+        number = max((v.version for v in self._docstore.list_versions(name)), default=1) + 1
+        physical = f"{name}{SUFFIX}{number}"
+        seq = self._docstore.version(name)
+        documents, chunks = self._docstore.counts(name)
+        dim = build.model.dim
+        plan = self._plan(chunks, dim)
+        spec = build.index or plan.spec
+        record = CollectionVersion(
+            version=number, physical_name=physical, state="building",
+            model_fingerprint=build.model.fingerprint or None, model_name=build.model_url, dim=dim,
+            chunking=chunking_of(build.cfg), analyzer=build.cfg.language,
+            index_plan={"kind": spec.kind, "params": spec.params, "search_params": spec.search_params,
+                        "reason": plan.reason if build.index is None else "asked for", "planned_for_vectors": chunks},
+            built_from_seq=seq, created_at=time.time(),
+        )
+        self._docstore.create_version(name, record)
+        self._store.drop_collection(physical)  # a leftover of a run killed before its row was written
+        self._store.create_collection(physical, dim, build.cfg.metric)
+        report = ReindexReport(version=number, previous=build.live.version)
+        total = max(chunks, 1)
+        for done in self._copy(build, physical, report, documents):
+            self._renew(name, owner)
+            if progress is not None:
+                progress(min(done, total), total)
+            if self.on_batch is not None:
+                self.on_batch("copy", done)
+        self._store.build_index(physical, spec, timeout_s=self._index_timeout_s)
+        seq = self._replay(build, physical, seq, report)  # the bulk of the writes made meanwhile
+        self._renew(name, owner)
+        with self._writing(name):
+            self._replay(build, physical, seq, report)
+            self._docstore.set_version_state(name, number, "verifying")
+            report.chunks = self._verify(build.cfg, physical, spec, report)
+            retire_after = time.time() + self._settings.retention_s
+            self._docstore.set_live_version(name, number, retire_after=retire_after)
+            self._point_alias(name, physical)
+        report.elapsed_s = time.perf_counter() - started
+        if progress is not None:
+            progress(total, total)
+        log.info("collection %r: version %d live (%d vectors, %d copied, %d embedded, %d replayed, recall %.3f)",
+                 name, number, report.chunks, report.copied, report.embedded, report.replayed, report.recall or 0.0)
+        self.purge(name)
+        return report
+
+    def _drop_unfinished(self, name: str) -> None:
+        """Drop what a killed or failed run left (versions still ``building`` or ``verifying``)."""
+        for v in self._docstore.list_versions(name):
+            if v.state in ("building", "verifying"):
+                self._store.drop_collection(v.physical_name)
+                self._docstore.set_version_state(name, v.version, "failed")
+                log.warning("collection %r: dropped version %d left %s by an interrupted reindex", name, v.version,
+                            v.state)
+
+    def _copy(self, build: Build, physical: str, report: ReindexReport, documents: int) -> Iterator[int]:
+        """Write every stored document's chunks into ``physical``; yields chunks done after each batch."""
+        name = build.cfg.name
+        after = ""
+        done = 0
+        page = max(1, self._settings.batch_size // 4)  # documents per page (a few chunks each)
+        while True:
+            docs = self._docstore.list_documents(name, after=after, limit=page)
+            if not docs:
+                return
+            after = docs[-1].document_id
+            done += self._write_documents(build, physical, docs, report)
+            yield done
+
+    def _write_documents(
+        self, build: Build, physical: str, docs: Sequence[StoredDocument], report: ReindexReport
+    ) -> int:
+        """Write the current chunks of ``docs`` into ``physical`` (vectors copied or embedded)."""
+        name = build.cfg.name
+        owned = self._docstore.chunk_ids_of(name, [d.document_id for d in docs])
+        ids = [c for d in docs for c in owned.get(d.document_id, [])]
+        if not ids:
+            return 0
+        chunks = self._docstore.get_chunks(name, ids)
+        vectors: dict[str, Any] = {}
+        if build.same_model:
+            vectors = {r.id: r.vector for r in self._store.get(build.live.physical_name, ids)}
+            report.copied += len(vectors)
+        missing = [i for i in ids if i not in vectors and i in chunks]
+        if missing:
+            by_id = {d.document_id: d for d in docs}
+            texts = []
+            for chunk_id in missing:
+                chunk = chunks[chunk_id]
+                doc = by_id[chunk.document_id]
+                texts.append(indexed_text(doc.title or "" if doc.text else "", chunk.text))
+            vectors.update(zip(missing, self._embed(build, texts), strict=True))
+            report.embedded += len(missing)
+        records = [VectorRecord(i, vectors[i], dict(chunks[i].payload)) for i in ids if i in chunks]
+        self._store.upsert(physical, records)
+        return len(records)
+
+    def _embed(self, build: Build, texts: list[str]) -> list[Any]:
+        out: list[Any] = []
+        step = self._settings.batch_size
+        for i in range(0, len(texts), step):
+            result = build.model.embed(texts[i : i + step])
+            if result.vectors.shape[1] != build.model.dim:
+                raise ModelDimensionMismatch(build.cfg.name, build.model.model_id, expected=build.model.dim,
+                                             got=int(result.vectors.shape[1]))
+            out.extend(result.vectors)
+        return out
+
+    def _replay(self, build: Build, physical: str, seq: int, report: ReindexReport) -> int:
+        """Bring ``physical`` up to the docstore's changes after ``seq``; returns the last seq applied."""
+        name = build.cfg.name
+        while True:
+            changes = self._docstore.change_log_since(name, seq, limit=self._settings.batch_size)
+            if not changes:
+                return seq
+            ids = sorted({c.document_id for c in changes})
+            self.refresh(build, physical, ids, report)
+            seq = changes[-1].seq
+            if self.on_batch is not None:
+                self.on_batch("replay", report.replayed)
+
+    def refresh(self, build: Build, physical: str, document_ids: Sequence[str], report: ReindexReport) -> None:
+        """Make ``physical`` hold exactly the current chunks of ``document_ids`` (deleted ones: none)."""
+        self._store.delete_by_filter(physical, In("document_id", tuple(document_ids)))
+        current = self._docstore.get_documents(build.cfg.name, list(document_ids))
+        docs = [current[i] for i in document_ids if i in current]
+        if docs:
+            self._write_documents(build, physical, docs, report)
+        report.replayed += len(document_ids)
+
+    # --- verification ---------------------------------------------------------------------
+    def _verify(self, cfg: CollectionConfig, physical: str, spec: IndexSpec, report: ReindexReport) -> int:
+        """Check counts and recall (under the write lock); drop the version and raise when they fail."""
+        name = cfg.name
+        number = report.version
+        _, chunks = self._docstore.counts(name)
+        vectors = self._store.count(physical)
+        reason = None
+        if vectors != chunks:
+            reason = f"the new version holds {vectors} vectors, the docstore {chunks} chunks"
+        else:
+            report.recall = self.recall(cfg.name, physical, cfg.metric)
+            floor = self._settings.recall_floor
+            if report.recall < floor:
+                reason = (f"recall@{TOP_K} of its {spec.kind} index is {report.recall:.3f} against exact search, "
+                          f"under the floor {floor:g} (QUARRY_REINDEX__RECALL_FLOOR)")
+        if reason is None:
+            return vectors
+        self._docstore.set_version_state(name, number, "failed")
+        self._store.drop_collection(physical)
+        raise ReindexFailed(f"reindex of {name!r} to version {number} did not swap: {reason}; "
+                            f"version {report.previous} still serves")
+
+    def recall(self, name: str, physical: str, metric: Metric) -> float:
+        """Tie-aware recall@10 of ``physical``'s index against an exact scan of its stored vectors.
+
+        The queries are ``recall_sample`` of its own vectors (a seeded sample); exact search is a
+        numpy scan of every stored vector (this branch's store contract has no exact mode). An
+        ANN hit counts when its exact score is at least the exact 10th score (a tie counts).
+
+        Returns:
+            Mean recall over the sample, in ``[0, 1]`` (1.0 for an empty collection).
+        """
+        ids = self._chunk_ids(name)
+        if not ids:
+            return 1.0
+        records = []
+        step = self._settings.batch_size
+        for i in range(0, len(ids), step):
+            records.extend(self._store.get(physical, ids[i : i + step]))
+        if not records:
+            return 1.0
+        matrix: FloatMatrix = np.stack([r.vector for r in records]).astype(np.float32)
+        rng = np.random.default_rng(0)
+        sample = rng.choice(len(records), size=min(self._settings.recall_sample, len(records)), replace=False)
+        queries = matrix[sample]
+        exact = _scores(queries, matrix, metric)
+        k = min(TOP_K, len(records))
+        kth = np.sort(exact, axis=1)[:, -k]
+        found = self._store.search(physical, queries, k, with_payload=False)
+        row = {r.id: j for j, r in enumerate(records)}
+        hits = [
+            sum(1 for h in hits_ if h.id in row and exact[q, row[h.id]] >= kth[q] - 1e-5)
+            for q, hits_ in enumerate(found)
+        ]
+        return float(np.mean([min(h, k) / k for h in hits]))
+
+    def _chunk_ids(self, name: str) -> list[str]:
+        """Every stored chunk id of the collection (paging through its documents)."""
+        out: list[str] = []
+        after = ""
+        while docs := self._docstore.list_documents(name, after=after, limit=1000):
+            after = docs[-1].document_id
+            owned = self._docstore.chunk_ids_of(name, [d.document_id for d in docs])
+            out.extend(c for d in docs for c in owned.get(d.document_id, []))
+        return out
+
+    # --- swap, retention, rollback ----------------------------------------------------------
+    def _point_alias(self, name: str, physical: str) -> None:
+        """Point the store alias ``name`` at ``physical`` unless ``name`` is still a physical collection."""
+        if name not in self._store.list_collections():
+            self._store.set_alias(name, physical)
+
+    def purge(self, name: str, now: float | None = None) -> list[int]:
+        """Drop the store collections of retired versions past ``retire_after``; returns their numbers."""
+        now = time.time() if now is None else now
+        dropped = []
+        for v in self._docstore.list_versions(name):
+            if v.state == "retired" and v.retire_after is not None and v.retire_after <= now:
+                self._store.drop_collection(v.physical_name)
+                self._docstore.set_version_state(name, v.version, "failed")  # no store collection left
+                dropped.append(v.version)
+        if dropped:
+            live = self._docstore.collection_state(name)
+            current = self._docstore.get_version(name, live.live_version) if live else None
+            if current is not None:
+                self._point_alias(name, current.physical_name)
+        return dropped
+
+    def rollback_target(self, name: str) -> CollectionVersion | None:
+        """The most recent retired version whose store collection is still kept, or ``None``."""
+        now = time.time()
+        kept = [
+            v for v in self._docstore.list_versions(name)
+            if v.state == "retired" and (v.retire_after is None or v.retire_after > now)
+            and self._store.has_collection(v.physical_name)
+        ]
+        return max(kept, key=lambda v: v.swapped_at or v.created_at, default=None)
+
+    def rollback(
+        self, build: Build, target: CollectionVersion, before_swap: Callable[[], None] | None = None
+    ) -> ReindexReport:
+        """Make ``target`` (a retired version) live again, after replaying the writes it missed.
+
+        ``build.model`` is ``target``'s model; ``build.live`` the version being replaced. The
+        writes since ``build.live`` was built are replayed into ``target`` (a superset of those it
+        missed after its retirement), under the write lock, then ``live_version`` and the alias
+        swap back. ``before_swap`` runs under the lock just before the swap (the service writes
+        the collection's config there).
+        """
+        name = build.cfg.name
+        report = ReindexReport(version=target.version, previous=build.live.version)
+        with self._writing(name):
+            self._replay(build, target.physical_name, build.live.built_from_seq or 0, report)
+            if before_swap is not None:
+                before_swap()
+            retire_after = time.time() + self._settings.retention_s
+            self._docstore.set_live_version(name, target.version, retire_after=retire_after)
+            self._point_alias(name, target.physical_name)
+        report.chunks = self._store.count(target.physical_name)
+        return report
+
+
+def _scores(queries: FloatMatrix, matrix: FloatMatrix, metric: Metric) -> FloatMatrix:
+    """``(q, n)`` similarity of each query to each stored vector, higher is better (as the stores score)."""
+    if metric == "l2":
+        sq = (queries**2).sum(1)[:, None] + (matrix**2).sum(1)[None, :] - 2 * queries @ matrix.T
+        out: FloatMatrix = -np.sqrt(np.maximum(sq, 0.0))
+        return out
+    dots: FloatMatrix = queries @ matrix.T
+    return dots
