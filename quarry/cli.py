@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 
 from quarry.config_cli import app as config_app
 from quarry.errors import InvalidRequest, LLMNotConfigured, QuarryError
+from quarry.keys_cli import audit_app, keys_app
 from quarry.settings import Settings, get_settings, unknown_env
 from quarry.triton_cli import app as triton_app
 
@@ -51,6 +52,8 @@ index_app = typer.Typer(help="Plan and build vector indexes by data size.", no_a
 app.add_typer(index_app, name="index")
 app.add_typer(triton_app, name="triton")
 app.add_typer(config_app, name="config")
+app.add_typer(keys_app, name="keys")
+app.add_typer(audit_app, name="audit")
 err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 out = Console()
 
@@ -213,6 +216,7 @@ def serve(
     import uvicorn
 
     from quarry.api import create_app
+    from quarry.api.access import check_bind
     from quarry.errors import EmbeddingUnavailable
 
     settings = get_settings()
@@ -221,6 +225,7 @@ def serve(
         return
     service = _quarry(settings)
     try:
+        check_bind(host or settings.api.host, service.docstore, settings.auth)
         try:
             service.warm_up()
         except EmbeddingUnavailable as exc:
@@ -240,10 +245,15 @@ def _serve_workers(settings: Settings, host: str | None, port: int | None, worke
     """
     import uvicorn
 
+    from quarry.api.access import check_bind
     from quarry.api.workers import check_shareable
 
     check_shareable(settings)
-    _quarry(settings).close()  # fail here, as one error line, if the store or docstore cannot open
+    service = _quarry(settings)  # fail here, as one error line, if the store or docstore cannot open
+    try:
+        check_bind(host or settings.api.host, service.docstore, settings.auth)
+    finally:
+        service.close()
     uvicorn.run(
         "quarry.api.workers:create_worker_app", factory=True, workers=workers,
         host=host or settings.api.host, port=port or settings.api.port, log_level="info",

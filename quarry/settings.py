@@ -284,6 +284,23 @@ class ApiSettings(BaseModel):
     max_body_bytes: int = Field(32 * 1024 * 1024, ge=1)
 
 
+class AuthSettings(BaseModel):
+    """API keys and rate limits (:mod:`quarry.api.access`).
+
+    Attributes:
+        required: Every request (but ``/healthz``, ``/readyz``, ``/metrics``) needs a key even
+            before any key exists. Keys are required anyway once one exists.
+        allow_insecure: Let ``quarry serve`` bind beyond loopback with no API keys.
+        rate_storage: Where the per-key rate windows live, as the ``limits`` library names it:
+            ``memory://`` (this process), ``redis://host:6379`` or ``memcached://host:11211``
+            (shared by replicas; install the driver).
+    """
+
+    required: bool = False
+    allow_insecure: bool = False
+    rate_storage: str = "memory://"
+
+
 class Settings(BaseSettings):
     """All of Quarry's configuration.
 
@@ -308,6 +325,7 @@ class Settings(BaseSettings):
     llm: LLMSettings = LLMSettings()
     cache: CacheSettings = CacheSettings()
     api: ApiSettings = ApiSettings()
+    auth: AuthSettings = AuthSettings()
 
     @property
     def store_url(self) -> str:

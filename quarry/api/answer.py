@@ -36,6 +36,7 @@ from generation.prompt import Candidate, Prompt, approx_tokens, build_prompt
 from indexing.collections import CollectionConfig
 from indexing.sources import is_blank
 from quarry import errors as e
+from quarry.api import access
 from quarry.api import cache as answer_cache
 from quarry.api.errors import error_responses
 from quarry.api.models import RerankIn, SearchIn, _Body
@@ -323,6 +324,7 @@ async def chat_completions(
     collection = body.model.removeprefix("quarry/")
     if collection == body.model or not collection:
         raise InvalidRequest(f'model must be "quarry/<collection>", got {clip(body.model)}')
+    access.check_collection(request, collection)
     users = [m.text() for m in body.messages if m.role == "user"]
     if not users or is_blank(users[-1]):
         raise InvalidRequest("no user message to answer")
