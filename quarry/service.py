@@ -5,23 +5,24 @@ The REST API and the CLI both talk to :class:`Quarry`; nothing else constructs b
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 from embedding.base import Embedder, QueryEncoder
 from embedding.batching import BatchingEmbedder
 from embedding.factory import open_embedder
 from embedding.process import ProcessEmbedder
 from indexing.collections import NAME, CollectionConfig
-from indexing.docstore import open_docstore
+from indexing.docstore import DEFAULT_TENANT, open_docstore
 from indexing.pipeline import Ingestor, IngestReport, Progress
 from indexing.planner import GIB, IndexPlan, plan_for_store
 from indexing.sources import SourceDocument
-from quarry.errors import CollectionExists, CollectionNotFound, Conflict, InvalidRequest, clip
+from quarry.errors import CollectionExists, CollectionNotFound, Conflict, Forbidden, InvalidRequest, clip
 from quarry.settings import Settings
 from rerank.base import Reranker
 from retrieval.bm25_registry import BM25Registry
@@ -61,6 +62,7 @@ class Quarry:
                 (see :class:`~retrieval.search.Searcher`); tests step one by hand.
         """
         self.settings = settings
+        self._clock = clock
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         router = FilterRouter(settings.store.exact_filter_rows or None, settings.store.filter_count_ttl_s)
         self.store = store or open_store(settings.store_url, router)
@@ -88,6 +90,56 @@ class Quarry:
         )
         self._write_locks: dict[str, threading.RLock] = {}
         self._write_locks_guard = threading.Lock()
+        self.tenant_id = DEFAULT_TENANT
+        self._tenants: dict[str, Quarry] = {}
+        self._tenants_guard = threading.Lock()
+
+    def for_tenant(self, tenant_id: str) -> Quarry:
+        """This service as tenant ``tenant_id`` sees it (see :mod:`quarry.tenancy`); built once per tenant.
+
+        The default tenant is this service itself. A view shares the models and the store's
+        connections; close this service, not a view.
+
+        Raises:
+            Forbidden: ``tenant_id`` is empty or not a tenant of the state of record (fails closed:
+                never an unscoped view).
+        """
+        if tenant_id == self.tenant_id:
+            return self
+        view = self._tenants.get(tenant_id)
+        if view is not None:
+            return view
+        with self._tenants_guard:
+            view = self._tenants.get(tenant_id)
+            if view is None:
+                view = self._tenants[tenant_id] = self._tenant_view(tenant_id)
+        return view
+
+    def _tenant_view(self, tenant_id: str) -> Quarry:
+        from quarry.tenancy import TenantStore
+
+        if not tenant_id or tenant_id not in {t for t, _ in self.docstore.list_tenants()}:
+            raise Forbidden(f"tenant {clip(tenant_id)} is not known to this server: refusing an unscoped request",
+                            reason="tenant")
+        view = copy.copy(self)
+        view.tenant_id = tenant_id
+        view.docstore = self.docstore.for_tenant(tenant_id)
+        view.store = cast(VectorStore, TenantStore(self.store, tenant_id))
+        view.bm25 = BM25Registry(view.docstore, self.settings.data_dir / f"bm25@{tenant_id}", self.settings.bm25)
+        view.bm25.on_swap = self.bm25.on_swap
+        ingest = self.settings.ingest
+        view.ingestor = Ingestor(
+            view.store, view.docstore, self.embedder, view.bm25,
+            batch_size=ingest.batch_size, embed_batch_size=self.settings.embedding.batch_size,
+            max_document_chars=ingest.max_document_chars, max_token_chars=ingest.max_token_chars,
+        )
+        view.searcher = Searcher(
+            view.store, view.docstore, self.query_embedder, view.bm25, self.settings.search, self.reranker,
+            clock=self._clock,
+        )
+        view._write_locks, view._write_locks_guard = {}, threading.Lock()
+        view._tenants, view._tenants_guard = {}, threading.Lock()
+        return view
 
     @contextmanager
     def _writing(self, name: str) -> Iterator[None]:

@@ -37,6 +37,7 @@ from prometheus_client import Counter
 from indexing.docstore import AuditEntry, StateStore
 from quarry.api.keys import OPEN, KeyVerifier, Principal
 from quarry.errors import ConfigError, Forbidden, RateLimited, Unauthenticated, clip
+from quarry.service import Quarry
 from quarry.settings import AuthSettings
 
 log = logging.getLogger(__name__)
@@ -190,6 +191,21 @@ async def authorize(request: Request) -> Principal:
         access.limiter.spend(who.key_id, who.rate)
     request.state.principal = who
     return who
+
+
+def service(request: Request) -> Quarry:
+    """The service as the request's tenant sees it (:meth:`~quarry.service.Quarry.for_tenant`).
+
+    Raises:
+        Forbidden: The key's tenant is unknown (never an unscoped service).
+    """
+    who: Principal = getattr(request.state, "principal", OPEN)
+    root: Quarry = request.app.state.quarry
+    try:
+        return root.for_tenant(who.tenant_id)
+    except Forbidden:
+        AUTH_FAILURES.labels("tenant").inc()
+        raise
 
 
 def check_collection(request: Request, name: str) -> None:

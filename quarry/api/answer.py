@@ -90,8 +90,7 @@ def _cache(request: Request) -> AnswerCache | None:
 
 
 async def _quarry(request: Request) -> Quarry:
-    service: Quarry = request.app.state.quarry
-    return service
+    return access.service(request)  # the key's tenant's view
 
 
 # What retrieval can raise (as search) and what the LLM can (with ``require_answer``).

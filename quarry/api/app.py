@@ -56,9 +56,8 @@ LATENCY = Histogram("quarry_request_seconds", "HTTP request latency (seconds)", 
 
 
 async def get_quarry(request: Request) -> Quarry:
-    """FastAPI dependency: the app's shared service (async: a sync one would cost a thread hop)."""
-    service: Quarry = request.app.state.quarry
-    return service
+    """FastAPI dependency: the shared service as the key's tenant sees it (async: no thread hop)."""
+    return access.service(request)
 
 
 Service = Annotated[Quarry, Depends(get_quarry)]
