@@ -294,11 +294,17 @@ class AuthSettings(BaseModel):
         rate_storage: Where the per-key rate windows live, as the ``limits`` library names it:
             ``memory://`` (this process), ``redis://host:6379`` or ``memcached://host:11211``
             (shared by replicas; install the driver).
+        shed_in_flight: Load shedding: while more requests than this are in flight, a request of
+            a ``low``-priority key is answered 503 ``Overloaded`` with ``Retry-After`` at once,
+            so that higher priorities keep their latency (0: off).
+        shed_retry_after_s: The ``Retry-After`` of a shed request, in seconds.
     """
 
     required: bool = False
     allow_insecure: bool = False
     rate_storage: str = "memory://"
+    shed_in_flight: int = Field(0, ge=0)
+    shed_retry_after_s: float = Field(1.0, gt=0, le=3600, allow_inf_nan=False)
 
 
 class Settings(BaseSettings):

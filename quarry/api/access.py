@@ -11,6 +11,8 @@
 3. checks the scope and the ``{name}`` collection against the key (403);
 4. spends one request of the key's rate (:class:`RateLimiter`, the ``limits`` library; 429 with
    ``Retry-After``);
+5. sheds a low-priority key's request while more than ``QUARRY_AUTH__SHED_IN_FLIGHT`` requests
+   are in flight (:class:`InFlight`): 503 ``Overloaded`` with ``Retry-After``;
 
 and leaves the :class:`~quarry.api.keys.Principal` in ``request.state.principal``. Handlers that
 take a collection name from the body call :func:`check_collection`; admin actions call
@@ -33,10 +35,12 @@ from limits import RateLimitItem, RateLimitItemPerMinute, RateLimitItemPerSecond
 from limits.storage import storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 from prometheus_client import Counter
+from starlette.types import ASGIApp, Receive, Send
+from starlette.types import Scope as AsgiScope
 
 from indexing.docstore import AuditEntry, StateStore
 from quarry.api.keys import OPEN, KeyVerifier, Principal
-from quarry.errors import ConfigError, Forbidden, RateLimited, Unauthenticated, clip
+from quarry.errors import ConfigError, Forbidden, Overloaded, RateLimited, Unauthenticated, clip
 from quarry.service import Quarry
 from quarry.settings import AuthSettings
 
@@ -62,6 +66,27 @@ POLICY: dict[tuple[str, str], str | None] = {
     ("POST", "/v1/collections/{name}/answer"): "read",
     ("POST", "/v1/chat/completions"): "read",
 }
+
+
+class InFlight:
+    """Pure ASGI middleware: counts the HTTP requests in flight in this process (``InFlight.count``)."""
+
+    count = 0
+
+    def __init__(self, app: ASGIApp) -> None:
+        """Wrap ``app``."""
+        self.app = app
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        """Count the request while it runs (the event loop is one thread: no lock needed)."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        InFlight.count += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            InFlight.count -= 1
 
 
 class RateLimiter:
@@ -189,6 +214,14 @@ async def authorize(request: Request) -> Principal:
         raise
     if who.rate is not None and who.key_id is not None:
         access.limiter.spend(who.key_id, who.rate)
+    shed_at = access.settings.shed_in_flight
+    if shed_at and who.priority < 0 and InFlight.count > shed_at:
+        SHED.labels("low").inc()
+        raise Overloaded(
+            f"the server is saturated ({InFlight.count} requests in flight) and sheds low-priority keys first; "
+            f"retry in {access.settings.shed_retry_after_s:g} s",
+            retry_after_s=access.settings.shed_retry_after_s,
+        )
     request.state.principal = who
     return who
 

@@ -106,6 +106,7 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     errors.install(app)
     app.add_middleware(RequestGuard)
     app.add_middleware(MetricsMiddleware)
+    app.add_middleware(access.InFlight)
     # every route passes the access layer first (keys, scopes, collections, rates)
     app.include_router(router, dependencies=[Depends(access.authorize)])
     app.include_router(answer.router, dependencies=[Depends(access.authorize)])

@@ -184,3 +184,19 @@ def test_cli_keys_and_audit(tmp_path: Path) -> None:
     for path in tmp_path.rglob("*"):
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
+
+
+def test_low_priority_is_shed_first_when_saturated(
+    client: TestClient, server: tuple[Quarry, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = server[0].docstore
+    low, normal, high = (_key(state, scopes="read", priority=p) for p in ("low", "normal", "high"))
+    gate = client.app.state.access  # type: ignore[attr-defined]
+    monkeypatch.setattr(gate.settings, "shed_in_flight", 4)
+    assert client.get("/v1/collections", headers=_bearer(low)).status_code == 200  # 1 in flight: served
+    monkeypatch.setattr(access.InFlight, "count", 10)  # as if 10 other requests were running
+    resp = client.get("/v1/collections", headers=_bearer(low))
+    _error(resp, 503, "Overloaded", "sheds low-priority keys first")
+    assert resp.headers["retry-after"] == "1" and resp.json()["error"]["retryable"] is True
+    for key in (normal, high):
+        assert client.get("/v1/collections", headers=_bearer(key)).status_code == 200
