@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 
 from quarry.config_cli import app as config_app
 from quarry.errors import InvalidRequest, LLMNotConfigured, QuarryError
+from quarry.keys_cli import audit_app, keys_app
 from quarry.settings import Settings, get_settings, unknown_env
 from quarry.triton_cli import app as triton_app
 
@@ -55,6 +56,8 @@ app.add_typer(docs_app, name="docs")
 app.add_typer(config_app, name="config")
 eval_app = typer.Typer(help="Evaluate retrieval on a BEIR split (quarry eval --beir DIR); compare runs.")
 app.add_typer(eval_app, name="eval")
+app.add_typer(keys_app, name="keys")
+app.add_typer(audit_app, name="audit")
 err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 out = Console()
 
@@ -277,6 +280,7 @@ def serve(
     import uvicorn
 
     from quarry.api import create_app
+    from quarry.api.access import check_bind
     from quarry.errors import EmbeddingUnavailable
     from quarry.logs import uvicorn_log_config
 
@@ -286,6 +290,7 @@ def serve(
         return
     service = _quarry(settings)
     try:
+        check_bind(host or settings.api.host, service.docstore, settings.auth)
         try:
             service.warm_up()
         except EmbeddingUnavailable as exc:
@@ -308,11 +313,16 @@ def _serve_workers(settings: Settings, host: str | None, port: int | None, worke
     """
     import uvicorn
 
+    from quarry.api.access import check_bind
     from quarry.api.workers import check_shareable
     from quarry.logs import uvicorn_log_config
 
     check_shareable(settings)
-    _quarry(settings).close()  # fail here, as one error line, if the store or docstore cannot open
+    service = _quarry(settings)  # fail here, as one error line, if the store or docstore cannot open
+    try:
+        check_bind(host or settings.api.host, service.docstore, settings.auth)
+    finally:
+        service.close()
     uvicorn.run(
         "quarry.api.workers:create_worker_app", factory=True, workers=workers,
         host=host or settings.api.host, port=port or settings.api.port,

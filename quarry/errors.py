@@ -14,6 +14,10 @@ their message. Driver errors are wrapped with ``raise ... from exc``, never swal
     │   ├── DimensionMismatch              400  vector of the wrong dimension
     │   ├── UnsupportedIndex               400  index type/params the engine cannot build
     │   └── PayloadTooLarge                413  body or document over the server's limits
+    ├── Unauthenticated                    401  no API key, or one unknown, malformed, expired or revoked
+    ├── Forbidden                          403  the key lacks the scope or the collection
+    ├── RateLimited                        429  the key's request rate is spent (retryable, Retry-After)
+    ├── Overloaded                         503  shed: the server is saturated (retryable, Retry-After)
     ├── NotFound                           404
     │   └── CollectionNotFound             404
     ├── Conflict                           409
@@ -130,6 +134,39 @@ class UnsupportedIndex(InvalidRequest):
 
 class PayloadTooLarge(InvalidRequest):
     """The request body, or a document in it, is larger than the server accepts (HTTP 413)."""
+
+
+class Unauthenticated(QuarryError):
+    """No API key was sent, or the one sent is unknown, malformed, expired or revoked (HTTP 401).
+
+    The message says which, never echoing the key.
+    """
+
+    headers = {"WWW-Authenticate": 'Bearer realm="quarry"'}
+
+    def __init__(self, message: str, *, reason: str = "invalid") -> None:
+        super().__init__(message)
+        self.reason = reason  # missing, malformed, unknown, invalid, revoked, expired (a bounded metric label)
+
+
+class Forbidden(QuarryError):
+    """The API key is valid but lacks the scope, or the collection, the request needs (HTTP 403)."""
+
+    def __init__(self, message: str, *, reason: str = "scope") -> None:
+        super().__init__(message)
+        self.reason = reason  # scope, collection (a bounded metric label)
+
+
+class RateLimited(QuarryError):
+    """The API key's request rate is spent; retry after ``retry_after_s`` (HTTP 429)."""
+
+    retryable = True
+
+
+class Overloaded(QuarryError):
+    """The server is saturated and shed this lower-priority request; retry after ``retry_after_s`` (HTTP 503)."""
+
+    retryable = True
 
 
 class NotFound(QuarryError):

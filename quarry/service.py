@@ -5,19 +5,20 @@ The REST API and the CLI both talk to :class:`Quarry`; nothing else constructs b
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 from embedding.base import Embedder, QueryEncoder
 from embedding.batching import BatchingEmbedder
 from embedding.factory import open_embedder
 from embedding.process import ProcessEmbedder
 from indexing.collections import NAME, CollectionConfig, FusionConfig
-from indexing.docstore import CollectionVersion, Job, open_docstore
+from indexing.docstore import DEFAULT_TENANT, CollectionVersion, Job, open_docstore
 from indexing.pipeline import Ingestor, IngestReport, Progress, Target
 from indexing.planner import GIB, IndexPlan, plan_for_store
 from indexing.reindex import Build, Reindexer, ReindexReport, new_owner
@@ -25,7 +26,16 @@ from indexing.sources import SourceDocument
 from indexing.versions import describe_versions, ensure_live, live_config
 from monitoring.monitor import RecallMonitor
 from monitoring.recent import RecentQueries
-from quarry.errors import CollectionExists, CollectionNotFound, Conflict, InvalidRequest, ModelMismatch, NotFound, clip
+from quarry.errors import (
+    CollectionExists,
+    CollectionNotFound,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    ModelMismatch,
+    NotFound,
+    clip,
+)
 from quarry.metrics import SearchTelemetry
 from quarry.settings import Settings
 from rerank.base import Reranker
@@ -66,6 +76,7 @@ class Quarry:
                 (see :class:`~retrieval.search.Searcher`); tests step one by hand.
         """
         self.settings = settings
+        self._clock = clock
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         router = FilterRouter(settings.store.exact_filter_rows or None, settings.store.filter_count_ttl_s)
         self.store = store or open_store(settings.store_url, router)
@@ -106,6 +117,65 @@ class Quarry:
             self.store, self.docstore, settings.reindex, self._writing, self._plan,
             index_timeout_s=settings.store.index_build_timeout_s,
         )
+        self.tenant_id = DEFAULT_TENANT
+        self._tenants: dict[str, Quarry] = {}
+        self._tenants_guard = threading.Lock()
+
+    def for_tenant(self, tenant_id: str) -> Quarry:
+        """This service as tenant ``tenant_id`` sees it (see :mod:`quarry.tenancy`); built once per tenant.
+
+        The default tenant is this service itself. A view shares the models and the store's
+        connections; close this service, not a view.
+
+        Raises:
+            Forbidden: ``tenant_id`` is empty or not a tenant of the state of record (fails closed:
+                never an unscoped view).
+        """
+        if tenant_id == self.tenant_id:
+            return self
+        view = self._tenants.get(tenant_id)
+        if view is not None:
+            return view
+        with self._tenants_guard:
+            view = self._tenants.get(tenant_id)
+            if view is None:
+                view = self._tenants[tenant_id] = self._tenant_view(tenant_id)
+        return view
+
+    def _tenant_view(self, tenant_id: str) -> Quarry:
+        from quarry.tenancy import TenantStore
+
+        if not tenant_id or tenant_id not in {t for t, _ in self.docstore.list_tenants()}:
+            raise Forbidden(f"tenant {clip(tenant_id)} is not known to this server: refusing an unscoped request",
+                            reason="tenant")
+        view = copy.copy(self)
+        view.tenant_id = tenant_id
+        view.docstore = self.docstore.for_tenant(tenant_id)
+        view.store = cast(VectorStore, TenantStore(self.store, tenant_id))
+        view.bm25 = BM25Registry(view.docstore, self.settings.data_dir / f"bm25@{tenant_id}", self.settings.bm25)
+        view.bm25.on_swap = self.bm25.on_swap
+        ingest = self.settings.ingest
+        view.ingestor = Ingestor(
+            view.store, view.docstore, self.embedder, view.bm25,
+            batch_size=ingest.batch_size, embed_batch_size=self.settings.embedding.batch_size,
+            max_document_chars=ingest.max_document_chars, max_token_chars=ingest.max_token_chars,
+        )
+        recent = RecentQueries(
+            self.settings.data_dir / "monitor" / f"recent@{tenant_id}.sqlite", self.settings.monitor.recent_queries
+        )
+        view.monitor = RecallMonitor(view.store, self.settings.monitor, recent=recent)  # exact re-runs in scope
+        view.searcher = Searcher(
+            view.store, view.docstore, self.query_embedder, view.bm25, self.settings.search, self.reranker,
+            clock=self._clock, observe=self.telemetry, sample_dense=view.monitor.offer,
+        )
+        view._versions, view._models, view._models_guard = {}, self._models, self._models_guard
+        view.reindexer = Reindexer(
+            view.store, view.docstore, self.settings.reindex, view._writing, view._plan,
+            index_timeout_s=self.settings.store.index_build_timeout_s,
+        )
+        view._write_locks, view._write_locks_guard = {}, threading.Lock()
+        view._tenants, view._tenants_guard = {}, threading.Lock()
+        return view
 
     @contextmanager
     def _writing(self, name: str) -> Iterator[None]:

@@ -404,6 +404,29 @@ class MonitorSettings(BaseModel):
     recent_queries: int = Field(1000, ge=1)
 
 
+class AuthSettings(BaseModel):
+    """API keys and rate limits (:mod:`quarry.api.access`).
+
+    Attributes:
+        required: Every request (but ``/healthz``, ``/readyz``, ``/metrics``) needs a key even
+            before any key exists. Keys are required anyway once one exists.
+        allow_insecure: Let ``quarry serve`` bind beyond loopback with no API keys.
+        rate_storage: Where the per-key rate windows live, as the ``limits`` library names it:
+            ``memory://`` (this process), ``redis://host:6379`` or ``memcached://host:11211``
+            (shared by replicas; install the driver).
+        shed_in_flight: Load shedding: while more requests than this are in flight, a request of
+            a ``low``-priority key is answered 503 ``Overloaded`` with ``Retry-After`` at once,
+            so that higher priorities keep their latency (0: off).
+        shed_retry_after_s: The ``Retry-After`` of a shed request, in seconds.
+    """
+
+    required: bool = False
+    allow_insecure: bool = False
+    rate_storage: str = "memory://"
+    shed_in_flight: int = Field(0, ge=0)
+    shed_retry_after_s: float = Field(1.0, gt=0, le=3600, allow_inf_nan=False)
+
+
 class Settings(BaseSettings):
     """All of Quarry's configuration.
 
@@ -433,6 +456,7 @@ class Settings(BaseSettings):
     log: LogSettings = LogSettings()
     tracing: TracingSettings = TracingSettings()
     monitor: MonitorSettings = MonitorSettings()
+    auth: AuthSettings = AuthSettings()
 
     @property
     def store_url(self) -> str:

@@ -37,6 +37,7 @@ from indexing.collections import CollectionConfig
 from indexing.sources import is_blank
 from quarry import errors as e
 from quarry import metrics
+from quarry.api import access
 from quarry.api import cache as answer_cache
 from quarry.api.errors import error_responses
 from quarry.api.models import RerankIn, SearchIn, _Body
@@ -90,8 +91,7 @@ def _cache(request: Request) -> AnswerCache | None:
 
 
 async def _quarry(request: Request) -> Quarry:
-    service: Quarry = request.app.state.quarry
-    return service
+    return access.service(request)  # the key's tenant's view
 
 
 # What retrieval can raise (as search) and what the LLM can (with ``require_answer``).
@@ -339,6 +339,7 @@ async def chat_completions(
     collection = body.model.removeprefix("quarry/")
     if collection == body.model or not collection:
         raise InvalidRequest(f'model must be "quarry/<collection>", got {clip(body.model)}')
+    access.check_collection(request, collection)
     users = [m.text() for m in body.messages if m.role == "user"]
     if not users or is_blank(users[-1]):
         raise InvalidRequest("no user message to answer")

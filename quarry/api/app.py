@@ -27,7 +27,8 @@ from indexing.collections import CollectionConfig
 from indexing.sources import SourceDocument, parse_document
 from quarry import errors as e
 from quarry import heap, metrics, tracing
-from quarry.api import answer, errors
+from quarry.api import access, answer, errors
+from quarry.api.access import Access
 from quarry.api.browser import BrowserGuard
 from quarry.api.errors import error_responses
 from quarry.api.guard import RequestGuard
@@ -60,9 +61,8 @@ log = logging.getLogger(__name__)
 
 
 async def get_quarry(request: Request) -> Quarry:
-    """FastAPI dependency: the app's shared service (async: a sync one would cost a thread hop)."""
-    service: Quarry = request.app.state.quarry
-    return service
+    """FastAPI dependency: the shared service as the key's tenant sees it (async: no thread hop)."""
+    return access.service(request)
 
 
 Service = Annotated[Quarry, Depends(get_quarry)]
@@ -83,6 +83,7 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
         app.state.quarry = service
         metrics.set_slas(service.settings.metrics)
         traced = tracing.configure(service.settings.tracing)
+        app.state.access = Access(service.docstore, service.settings.auth)
         app.state.store_probe = StoreProbe(service.store.list_collections)
         try:
             await run_in_threadpool(service.warm_up)
@@ -115,8 +116,9 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     app.add_middleware(RequestGuard)
     app.add_middleware(BrowserGuard)
     app.add_middleware(ObserveMiddleware)
-    app.include_router(router)
-    app.include_router(answer.router)
+    # every route passes the access layer first (keys, scopes, collections, rates)
+    app.include_router(router, dependencies=[Depends(access.authorize)])
+    app.include_router(answer.router, dependencies=[Depends(access.authorize)])
     return app
 
 
@@ -183,9 +185,9 @@ def prometheus() -> Response:
 @router.get(
     "/v1/collections", tags=["collections"], response_model=CollectionsOut,
 )
-def list_collections(q: Service) -> dict[str, Any]:
-    """All collections with their configuration."""
-    return {"collections": [c.to_json() for c in q.list_collections()]}
+def list_collections(request: Request, q: Service) -> dict[str, Any]:
+    """All collections with their configuration (those the API key may use)."""
+    return {"collections": [c.to_json() for c in q.list_collections() if access.allowed(request, c.name)]}
 
 
 @router.post(
@@ -195,12 +197,14 @@ def list_collections(q: Service) -> dict[str, Any]:
         e.EmbeddingUnavailable, e.EmbeddingError, body=True,
     ),
 )
-def create_collection(body: CreateCollection, q: Service) -> dict[str, Any]:
+def create_collection(body: CreateCollection, request: Request, q: Service) -> dict[str, Any]:
     """Create a collection (409 if the name is taken)."""
+    access.check_collection(request, body.name)
     cfg = q.create_collection(
         body.name, language=body.language, chunk_size=body.chunk_size, chunk_overlap=body.chunk_overlap,
         fusion=body.fusion,
     )
+    access.audit(request, "collection.create", body.name)
     return cfg.to_json()
 
 
@@ -231,9 +235,10 @@ def collection_recall(name: str, q: Service) -> dict[str, Any]:
     "/v1/collections/{name}", tags=["collections"], response_model=DroppedOut,
     responses=error_responses(e.InvalidRequest, e.CollectionNotFound, *_STORE),  # 400: RequestGuard's path check
 )
-def drop_collection(name: str, q: Service) -> dict[str, str]:
+def drop_collection(name: str, request: Request, q: Service) -> dict[str, str]:
     """Drop a collection with all its data."""
     q.drop_collection(name)
+    access.audit(request, "collection.drop", name)
     return {"deleted": name}
 
 

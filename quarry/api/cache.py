@@ -78,7 +78,7 @@ def cache_key(
     """The parameters that change an answer (``body`` is an ``AnswerIn``) and the collection's state."""
     llm = q.settings.llm
     scope = {
-        "collection": cfg.name, "filters": body.filters, "top_k": body.top_k, "mode": body.mode,
+        "tenant": q.tenant_id, "collection": cfg.name, "filters": body.filters, "top_k": body.top_k, "mode": body.mode,
         "rerank": None if body.rerank is None else body.rerank.model_dump(mode="json"),
         "reranker": q.settings.rerank.model if body.rerank is not None else None,
         "context_tokens": budget, "max_tokens": params.max_tokens, "temperature": params.temperature,

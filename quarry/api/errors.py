@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 STATUS: dict[type[e.QuarryError], int] = {
     e.PayloadTooLarge: 413,
     e.InvalidRequest: 400,
+    e.Unauthenticated: 401,
+    e.Forbidden: 403,
+    e.RateLimited: 429,
+    e.Overloaded: 503,
     e.NotFound: 404,
     e.Conflict: 409,
     e.StoreUnavailable: 503,
@@ -117,9 +121,11 @@ async def quarry_error(request: Request, exc: Exception) -> JSONResponse:
         level = logging.WARNING if isinstance(exc, e.StoreUnavailable) else logging.ERROR
         log.log(level, "%s %s: %s (%s): %s", request.method, request.url.path, type(exc).__name__, exc.message,
                 exc.detail)
-    headers = {"Retry-After": str(math.ceil(exc.retry_after_s))} if exc.retry_after_s else None
+    headers = dict(getattr(exc, "headers", {}))  # e.g. Unauthenticated's WWW-Authenticate
+    if exc.retry_after_s:
+        headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
     return JSONResponse(
-        error_body(type(exc).__name__, exc.message, exc.retryable), status_code=status_of(exc), headers=headers
+        error_body(type(exc).__name__, exc.message, exc.retryable), status_code=status_of(exc), headers=headers or None
     )
 
 

@@ -1,0 +1,222 @@
+"""API keys: how one is made, stored, parsed and checked (no HTTP here; :mod:`quarry.api.access` uses it).
+
+A key reads ``qk_<id>_<secret>``: ``id`` (12 hex digits) finds its record in the state of record
+(:class:`~indexing.docstore.ApiKeyRecord`), ``secret`` (256 random bits, URL-safe base64) is never
+stored: the record keeps ``scrypt$<n>$<r>$<p>$<salt>$<digest>`` (:func:`hashlib.scrypt`, a random
+16-byte salt per key), compared in constant time (:func:`hmac.compare_digest`). The key is shown
+once, by ``quarry keys create``.
+
+scrypt costs ~50 ms by design, too much for every request: :class:`KeyVerifier` remembers, in
+this process's memory only, a SHA-256 of each presented key it has verified (and of the last
+wrong ones, so a flood of bad secrets for a real id costs one scrypt each). The record itself is
+read again on every request, so a key revoked (by the CLI, by another replica) stops working at
+once; a changed hash (a key re-created under its id) invalidates the memo.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from indexing.docstore import DEFAULT_TENANT, ApiKeyRecord, StateStore
+from quarry.errors import InvalidRequest, Unauthenticated, clip
+
+SCOPES = ("read", "write", "admin")
+PRIORITIES = {"low": -1, "normal": 0, "high": 1}
+TENANT = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_KEY = re.compile(r"qk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
+_SCRYPT = {"n": 2**14, "r": 8, "p": 1}
+_RATE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*")
+_PER = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
+_DURATION = re.compile(r"\s*(\d+)\s*([smhdw])\s*")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request is: the key's id (``None``: no keys are configured), tenant, scopes and limits.
+
+    Attributes:
+        key_id: The key's id, or ``None`` for the open server of the demo (no keys exist).
+        tenant_id: The tenant whose collections the request sees.
+        scopes: Some of :data:`SCOPES`.
+        collections: The collections the key may name, or ``None`` for all of its tenant's.
+        rate: Requests per second allowed (``None``: unlimited).
+        priority: ``-1`` low, ``0`` normal, ``1`` high (:data:`PRIORITIES`).
+    """
+
+    key_id: str | None
+    tenant_id: str
+    scopes: frozenset[str]
+    collections: frozenset[str] | None = None
+    rate: float | None = None
+    priority: int = 0
+
+
+OPEN = Principal(None, DEFAULT_TENANT, frozenset(SCOPES))
+
+
+def hash_secret(secret: str, salt: bytes | None = None) -> str:
+    """``scrypt$n$r$p$salt_hex$digest_hex`` of a key's secret (a new random salt unless given)."""
+    salt = salt if salt is not None else secrets.token_bytes(16)
+    digest = hashlib.scrypt(secret.encode(), salt=salt, maxmem=64 * 1024 * 1024, dklen=32, **_SCRYPT)
+    return f"scrypt${_SCRYPT['n']}${_SCRYPT['r']}${_SCRYPT['p']}${salt.hex()}${digest.hex()}"
+
+
+def check_secret(secret: str, stored: str) -> bool:
+    """Whether ``secret`` hashes to ``stored`` (its own parameters and salt), in constant time."""
+    try:
+        kind, n, r, p, salt, digest = stored.split("$")
+        if kind != "scrypt":
+            return False
+        got = hashlib.scrypt(
+            secret.encode(), salt=bytes.fromhex(salt), n=int(n), r=int(r), p=int(p), maxmem=64 * 1024 * 1024, dklen=32
+        )
+    except ValueError:
+        return False
+    return hmac.compare_digest(got.hex(), digest)
+
+
+def parse_key(key: str) -> tuple[str, str]:
+    """``(id, secret)`` of a presented key.
+
+    Raises:
+        Unauthenticated: It is not of the form ``qk_<12 hex>_<43 base64url>`` (never echoed).
+    """
+    match = _KEY.fullmatch(key.strip())
+    if match is None:
+        raise Unauthenticated(
+            f"the API key is malformed: expected qk_<id>_<secret> as printed by 'quarry keys create' "
+            f"({len(key)} characters received)",
+            reason="malformed",
+        )
+    return match.group(1), match.group(2)
+
+
+def parse_rate(text: str | None) -> float | None:
+    """Requests per second of ``"50/s"``, ``"600/min"``, ``"1000/h"`` (``None`` or ``""``: unlimited).
+
+    Raises:
+        InvalidRequest: Another form, or a rate of zero.
+    """
+    if not text:
+        return None
+    match = _RATE.fullmatch(text)
+    if match is None or float(match.group(1)) <= 0:
+        raise InvalidRequest(f"rate {clip(text)} is not N/s, N/min or N/h with N > 0 (e.g. 50/s)")
+    return float(match.group(1)) / _PER[match.group(2)]
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of ``"30d"``, ``"12h"``, ``"2w"``, ``"90m"``, ``"45s"``.
+
+    Raises:
+        InvalidRequest: Another form.
+    """
+    match = _DURATION.fullmatch(text)
+    if match is None or int(match.group(1)) <= 0:
+        raise InvalidRequest(f"duration {clip(text)} is not N followed by s, m, h, d or w (e.g. 30d)")
+    return int(match.group(1)) * _SECONDS[match.group(2)]
+
+
+def new_key(  # noqa: PLR0913 - the key's attributes
+    tenant_id: str,
+    scopes: list[str],
+    *,
+    collections: list[str] | None = None,
+    rate: float | None = None,
+    priority: str = "normal",
+    expires_in_s: float | None = None,
+    name: str = "",
+) -> tuple[str, ApiKeyRecord]:
+    """A new key and the record to store (the key is in the first item only).
+
+    Raises:
+        InvalidRequest: Unknown scope or priority, bad tenant id, no scope.
+    """
+    if not TENANT.fullmatch(tenant_id):
+        raise InvalidRequest(f"tenant id {clip(tenant_id)}: lower-case letter first; a-z, 0-9 and '_'; at most 32")
+    unknown = sorted(set(scopes) - set(SCOPES))
+    if unknown or not scopes:
+        raise InvalidRequest(f"scopes {clip(scopes)}: give one or more of {', '.join(SCOPES)}")
+    if priority not in PRIORITIES:
+        raise InvalidRequest(f"priority {clip(priority)}: one of {', '.join(PRIORITIES)}")
+    key_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
+    now = time.time()
+    record = ApiKeyRecord(
+        id=key_id, tenant_id=tenant_id, prefix=f"qk_{key_id}", hash=hash_secret(secret), name=name,
+        scopes=sorted(set(scopes)), collections=sorted(set(collections)) if collections else None, rate=rate,
+        priority=PRIORITIES[priority], created_at=now, expires_at=now + expires_in_s if expires_in_s else None,
+    )
+    return f"qk_{key_id}_{secret}", record
+
+
+class KeyVerifier:
+    """Turns a presented key into a :class:`Principal`, reading its record on every call (see module doc).
+
+    Thread-safe. ``clock`` is Unix seconds (expiry is compared with it).
+    """
+
+    def __init__(self, state: StateStore, *, memo_size: int = 4096, clock: Callable[[], float] = time.time) -> None:
+        """Check keys against ``state``'s ``api_keys``; remember up to ``memo_size`` verified digests."""
+        self.state = state
+        self._now = clock
+        self._good: OrderedDict[tuple[str, str], bytes] = OrderedDict()  # (id, stored hash) -> sha256(secret)
+        self._bad: OrderedDict[bytes, None] = OrderedDict()
+        self._size = memo_size
+        self._lock = threading.Lock()
+
+    def verify(self, key: str) -> Principal:
+        """The principal of a presented key.
+
+        Raises:
+            Unauthenticated: Malformed, unknown, wrong secret, revoked or expired (the message says
+                which, with the key's id where it parsed, never its secret).
+        """
+        key_id, secret = parse_key(key)
+        record = self.state.get_api_key(key_id)
+        if record is None:
+            raise Unauthenticated(f"API key qk_{key_id}_… is not known to this server", reason="unknown")
+        if not self._secret_ok(record, secret):
+            raise Unauthenticated(f"API key qk_{key_id}_… has a wrong secret")
+        if record.revoked_at is not None:
+            raise Unauthenticated(f"API key qk_{key_id}_… was revoked at {_iso(record.revoked_at)}", reason="revoked")
+        if record.expires_at is not None and record.expires_at <= self._now():
+            raise Unauthenticated(f"API key qk_{key_id}_… expired at {_iso(record.expires_at)}", reason="expired")
+        return Principal(
+            key_id=record.id, tenant_id=record.tenant_id, scopes=frozenset(record.scopes),
+            collections=None if record.collections is None else frozenset(record.collections),
+            rate=record.rate, priority=record.priority,
+        )
+
+    def _secret_ok(self, record: ApiKeyRecord, secret: str) -> bool:
+        seen = hashlib.sha256(f"{record.id}:{record.hash}:{secret}".encode()).digest()
+        with self._lock:
+            known = self._good.get((record.id, record.hash))
+            if known is not None and hmac.compare_digest(known, seen):
+                return True
+            if seen in self._bad:
+                return False
+        ok = check_secret(secret, record.hash)
+        with self._lock:
+            memo: OrderedDict[tuple[str, str], bytes] | OrderedDict[bytes, None]
+            if ok:
+                self._good[(record.id, record.hash)] = seen
+                memo = self._good
+            else:
+                self._bad[seen] = None
+                memo = self._bad
+            while len(memo) > self._size:
+                memo.popitem(last=False)
+        return ok
+
+
+def _iso(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))

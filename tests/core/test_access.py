@@ -1,0 +1,202 @@
+"""The access layer (quarry.api.access, quarry.api.keys): keys, scopes, collections, rates, audit, the bind check.
+
+A server of its own (a fresh data dir, Milvus Lite, the packaged MiniLM's vectors): keys make
+every request of a server need one, so the shared session service must never see one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import limits.storage.memory
+import pytest
+from fastapi.testclient import TestClient
+
+from indexing.docstore import StateStore
+from quarry.api import access, create_app
+from quarry.api.access import check_bind
+from quarry.api.keys import check_secret, hash_secret, new_key
+from quarry.errors import ConfigError
+from quarry.service import Quarry
+from quarry.settings import AuthSettings, Settings
+from tests.core.conftest import CountingEmbedder
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, counting: CountingEmbedder) -> Iterator[tuple[Quarry, Path]]:
+    data = tmp_path_factory.mktemp("access-data")
+    quarry = Quarry(Settings(data_dir=data), embedder=counting)
+    yield quarry, data
+    quarry.close()
+
+
+@pytest.fixture(scope="module")
+def client(server: tuple[Quarry, Path]) -> Iterator[TestClient]:
+    with TestClient(create_app(server[0])) as c:
+        yield c
+
+
+def _key(state: StateStore, tenant: str = "default", scopes: str = "read,write,admin", **kw: object) -> str:
+    key, record = new_key(tenant, scopes.split(","), **kw)  # type: ignore[arg-type]
+    state.insert_api_key(record)
+    return key
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _error(resp: object, status: int, kind: str, needle: str) -> None:
+    assert resp.status_code == status, resp.text  # type: ignore[attr-defined]
+    err = resp.json()["error"]  # type: ignore[attr-defined]
+    assert err["type"] == kind and needle in err["message"], err
+
+
+def test_scrypt_hash_round_trip_and_salt() -> None:
+    a, b = hash_secret("s3cret"), hash_secret("s3cret")
+    assert a != b and a.startswith("scrypt$16384$8$1$")  # a salt per key
+    assert check_secret("s3cret", a) and not check_secret("s3cret!", a) and not check_secret("x", "garbage")
+
+
+def test_keys_401_403_revoke_audit_and_no_key_in_clear(
+    client: TestClient, server: tuple[Quarry, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    quarry, data = server
+    state = quarry.docstore
+    # no key exists yet: the open server of the demo
+    assert client.get("/v1/collections").status_code == 200
+    admin = _key(state)
+    reader = _key(state, scopes="read", collections=["mine"])
+    expired, record = new_key("default", ["read"], expires_in_s=1)
+    state.insert_api_key(dataclasses.replace(record, expires_at=1.0))
+    _error(client.get("/v1/collections"), 401, "Unauthenticated", "requires an API key")
+    assert client.get("/v1/collections").headers["www-authenticate"].startswith("Bearer")
+    _error(client.get("/v1/collections", headers=_bearer("qk_nope")), 401, "Unauthenticated", "malformed")
+    _error(client.get("/v1/collections", headers={"Authorization": "Basic x"}), 401, "Unauthenticated", "Bearer")
+    wrong = admin[:-4] + ("AAAA" if not admin.endswith("AAAA") else "BBBB")
+    _error(client.get("/v1/collections", headers=_bearer(wrong)), 401, "Unauthenticated", "wrong secret")
+    unknown = "qk_000000000000_" + admin.split("_", 2)[2]
+    _error(client.get("/v1/collections", headers=_bearer(unknown)), 401, "Unauthenticated", "not known")
+    _error(client.get("/v1/collections", headers=_bearer(expired)), 401, "Unauthenticated", "expired at")
+    # both headers work; open routes stay open
+    assert client.get("/v1/collections", headers=_bearer(admin)).status_code == 200
+    assert client.get("/v1/collections", headers={"api-key": reader}).status_code == 200
+    assert client.get("/healthz").status_code == 200
+    # scope and collection: 403 naming what was missing
+    _error(client.post("/v1/collections", json={"name": "mine"}, headers=_bearer(reader)), 403, "Forbidden",
+           "needs 'admin'")
+    _error(client.get("/v1/collections/other", headers=_bearer(reader)), 403, "Forbidden", "not 'other'")
+    # admin actions are audited with the key's id and tenant
+    assert client.post("/v1/collections", json={"name": "acc_a"}, headers=_bearer(admin)).status_code == 201
+    assert client.get("/v1/collections/acc_a", headers={"api-key": admin}).status_code == 200
+    assert client.delete("/v1/collections/acc_a", headers=_bearer(admin)).status_code == 200
+    actions = [(a.action, a.key_id, a.tenant_id, a.target) for a in state.list_audit()]
+    admin_id = admin[3:15]
+    assert ("collection.create", admin_id, "default", "acc_a") in actions
+    assert ("collection.drop", admin_id, "default", "acc_a") in actions
+    # a revoke counts at the very next request, although the key's check was memoised
+    assert state.revoke_api_key(admin_id)
+    _error(client.get("/v1/collections", headers=_bearer(admin)), 401, "Unauthenticated", "revoked at")
+    # no key, nor its secret, in clear anywhere under the data dir or in a log line
+    secrets = [k.split("_", 2)[2] for k in (admin, reader, expired)]
+    for path in data.rglob("*"):
+        if path.is_file():
+            blob = path.read_bytes()
+            assert not any(s.encode() in blob for s in secrets), path
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert not any(s in logged for s in secrets)
+
+
+def test_rate_limit_10_per_s_at_50_per_s_for_5_s(
+    client: TestClient, server: tuple[Quarry, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = server[0].docstore
+    slow, other = _key(state, scopes="read", rate=10.0), _key(state, scopes="read", rate=10.0)
+
+    class Clock:
+        now = 1_000_000.0
+
+        def time(self) -> float:
+            return self.now
+
+    clock = Clock()
+    monkeypatch.setattr(limits.storage.memory, "time", clock)
+    monkeypatch.setattr(access, "time", clock)
+    ok = limited = 0
+    for i in range(250):  # 50 req/s for 5 s
+        resp = client.get("/v1/collections", headers=_bearer(slow))
+        if resp.status_code == 200:
+            ok += 1
+        else:
+            _error(resp, 429, "RateLimited", "limited to 10 requests/s")
+            assert int(resp.headers["retry-after"]) >= 1
+            limited += 1
+        if i % 5 == 0:  # the other key sends 10 req/s: never limited
+            assert client.get("/v1/collections", headers=_bearer(other)).status_code == 200
+        clock.now += 0.02
+    assert 45 <= ok <= 55 and ok + limited == 250, (ok, limited)
+
+
+def test_bind_check() -> None:
+    class NoKeys:
+        def list_api_keys(self) -> list[object]:
+            return []
+
+    state = NoKeys()
+    check_bind("127.0.0.1", state, AuthSettings())  # type: ignore[arg-type]
+    check_bind("::1", state, AuthSettings())  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="QUARRY_AUTH__ALLOW_INSECURE"):
+        check_bind("0.0.0.0", state, AuthSettings())  # type: ignore[arg-type]  # noqa: S104
+    check_bind("0.0.0.0", state, AuthSettings(allow_insecure=True))  # type: ignore[arg-type]  # noqa: S104
+
+
+def test_cli_keys_and_audit(tmp_path: Path) -> None:
+    env = {**os.environ, "QUARRY_DATA_DIR": str(tmp_path)}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "quarry.cli", *args], env=env, capture_output=True, text=True, timeout=120,
+            check=False,
+        )
+
+    made = cli("keys", "create", "--tenant", "acme", "--scopes", "read,write", "--rate", "50/s",
+               "--priority", "high", "--expires", "30d")
+    assert made.returncode == 0, made.stderr
+    key = made.stdout.strip()
+    assert key.startswith("qk_") and len(key) == 3 + 12 + 1 + 43
+    listed = cli("keys", "list", "--json")
+    assert listed.returncode == 0 and key[3:15] in listed.stdout and key not in listed.stdout
+    assert '"priority": "high"' in listed.stdout and '"rate_per_s": 50.0' in listed.stdout
+    assert cli("keys", "revoke", key[3:15]).returncode == 0
+    assert '"revoked"' in cli("keys", "list", "--json").stdout
+    audit = cli("audit", "list", "--json").stdout
+    assert "key.create" in audit and "key.revoke" in audit and "acme" in audit
+    bad = cli("keys", "create", "--scopes", "root")
+    assert bad.returncode == 2 and "give one or more of read, write, admin" in bad.stderr
+    secret = key.split("_", 2)[2]
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+
+
+def test_low_priority_is_shed_first_when_saturated(
+    client: TestClient, server: tuple[Quarry, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = server[0].docstore
+    low, normal, high = (_key(state, scopes="read", priority=p) for p in ("low", "normal", "high"))
+    gate = client.app.state.access  # type: ignore[attr-defined]
+    monkeypatch.setattr(gate.settings, "shed_in_flight", 4)
+    assert client.get("/v1/collections", headers=_bearer(low)).status_code == 200  # 1 in flight: served
+    monkeypatch.setattr(access.InFlight, "count", 10)  # as if 10 other requests were running
+    resp = client.get("/v1/collections", headers=_bearer(low))
+    _error(resp, 503, "Overloaded", "sheds low-priority keys first")
+    assert resp.headers["retry-after"] == "1" and resp.json()["error"]["retryable"] is True
+    for key in (normal, high):
+        assert client.get("/v1/collections", headers=_bearer(key)).status_code == 200
