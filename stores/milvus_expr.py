@@ -11,6 +11,10 @@ escaped literals; nothing of the caller's text reaches the expression unescaped:
 
 Reference semantics are :func:`stores.filters.matches`: for a list-valued payload field,
 ``Eq``/``In`` hold when any item does, so they compile to ``== v or json_contains(...)``.
+``$ne``, ``$nin``, ``$exists`` and ``$prefix`` (:class:`~stores.filters.Ne`, ``Nin``,
+``Exists``, ``Prefix``) are refused with ``InvalidFilter`` for now: Milvus Lite rejects
+``not (...)`` and ``exists``, and ``like`` treats ``_`` as an unescapable wildcard, so they need
+the id-set route (evaluate on the payloads, search ``id in [...]``), which is not built yet.
 Primary keys are encoded by :func:`encode_id` because pymilvus and Milvus Lite paste ids into
 expressions and SQL unescaped (a ``'`` in an id breaks Lite's upsert).
 """
@@ -22,7 +26,7 @@ import re
 from collections.abc import Sequence
 
 from quarry.errors import InvalidFilter
-from stores.filters import FIELD_NAME, And, Eq, Filter, In, Or, Range, Scalar
+from stores.filters import FIELD_NAME, And, Eq, Exists, Filter, In, Ne, Nin, Or, Prefix, Range, Scalar
 
 _ID_UNSAFE = re.compile(r"[%'\"\\\x00-\x1f\x7f]")
 _ID_ESCAPE = re.compile(r"%([0-9A-F]{2})")
@@ -101,7 +105,18 @@ def compile_filter(flt: Filter, *, lite: bool) -> str:
         return f"({ref} == {lit} or json_contains({ref}, {lit}))"
     if isinstance(flt, In):
         return _compile_in(ref, flt.values, lite=lite)
+    if isinstance(flt, Ne | Nin | Exists | Prefix):
+        raise InvalidFilter(unsupported(flt, "Milvus"))
     return _compile_range(ref, flt)
+
+
+def unsupported(flt: Filter, engine: str) -> str:
+    """The message of a filter operator a backend cannot run yet."""
+    op = {Ne: "$ne", Nin: "$nin", Exists: "$exists", Prefix: "$prefix"}.get(type(flt), type(flt).__name__)
+    return (
+        f"{op} (on {flt.field!r}) is not supported by the {engine} backend yet; "  # type: ignore[union-attr]
+        "use $eq/$in/ranges here, or a pgvector collection"
+    )
 
 
 def _field(name: str) -> str:

@@ -15,6 +15,9 @@ Semantics follow :func:`stores.filters.matches`:
   there every boolean field ``f`` is mirrored as the keyword ``"true"``/``"false"`` under
   ``_bools.f`` and matched on that mirror.
 
+``$ne``, ``$nin``, ``$exists`` and ``$prefix`` are refused with ``InvalidFilter`` for now (Qdrant
+has no string-prefix condition on keyword fields; the id-set route is not built yet).
+
 Qdrant point ids must be unsigned integers or UUIDs: a record id maps to ``uuid5`` in a fixed
 namespace, and the caller's id is kept in the payload under ``_id``.
 """
@@ -28,9 +31,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from quarry.errors import InvalidRequest, UnsupportedIndex
+from quarry.errors import InvalidFilter, InvalidRequest, UnsupportedIndex
 from stores.base import IndexSpec, Metric, Payload, ScoredId, VectorRecord
-from stores.filters import FIELD_NAME, And, Eq, Filter, Or, Range, Scalar
+from stores.filters import FIELD_NAME, And, Eq, Exists, Filter, Ne, Nin, Or, Prefix, Range, Scalar
+from stores.milvus_expr import unsupported
 from stores.routing import FilterRouter
 
 ID_NAMESPACE = uuid.UUID("6f1c3a52-9d0e-4b8e-a1c4-51a7e0b2d9f3")
@@ -101,6 +105,8 @@ def compile_filter(flt: Filter, dialect: Dialect) -> Any:
 def _condition(flt: Filter, dialect: Dialect) -> Any:
     if isinstance(flt, And | Or):
         return compile_filter(flt, dialect)
+    if isinstance(flt, Ne | Nin | Exists | Prefix):
+        raise InvalidFilter(unsupported(flt, "Qdrant"))
     if isinstance(flt, Range):
         bounds = {"gt": flt.gt, "gte": flt.gte, "lt": flt.lt, "lte": flt.lte}
         return dialect.field(key=flt.field, range=dialect.range(**bounds))
