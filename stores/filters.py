@@ -12,7 +12,9 @@ The JSON form follows the operator style of MongoDB/Chroma/Pinecone filters::
     {"path": {"$prefix": "docs/api/"}}               # string starting with
 
 ``$ne``/``$nin`` follow SQL, not MongoDB: they match documents that HAVE the field with a value
-other than the given one(s); a document without the field matches neither (combine with
+other than the given one(s); a document without the field matches neither. A field is present
+when the payload holds it with a value that is not ``null`` and not an empty list (Qdrant's
+``is_empty`` reading, which every backend follows) (combine with
 ``{"f": {"$exists": false}}`` in an ``$or`` for MongoDB's reading). For a list-valued field,
 ``$ne``/``$nin`` hold when no item equals a given value (the negation of ``$eq``/``$in`` on a
 present field). ``$prefix`` is an exact character prefix of a string value (or of any string
@@ -349,7 +351,8 @@ def fields_of(flt: Filter) -> set[str]:
 def matches(flt: Filter | None, payload: Mapping[str, Any]) -> bool:
     """Evaluate ``flt`` against one payload (the reference semantics for every backend).
 
-    A missing field matches only ``Exists(f, False)``. For a list-valued field, ``Eq``/``In``/
+    A missing field (absent, ``None`` or ``[]``: see :func:`present`) matches only
+    ``Exists(f, False)``. For a list-valued field, ``Eq``/``In``/
     ``Prefix`` match when any item does, ``Ne``/``Nin`` when no item equals a given value.
     """
     if flt is None:
@@ -359,8 +362,8 @@ def matches(flt: Filter | None, payload: Mapping[str, Any]) -> bool:
     if isinstance(flt, Or):
         return any(matches(sub, payload) for sub in flt.items)
     if isinstance(flt, Exists):
-        return (flt.field in payload) == flt.present
-    if flt.field not in payload:
+        return present(payload, flt.field) == flt.present
+    if not present(payload, flt.field):
         return False
     value = payload[flt.field]
     values = value if isinstance(value, list) else [value]
@@ -390,13 +393,19 @@ def predicate(flt: Filter) -> Callable[[Mapping[str, Any]], bool]:
     positive = isinstance(flt, Eq | In)
 
     def test(payload: Mapping[str, Any]) -> bool:
-        if field not in payload:
+        if not present(payload, field):
             return False
         value = payload[field]
         found = any(_match_key(v) in wanted for v in (value if isinstance(value, list) else (value,)))
         return found == positive
 
     return test
+
+
+def present(payload: Mapping[str, Any], field: str) -> bool:
+    """Whether ``payload`` holds ``field`` with a value that is not ``None`` and not ``[]``."""
+    value = payload.get(field)
+    return value is not None and value != []
 
 
 def _match_key(value: Any) -> tuple[str, Any]:

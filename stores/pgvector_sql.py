@@ -14,8 +14,9 @@ Filter semantics follow :func:`stores.filters.matches` over a ``payload jsonb`` 
 * ``Range`` reads a field only when its jsonb type is ``number`` (strings, booleans and lists
   never match and never raise a cast error): ``CASE WHEN jsonb_typeof(payload -> %s) = 'number'
   THEN (payload ->> %s)::double precision > %s ... ELSE false END``.
-* ``Ne``/``Nin`` (SQL semantics: the field is present): ``payload ? %s AND NOT (payload @>
-  ANY(%s::jsonb[]))``; ``Exists``: ``payload ? %s`` or its negation.
+* ``Ne``/``Nin`` (SQL semantics: the field is present): ``<present> AND NOT (payload @>
+  ANY(%s::jsonb[]))``; ``Exists``: ``<present>`` or its negation, where ``<present>`` is
+  ``payload ? %s AND payload -> %s NOT IN ('null', '[]')``.
 * ``Prefix``: ``jsonb_path_exists(payload -> %s, '$[*] ? (@ starts with $p)', jsonb_build_object('p',
   %s::text))``; the prefix is a bound jsonpath variable, so ``%``/``_``/``\`` are plain characters
   (no ``LIKE``), and ``$[*]`` reads a scalar or every item of a list.
@@ -143,6 +144,10 @@ def compile_filter(flt: Filter | None) -> tuple[sql.Composable, list[Any]]:
     return _compile(flt, params), params
 
 
+_PRESENT = sql.SQL("(payload ? %s AND payload -> %s NOT IN ('null'::jsonb, '[]'::jsonb))")
+"""A field is present: held, not ``null``, not ``[]`` (:func:`stores.filters.present`)."""
+
+
 def _compile(flt: Filter, params: list[Any]) -> sql.Composable:
     if isinstance(flt, And | Or):
         if not flt.items:
@@ -157,11 +162,11 @@ def _compile(flt: Filter, params: list[Any]) -> sql.Composable:
         if isinstance(flt, Eq | In):
             params.append(docs)
             return sql.SQL("payload @> ANY(%s::jsonb[])")
-        params.extend([flt.field, docs])
-        return sql.SQL("(payload ? %s AND NOT (payload @> ANY(%s::jsonb[])))")
+        params.extend([flt.field, flt.field, docs])
+        return sql.SQL("({} AND NOT (payload @> ANY(%s::jsonb[])))").format(_PRESENT)
     if isinstance(flt, Exists):
-        params.append(flt.field)
-        return sql.SQL("(payload ? %s)" if flt.present else "(NOT (payload ? %s))")
+        params.extend([flt.field, flt.field])
+        return sql.SQL("({})" if flt.present else "(NOT {})").format(_PRESENT)
     if isinstance(flt, Prefix):
         params.extend([flt.field, flt.prefix])
         return sql.SQL(

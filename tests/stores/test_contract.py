@@ -27,11 +27,11 @@ from quarry.errors import (
     InvalidFilter,
     UnsupportedIndex,
 )
-from tests.stores.conftest import Backend
 from retrieval.ann_batching import BatchingSearch
 from stores.base import IndexKind, IndexSpec, Metric, VectorRecord, VectorStore
 from stores.factory import open_store
 from stores.filters import And, Eq, Exists, Filter, In, Ne, Nin, Or, Prefix, Range, matches
+from tests.stores.conftest import Backend
 
 REPO = Path(__file__).resolve().parents[2]
 DIM = 16
@@ -107,7 +107,7 @@ PATHS = ["docs/a.md", "docs/api/x.md", "docs%2Fa", "docs_api", "docsXapi", "100%
          "é/中文.md", 'q"uote/x', "it's/x", "", "*star"]
 PREFIXES = ["docs/", "docs_", "docs%", "100%", "50_", "back\\", "back\\s", "é/", 'q"', "it'", "", "*", "%", "_",
             "\\", "zzz"]
-NEW_OPERATOR_BACKENDS = {"stores.pgvector"}
+NEW_OPERATOR_BACKENDS = {"stores.pgvector", "stores.qdrant"}
 """Backends that compile ``$ne``/``$nin``/``$exists``/``$prefix``; the others refuse them (400)."""
 
 
