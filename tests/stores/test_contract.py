@@ -107,7 +107,7 @@ PATHS = ["docs/a.md", "docs/api/x.md", "docs%2Fa", "docs_api", "docsXapi", "100%
          "é/中文.md", 'q"uote/x', "it's/x", "", "*star"]
 PREFIXES = ["docs/", "docs_", "docs%", "100%", "50_", "back\\", "back\\s", "é/", 'q"', "it'", "", "*", "%", "_",
             "\\", "zzz"]
-NEW_OPERATOR_BACKENDS = {"stores.pgvector", "stores.qdrant"}
+NEW_OPERATOR_BACKENDS = {"stores.pgvector", "stores.qdrant", "stores.milvus"}
 """Backends that compile ``$ne``/``$nin``/``$exists``/``$prefix``; the others refuse them (400)."""
 
 
