@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from stores.filters import And, Eq, Filter, In, Range, parse_filter
+from stores.filters import And, Eq, Exists, Filter, In, Ne, Nin, Prefix, Range, parse_filter
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS recent (
@@ -51,6 +51,14 @@ def filter_to_json(flt: Filter) -> dict[str, Any]:
     if isinstance(flt, Range):
         bounds = {"$gt": flt.gt, "$gte": flt.gte, "$lt": flt.lt, "$lte": flt.lte}
         return {flt.field: {op: value for op, value in bounds.items() if value is not None}}
+    if isinstance(flt, Ne):
+        return {flt.field: {"$ne": flt.value}}
+    if isinstance(flt, Nin):
+        return {flt.field: {"$nin": list(flt.values)}}
+    if isinstance(flt, Exists):
+        return {flt.field: {"$exists": flt.present}}
+    if isinstance(flt, Prefix):
+        return {flt.field: {"$prefix": flt.prefix}}
     op = "$and" if isinstance(flt, And) else "$or"
     return {op: [filter_to_json(item) for item in flt.items]}
 

@@ -78,7 +78,9 @@ class Quarry:
         self.settings = settings
         self._clock = clock
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        router = FilterRouter(settings.store.exact_filter_rows or None, settings.store.filter_count_ttl_s)
+        router = FilterRouter(
+            settings.store.exact_filter_rows or None, settings.store.filter_count_ttl_s, settings.store.max_scan_ids
+        )
         self.store = store or open_store(settings.store_url, router)
         self.embedder = embedder or open_embedder(settings.embedding.url, settings)
         self.reranker = reranker if reranker is not None else _open_reranker(settings)

@@ -35,6 +35,9 @@ class StoreSettings(BaseModel):
             ``max(1000, sqrt(13 * top_k * rows))``, about 3,600 rows of 100k for ``top_k`` 10.
         filter_count_ttl_s: Seconds a count of a filter's matching rows is reused for routing
             (this process's writes to the collection drop it at once).
+        max_scan_ids: Most records a filter condition the engine cannot express (Milvus:
+            ``$ne``/``$nin``/``$exists``/``$prefix``; Qdrant: ``$prefix``) may match; it is
+            evaluated on the stored payloads and searched as an id set. Past it: HTTP 400.
     """
 
     url: str = ""
@@ -42,6 +45,7 @@ class StoreSettings(BaseModel):
     index_build_timeout_s: float = Field(600.0, gt=0)
     exact_filter_rows: int = Field(0, ge=0)
     filter_count_ttl_s: float = Field(10.0, ge=0)
+    max_scan_ids: int = Field(10_000, ge=1)
 
 
 class DocstoreSettings(BaseModel):

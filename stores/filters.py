@@ -1,4 +1,4 @@
-"""Typed metadata filters: parsed once from JSON, compiled by each backend.
+r"""Typed metadata filters: parsed once from JSON, compiled by each backend.
 
 The JSON form follows the operator style of MongoDB/Chroma/Pinecone filters::
 
@@ -6,6 +6,20 @@ The JSON form follows the operator style of MongoDB/Chroma/Pinecone filters::
     {"year": {"$gte": 2000, "$lt": 2010}}            # range
     {"tag": {"$in": ["a", "b"]}}                     # in
     {"$or": [{"tag": "a"}, {"year": {"$gt": 2015}}]}  # or / and over sub-filters
+    {"lang": {"$ne": "en"}}                          # present and different
+    {"tag": {"$nin": ["a", "b"]}}                    # present and none of
+    {"path": {"$exists": true}}                      # present (false: absent)
+    {"path": {"$prefix": "docs/api/"}}               # string starting with
+
+``$ne``/``$nin`` follow SQL, not MongoDB: they match documents that HAVE the field with a value
+other than the given one(s); a document without the field matches neither. A field is present
+when the payload holds it with a value that is not ``null`` and not an empty list (Qdrant's
+``is_empty`` reading, which every backend follows) (combine with
+``{"f": {"$exists": false}}`` in an ``$or`` for MongoDB's reading). For a list-valued field,
+``$ne``/``$nin`` hold when no item equals a given value (the negation of ``$eq``/``$in`` on a
+present field). ``$prefix`` is an exact character prefix of a string value (or of any string
+item of a list): ``%``, ``_``, ``*`` and ``\`` are plain characters, never wildcards; numbers
+and booleans never match it.
 
 Several keys in one object are ANDed. Backends never paste user text into SQL or a Milvus
 expression: they compile the typed tree with bound parameters (``compile_*`` in each backend).
@@ -75,7 +89,39 @@ class Or:
     items: tuple[Filter, ...]
 
 
-Filter = Eq | In | Range | And | Or
+@dataclass(frozen=True)
+class Ne:
+    """``field`` is present and (no item of) it equals ``value`` (SQL ``<>``: absent never matches)."""
+
+    field: str
+    value: Scalar
+
+
+@dataclass(frozen=True)
+class Nin:
+    """``field`` is present and (no item of) it equals any of ``values`` (absent never matches)."""
+
+    field: str
+    values: tuple[Scalar, ...]
+
+
+@dataclass(frozen=True)
+class Exists:
+    """``field`` is present in the payload (``present=True``) or absent (``present=False``)."""
+
+    field: str
+    present: bool
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """``field`` is a string (or a list with a string item) starting with ``prefix``, literally."""
+
+    field: str
+    prefix: str
+
+
+Filter = Eq | In | Range | Ne | Nin | Exists | Prefix | And | Or
 
 _RANGE_OPS = {"$gt": "gt", "$gte": "gte", "$lt": "lt", "$lte": "lte"}
 
@@ -86,8 +132,8 @@ class FilterLimits:
 
     Attributes:
         in_values: Most values in one ``$in`` list.
-        values: Most values in the whole filter (every ``$eq``/shorthand value, ``$in`` item
-            and range bound counts one).
+        values: Most values in the whole filter (every ``$eq``/``$ne``/shorthand value,
+            ``$in``/``$nin`` item, range bound, ``$exists`` and ``$prefix`` counts one).
         depth: Most levels of ``$and``/``$or`` nesting (a flat filter has depth 0).
     """
 
@@ -130,7 +176,8 @@ def parse_filter(
         The typed filter, or ``None`` for an empty filter.
 
     Raises:
-        InvalidFilter: Unknown operator or field, wrong value type, empty ``$in``/``$or``; a
+        InvalidFilter: Unknown operator or field, wrong value type, empty ``$in``/``$nin``/``$or``,
+            a non-boolean ``$exists``, a ``$prefix`` that is not a string or on a non-string field; a
             string with a lone UTF-16 surrogate or a NUL; a number that is not finite; a filter
             past one of ``limits`` (the message names the setting).
     """
@@ -181,26 +228,49 @@ def _parse_ops(key: str, ops: Mapping[str, Any], state: _Parse) -> Filter:
         if op == "$eq":
             state.count(1)
             parts.append(Eq(key, _scalar(key, arg, schema)))
-        elif op == "$in":
+        elif op == "$ne":
+            state.count(1)
+            parts.append(Ne(key, _scalar(key, arg, schema)))
+        elif op in ("$in", "$nin"):
             if not isinstance(arg, list) or not arg:
-                raise InvalidFilter(f"$in on {clip(key)} takes a non-empty list")
+                raise InvalidFilter(f"{op} on {clip(key)} takes a non-empty list")
             if len(arg) > state.limits.in_values:
                 raise InvalidFilter(
-                    f"$in on {clip(key)} has {len(arg):,} values; the limit is {state.limits.in_values:,} "
+                    f"{op} on {clip(key)} has {len(arg):,} values; the limit is {state.limits.in_values:,} "
                     "(QUARRY_SEARCH__MAX_FILTER_IN_VALUES)"
                 )
             state.count(len(arg))
-            parts.append(In(key, tuple(_scalar(key, v, schema) for v in arg)))
+            values = tuple(_scalar(key, v, schema) for v in arg)
+            parts.append(In(key, values) if op == "$in" else Nin(key, values))
+        elif op in ("$exists", "$prefix"):
+            state.count(1)
+            parts.append(_presence(key, op, arg, schema))
         elif op in _RANGE_OPS:
             state.count(1)
             bounds[_RANGE_OPS[op]] = _number(key, arg, schema)
         else:
             raise InvalidFilter(
-                f"unknown operator {clip(op)} on {clip(key)}; supported: $eq, $in, $gt, $gte, $lt, $lte"
+                f"unknown operator {clip(op)} on {clip(key)}; supported: $eq, $ne, $in, $nin, $gt, $gte, "
+                "$lt, $lte, $exists, $prefix"
             )
     if bounds:
         parts.append(Range(key, **bounds))
     return parts[0] if len(parts) == 1 else And(tuple(parts))
+
+
+def _presence(key: str, op: str, arg: Any, schema: Mapping[str, FieldType] | None) -> Filter:
+    """``$exists`` (a boolean) or ``$prefix`` (a string, on a string field)."""
+    if op == "$exists":
+        if not isinstance(arg, bool):
+            raise InvalidFilter(f"$exists on {clip(key)} takes true or false, got {clip(arg)}")
+        return Exists(key, arg)
+    if not isinstance(arg, str):
+        raise InvalidFilter(f"$prefix on {clip(key)} takes a string, got {clip(arg)}")
+    _check_text(key, arg)
+    expected = schema.get(key) if schema else None
+    if expected is not None and expected != "str":
+        raise InvalidFilter(f"$prefix needs a string field; {clip(key)} holds {expected} values")
+    return Prefix(key, arg)
 
 
 def _check_field(key: str, schema: Mapping[str, FieldType] | None) -> None:
@@ -281,7 +351,9 @@ def fields_of(flt: Filter) -> set[str]:
 def matches(flt: Filter | None, payload: Mapping[str, Any]) -> bool:
     """Evaluate ``flt`` against one payload (the reference semantics for every backend).
 
-    A missing field never matches. For a list-valued field, ``Eq``/``In`` match when any item does.
+    A missing field (absent, ``None`` or ``[]``: see :func:`present`) matches only
+    ``Exists(f, False)``. For a list-valued field, ``Eq``/``In``/
+    ``Prefix`` match when any item does, ``Ne``/``Nin`` when no item equals a given value.
     """
     if flt is None:
         return True
@@ -289,14 +361,18 @@ def matches(flt: Filter | None, payload: Mapping[str, Any]) -> bool:
         return all(matches(sub, payload) for sub in flt.items)
     if isinstance(flt, Or):
         return any(matches(sub, payload) for sub in flt.items)
-    if flt.field not in payload:
+    if isinstance(flt, Exists):
+        return present(payload, flt.field) == flt.present
+    if not present(payload, flt.field):
         return False
     value = payload[flt.field]
     values = value if isinstance(value, list) else [value]
-    if isinstance(flt, Eq):
-        return any(_same(v, flt.value) for v in values)
-    if isinstance(flt, In):
-        return any(_same(v, w) for v in values for w in flt.values)
+    if isinstance(flt, Eq | Ne):
+        return any(_same(v, flt.value) for v in values) == isinstance(flt, Eq)
+    if isinstance(flt, In | Nin):
+        return any(_same(v, w) for v in values for w in flt.values) == isinstance(flt, In)
+    if isinstance(flt, Prefix):
+        return any(isinstance(v, str) and v.startswith(flt.prefix) for v in values)
     return _in_range(flt, value)
 
 
@@ -311,17 +387,25 @@ def predicate(flt: Filter) -> Callable[[Mapping[str, Any]], bool]:
         combine = all if isinstance(flt, And) else any
         return lambda payload: combine(test(payload) for test in subs)
     field = flt.field
-    if isinstance(flt, Range):
-        return lambda payload: field in payload and _in_range(flt, payload[field])
-    wanted = frozenset(_match_key(v) for v in ((flt.value,) if isinstance(flt, Eq) else flt.values))
+    if isinstance(flt, Range | Exists | Prefix):
+        return lambda payload: matches(flt, payload)
+    wanted = frozenset(_match_key(v) for v in ((flt.value,) if isinstance(flt, Eq | Ne) else flt.values))
+    positive = isinstance(flt, Eq | In)
 
     def test(payload: Mapping[str, Any]) -> bool:
-        if field not in payload:
+        if not present(payload, field):
             return False
         value = payload[field]
-        return any(_match_key(v) in wanted for v in (value if isinstance(value, list) else (value,)))
+        found = any(_match_key(v) in wanted for v in (value if isinstance(value, list) else (value,)))
+        return found == positive
 
     return test
+
+
+def present(payload: Mapping[str, Any], field: str) -> bool:
+    """Whether ``payload`` holds ``field`` with a value that is not ``None`` and not ``[]``."""
+    value = payload.get(field)
+    return value is not None and value != []
 
 
 def _match_key(value: Any) -> tuple[str, Any]:

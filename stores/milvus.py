@@ -48,7 +48,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -108,6 +108,7 @@ from stores.milvus_mapping import (
     to_rows,
     wrapped,
 )
+from stores.routing import scanned_ids
 
 T = TypeVar("T")
 LITE_KINDS: frozenset[IndexKind] = frozenset({"FLAT", "IVF_FLAT"})
@@ -293,7 +294,30 @@ class MilvusStore:
             InvalidFilter: See :func:`stores.milvus_expr.compile_filter` (on Lite: a string with a
                 line break).
         """
-        compile_filter(flt, lite=self._lite)
+        compile_filter(flt, lite=self._lite, scan=lambda _cond: [])
+
+    def _expr(self, info: CollectionInfo, flt: Filter | None) -> str:
+        """``flt`` compiled, its ``$ne``/``$nin``/``$exists``/``$prefix`` resolved by a payload scan."""
+        if flt is None:
+            return ""
+
+        def scan(cond: Filter) -> list[str]:
+            return scanned_ids(cond, self._payloads(info), self.router.max_scan_ids, "Milvus")
+
+        return compile_filter(flt, lite=self._lite, scan=scan)
+
+    def _payloads(self, info: CollectionInfo) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Every ``(record id, payload)`` of a collection, read in pages."""
+        level = self._level(info.name)
+        with wrapped("query", info.name):
+            pages = self._client.query_iterator(
+                info.name, batch_size=_BATCH, filter="", output_fields=["payload"], consistency_level=level
+            )
+            try:
+                while rows := pages.next():
+                    yield from ((decode_id(row["id"]), row.get("payload") or {}) for row in rows)
+            finally:
+                pages.close()
 
     def delete_by_filter(self, name: str, flt: Filter) -> None:
         """Delete every record whose payload matches ``flt``.
@@ -302,7 +326,7 @@ class MilvusStore:
             InvalidFilter: The filter cannot be compiled (see :mod:`stores.milvus_expr`).
         """
         info = self._info(name)
-        expr = compile_filter(flt, lite=self._lite)
+        expr = self._expr(info, flt)
         with wrapped("delete", name):
             self._client.delete(info.name, filter=expr, timeout=WRITE_S)
         self._deleted(info.name)
@@ -329,7 +353,7 @@ class MilvusStore:
     def count(self, name: str, flt: Filter | None = None) -> int:
         """Number of records, optionally only those matching ``flt``."""
         info = self._info(name)
-        expr = compile_filter(flt, lite=self._lite) if flt is not None else ""
+        expr = self._expr(info, flt)
         level = self._level(info.name)
         with wrapped("count", name):
             rows = self._client.query(
@@ -372,7 +396,7 @@ class MilvusStore:
         if not 1 <= top_k <= _MAX_TOP_K:
             raise InvalidQuery(f"top_k must be in 1..{_MAX_TOP_K}, got {top_k}")
         flt = canonical(flt) if flt is not None else None
-        expr = compile_filter(flt, lite=self._lite) if flt is not None else ""
+        expr = self._expr(info, flt)
         overrides = dict(search_params or {})
         forced = overrides.pop("exact", None)
         if forced is not None and not isinstance(forced, bool):

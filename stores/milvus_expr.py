@@ -11,6 +11,13 @@ escaped literals; nothing of the caller's text reaches the expression unescaped:
 
 Reference semantics are :func:`stores.filters.matches`: for a list-valued payload field,
 ``Eq``/``In`` hold when any item does, so they compile to ``== v or json_contains(...)``.
+``$ne``, ``$nin``, ``$exists`` and ``$prefix`` (:class:`~stores.filters.Ne`, ``Nin``,
+``Exists``, ``Prefix``) take the id-set route on Lite and server alike: Milvus Lite rejects
+``not (...)`` and ``exists``, and ``like`` treats ``_`` as an unescapable wildcard. The store
+reads the payloads, evaluates the condition with :func:`stores.filters.matches`
+(:func:`stores.routing.scanned_ids`, at most ``QUARRY_STORE__MAX_SCAN_IDS``) and the condition
+compiles to ``id in [...]`` (an empty set to ``id in ["%no"]``, a key :func:`encode_id` never
+produces).
 Primary keys are encoded by :func:`encode_id` because pymilvus and Milvus Lite paste ids into
 expressions and SQL unescaped (a ``'`` in an id breaks Lite's upsert).
 """
@@ -19,10 +26,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from quarry.errors import InvalidFilter
-from stores.filters import FIELD_NAME, And, Eq, Filter, In, Or, Range, Scalar
+from stores.filters import FIELD_NAME, And, Eq, Exists, Filter, In, Ne, Nin, Or, Prefix, Range, Scalar
 
 _ID_UNSAFE = re.compile(r"[%'\"\\\x00-\x1f\x7f]")
 _ID_ESCAPE = re.compile(r"%([0-9A-F]{2})")
@@ -79,12 +86,20 @@ def ids_expr(keys: Sequence[str]) -> str:
     return "id in [" + ", ".join(quote_str(k, lite=False) for k in keys) + "]"
 
 
-def compile_filter(flt: Filter, *, lite: bool) -> str:
+NO_ID = '"%no"'
+"""A primary key no record has (``%`` followed by non-hex digits)."""
+ScanIds = Callable[[Filter], list[str]]
+"""The record ids whose payload matches a condition (the store's scan)."""
+
+
+def compile_filter(flt: Filter, *, lite: bool, scan: ScanIds | None = None) -> str:
     """Compile a typed filter to a Milvus expression over the ``payload`` JSON field.
 
     Args:
         flt: The typed filter.
         lite: Target is Milvus Lite (stricter string literals).
+        scan: Resolves ``$ne``/``$nin``/``$exists``/``$prefix`` into record ids (``None``:
+            they are refused).
 
     Returns:
         A boolean expression, e.g. ``(payload["year"] >= 2000 and payload["year"] < 2010)``.
@@ -94,14 +109,28 @@ def compile_filter(flt: Filter, *, lite: bool) -> str:
     """
     if isinstance(flt, And | Or):
         joiner = " and " if isinstance(flt, And) else " or "
-        return "(" + joiner.join(compile_filter(sub, lite=lite) for sub in flt.items) + ")"
+        return "(" + joiner.join(compile_filter(sub, lite=lite, scan=scan) for sub in flt.items) + ")"
     ref = _field(flt.field)
     if isinstance(flt, Eq):
         lit = literal(flt.value, lite=lite)
         return f"({ref} == {lit} or json_contains({ref}, {lit}))"
     if isinstance(flt, In):
         return _compile_in(ref, flt.values, lite=lite)
+    if isinstance(flt, Ne | Nin | Exists | Prefix):
+        if scan is None:
+            raise InvalidFilter(unsupported(flt, "Milvus"))
+        keys = [encode_id(i) for i in scan(flt)]
+        return ids_expr(keys) if keys else f"id in [{NO_ID}]"
     return _compile_range(ref, flt)
+
+
+def unsupported(flt: Filter, engine: str) -> str:
+    """The message of a filter operator a backend cannot run yet."""
+    op = {Ne: "$ne", Nin: "$nin", Exists: "$exists", Prefix: "$prefix"}.get(type(flt), type(flt).__name__)
+    return (
+        f"{op} (on {flt.field!r}) is not supported by the {engine} backend yet; "  # type: ignore[union-attr]
+        "use $eq/$in/ranges here, or a pgvector collection"
+    )
 
 
 def _field(name: str) -> str:

@@ -1,4 +1,4 @@
-"""SQL building for the pgvector backend: names, typed filters, index DDL and search.
+r"""SQL building for the pgvector backend: names, typed filters, index DDL and search.
 
 Every value reaches PostgreSQL as a bound parameter. Identifiers (schema, table and index names)
 are validated against :data:`COLLECTION_NAME` and always quoted with
@@ -14,6 +14,14 @@ Filter semantics follow :func:`stores.filters.matches` over a ``payload jsonb`` 
 * ``Range`` reads a field only when its jsonb type is ``number`` (strings, booleans and lists
   never match and never raise a cast error): ``CASE WHEN jsonb_typeof(payload -> %s) = 'number'
   THEN (payload ->> %s)::double precision > %s ... ELSE false END``.
+* ``Ne``/``Nin`` (SQL semantics: the field is present): ``<present> AND NOT (payload @>
+  ANY(%s::jsonb[]))``; ``Exists``: ``<present>`` or its negation, where ``<present>`` is
+  ``payload ? %s AND payload -> %s NOT IN ('null', '[]')``.
+* ``Prefix``: ``jsonb_path_exists(payload -> %s, '$[*] ? (@ starts with $p)', jsonb_build_object('p',
+  %s::text))``; the prefix is a bound jsonpath variable, so ``%``/``_``/``\`` are plain characters
+  (no ``LIKE``), and ``$[*]`` reads a scalar or every item of a list.
+
+Every operator compiles natively here (no id-set fallback).
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from psycopg.types.json import Jsonb
 
 from quarry.errors import InvalidFilter, InvalidQuery, InvalidRequest, UnsupportedIndex
 from stores.base import IndexSpec, Metric
-from stores.filters import FIELD_NAME, And, Eq, Filter, In, Or, Range
+from stores.filters import FIELD_NAME, And, Eq, Exists, Filter, In, Ne, Nin, Or, Prefix, Range
 from stores.routing import exact_row_limit as exact_row_limit  # shared by every backend
 
 COLLECTION_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_-]{0,47}\Z")
@@ -136,6 +144,10 @@ def compile_filter(flt: Filter | None) -> tuple[sql.Composable, list[Any]]:
     return _compile(flt, params), params
 
 
+_PRESENT = sql.SQL("(payload ? %s AND payload -> %s NOT IN ('null'::jsonb, '[]'::jsonb))")
+"""A field is present: held, not ``null``, not ``[]`` (:func:`stores.filters.present`)."""
+
+
 def _compile(flt: Filter, params: list[Any]) -> sql.Composable:
     if isinstance(flt, And | Or):
         if not flt.items:
@@ -144,11 +156,23 @@ def _compile(flt: Filter, params: list[Any]) -> sql.Composable:
         return sql.SQL("({})").format(joiner.join(_compile(sub, params) for sub in flt.items))
     if not FIELD_NAME.fullmatch(flt.field):
         raise InvalidFilter(f"invalid field name {flt.field!r}: use letters, digits and '_'")
-    if isinstance(flt, Eq | In):
-        values = (flt.value,) if isinstance(flt, Eq) else flt.values
+    if isinstance(flt, Eq | In | Ne | Nin):
+        values = (flt.value,) if isinstance(flt, Eq | Ne) else flt.values
         docs = [Jsonb({flt.field: v}) for v in values] + [Jsonb({flt.field: [v]}) for v in values]
-        params.append(docs)
-        return sql.SQL("payload @> ANY(%s::jsonb[])")
+        if isinstance(flt, Eq | In):
+            params.append(docs)
+            return sql.SQL("payload @> ANY(%s::jsonb[])")
+        params.extend([flt.field, flt.field, docs])
+        return sql.SQL("({} AND NOT (payload @> ANY(%s::jsonb[])))").format(_PRESENT)
+    if isinstance(flt, Exists):
+        params.extend([flt.field, flt.field])
+        return sql.SQL("({})" if flt.present else "(NOT {})").format(_PRESENT)
+    if isinstance(flt, Prefix):
+        params.extend([flt.field, flt.prefix])
+        return sql.SQL(
+            "COALESCE(jsonb_path_exists(payload -> %s, '$[*] ? (@ starts with $p)', "
+            "jsonb_build_object('p', %s::text)), false)"
+        )
     return _compile_range(flt, params)
 
 

@@ -35,7 +35,7 @@ from stores.base import (
     StoreCapabilities,
     VectorRecord,
 )
-from stores.filters import Filter, canonical
+from stores.filters import Filter, Prefix, canonical
 from stores.qdrant_common import (
     BATCH,
     KINDS,
@@ -67,6 +67,8 @@ def _edge_dialect(qe: Any) -> qf.Dialect:
         match_value=qe.MatchValue,
         match_any=lambda values: qe.MatchAny(any=values),
         range=qe.RangeFloat,
+        is_empty=lambda key: qe.IsEmptyCondition(key=key),
+        has_id=lambda ids: qe.HasIdCondition(point_ids=set(ids)),
         bool_mirror=True,
     )
 
@@ -300,8 +302,25 @@ class QdrantEdgeStore:
         atomic_json(self._root / "aliases.json", aliases)
         self._aliases = aliases
 
-    def _filter(self, flt: Filter | None) -> Any:
-        return None if flt is None else qf.compile_filter(flt, self._dialect)
+    def _filter(self, flt: Filter | None, coll: _EdgeColl) -> Any:
+        if flt is None:
+            return None
+
+        def scroll(holding: Any) -> Iterator[Any]:
+            offset = None
+            while True:
+                request = self._qe.ScrollRequest(
+                    offset=offset, limit=qf.SCROLL_PAGE, filter=holding, with_payload=True, with_vector=False
+                )
+                found, offset = coll.shard.scroll(request)
+                yield from (rec.payload for rec in found)
+                if offset is None:
+                    return
+
+        def prefix_ids(cond: Prefix) -> list[str]:
+            return qf.prefix_scan(cond, self._dialect, scroll, self.router.max_scan_ids)
+
+        return qf.compile_filter(flt, self._dialect, prefix_ids)
 
     # -- collections ----------------------------------------------------------------------
 
@@ -399,7 +418,7 @@ class QdrantEdgeStore:
         """Delete every record whose payload matches ``flt``."""
         with self._guard("delete"):
             coll = self._coll(name)
-            coll.shard.update(self._qe.UpdateOperation.delete_points_by_filter(self._filter(flt)))
+            coll.shard.update(self._qe.UpdateOperation.delete_points_by_filter(self._filter(flt, coll)))
         self.router.forget(coll.name)
 
     def get(self, name: str, ids: Sequence[str]) -> list[VectorRecord]:
@@ -412,8 +431,9 @@ class QdrantEdgeStore:
     def count(self, name: str, flt: Filter | None = None) -> int:
         """Number of records, optionally only those matching ``flt`` (exact)."""
         with self._guard("count"):
-            request = self._qe.CountRequest(exact=True, filter=self._filter(flt))
-            return int(self._coll(name).shard.count(request))
+            coll = self._coll(name)
+            request = self._qe.CountRequest(exact=True, filter=self._filter(flt, coll))
+            return int(coll.shard.count(request))
 
     def search(
         self,
@@ -436,7 +456,7 @@ class QdrantEdgeStore:
             coll = self._coll(name)
             arr = check_queries(queries, top_k, coll.dim, coll.name)
             flt = canonical(flt) if flt is not None else None
-            compiled = self._filter(flt)
+            compiled = self._filter(flt, coll)
 
             def count(which: Filter | None) -> int:
                 request = qe.CountRequest(exact=True, filter=compiled if which is not None else None)

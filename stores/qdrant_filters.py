@@ -15,6 +15,18 @@ Semantics follow :func:`stores.filters.matches`:
   there every boolean field ``f`` is mirrored as the keyword ``"true"``/``"false"`` under
   ``_bools.f`` and matched on that mirror.
 
+The other operators, per path (``stores.filters`` defines their semantics):
+
+=============  ==========================================================================
+``$exists``    native: ``is_empty(f)`` (absent, ``null`` or ``[]``) or ``must_not`` of it
+``$ne``        native: ``must_not: [is_empty(f), <the $eq condition>]``
+``$nin``       native: ``must_not: [is_empty(f), <the $in conditions>]``
+``$prefix``    id set: Qdrant has no string-prefix condition on keyword fields, so the store
+               scrolls the points holding ``f`` (``must_not is_empty``), tests the prefix in
+               Python and compiles ``has_id`` of those that match
+               (:func:`stores.routing.scanned_ids`, at most ``QUARRY_STORE__MAX_SCAN_IDS``)
+=============  ==========================================================================
+
 Qdrant point ids must be unsigned integers or UUIDs: a record id maps to ``uuid5`` in a fixed
 namespace, and the caller's id is kept in the payload under ``_id``.
 """
@@ -22,16 +34,17 @@ namespace, and the caller's id is kept in the payload under ``_id``.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
-from quarry.errors import InvalidRequest, UnsupportedIndex
+from quarry.errors import InvalidFilter, InvalidRequest, UnsupportedIndex
 from stores.base import IndexSpec, Metric, Payload, ScoredId, VectorRecord
-from stores.filters import FIELD_NAME, And, Eq, Filter, Or, Range, Scalar
-from stores.routing import FilterRouter
+from stores.filters import FIELD_NAME, And, Eq, Exists, Filter, Ne, Nin, Or, Prefix, Range, Scalar
+from stores.milvus_expr import unsupported
+from stores.routing import FilterRouter, scanned_ids
 
 ID_NAMESPACE = uuid.UUID("6f1c3a52-9d0e-4b8e-a1c4-51a7e0b2d9f3")
 ID_KEY = "_id"
@@ -40,6 +53,8 @@ RESERVED_KEYS = frozenset({ID_KEY, BOOL_KEY})
 FieldIndex = Literal["keyword", "float", "bool"]
 Quantization = Literal["scalar", "product"]
 PQ_RATIOS = (4, 8, 16, 32, 64)
+SCROLL_PAGE = 1024
+"""Points per scroll page when a ``$prefix`` is evaluated on the payloads."""
 DEFAULT_M = 16
 DEFAULT_EF_CONSTRUCT = 100
 DEFAULT_FULL_SCAN_KB = 10_000
@@ -63,6 +78,8 @@ class Dialect:
         match_value: ``MatchValue`` of one ``str``/``bool`` value.
         match_any: ``MatchAny`` of a list of strings.
         range: ``Range(gt=, gte=, lt=, lte=)`` on numbers.
+        is_empty: ``is_empty`` condition of a field key.
+        has_id: ``has_id`` condition of a list of point ids.
         bool_mirror: Booleans are matched on the ``_bools.<field>`` keyword mirror.
     """
 
@@ -71,6 +88,8 @@ class Dialect:
     match_value: Callable[[Any], Any]
     match_any: Callable[[list[str]], Any]
     range: Callable[..., Any]
+    is_empty: Callable[[str], Any]
+    has_id: Callable[[list[str]], Any]
     bool_mirror: bool = False
 
 
@@ -79,28 +98,48 @@ def point_id(record_id: str) -> str:
     return str(uuid.uuid5(ID_NAMESPACE, record_id))
 
 
-def compile_filter(flt: Filter, dialect: Dialect) -> Any:
+PrefixIds = Callable[[Prefix], list[str]]
+"""The record ids whose payload matches a ``Prefix`` (the store's scan; see the module docstring)."""
+
+
+def compile_filter(flt: Filter, dialect: Dialect, prefix_ids: PrefixIds | None = None) -> Any:
     """Compile a typed filter into the dialect's ``Filter`` model.
 
     Args:
         flt: The typed filter tree.
         dialect: Constructors of the target package.
+        prefix_ids: Resolves a ``$prefix`` into matching record ids (``None``: ``$prefix`` is
+            refused).
 
     Returns:
         A ``Filter`` model of the dialect's package.
+
+    Raises:
+        InvalidFilter: A ``$prefix`` without ``prefix_ids``, or what ``prefix_ids`` raises.
     """
     if isinstance(flt, And):
-        return dialect.filter(must=[_condition(sub, dialect) for sub in flt.items])
+        return dialect.filter(must=[_condition(sub, dialect, prefix_ids) for sub in flt.items])
     if isinstance(flt, Or):
         if not flt.items:  # matches nothing, as ``any([])``
             return dialect.filter(must_not=[dialect.filter()])
-        return dialect.filter(should=[_condition(sub, dialect) for sub in flt.items])
-    return dialect.filter(must=[_condition(flt, dialect)])
+        return dialect.filter(should=[_condition(sub, dialect, prefix_ids) for sub in flt.items])
+    return dialect.filter(must=[_condition(flt, dialect, prefix_ids)])
 
 
-def _condition(flt: Filter, dialect: Dialect) -> Any:
+def _condition(flt: Filter, dialect: Dialect, prefix_ids: PrefixIds | None) -> Any:
     if isinstance(flt, And | Or):
-        return compile_filter(flt, dialect)
+        return compile_filter(flt, dialect, prefix_ids)
+    if isinstance(flt, Exists):
+        empty = dialect.is_empty(flt.field)
+        return dialect.filter(must_not=[empty]) if flt.present else empty
+    if isinstance(flt, Ne | Nin):
+        values = (flt.value,) if isinstance(flt, Ne) else flt.values
+        parts = _value_conditions(flt.field, values, dialect)
+        return dialect.filter(must_not=[dialect.is_empty(flt.field), *parts])
+    if isinstance(flt, Prefix):
+        if prefix_ids is None:
+            raise InvalidFilter(unsupported(flt, "Qdrant"))
+        return dialect.has_id([point_id(i) for i in prefix_ids(flt)])
     if isinstance(flt, Range):
         bounds = {"gt": flt.gt, "gte": flt.gte, "lt": flt.lt, "lte": flt.lte}
         return dialect.field(key=flt.field, range=dialect.range(**bounds))
@@ -130,6 +169,24 @@ def _value_conditions(field: str, values: tuple[Scalar, ...], dialect: Dialect) 
 
 def _mirror(flag: bool) -> str:
     return "true" if flag else "false"
+
+
+def prefix_scan(
+    flt: Prefix, dialect: Dialect, scroll: Callable[[Any], Iterable[Mapping[str, Any] | None]], limit: int
+) -> list[str]:
+    """The record ids of the points whose payload matches ``flt``, by scrolling the points holding its field.
+
+    Args:
+        flt: The prefix condition.
+        dialect: Constructors of the store's package.
+        scroll: ``scroll(filter)`` iterating the stored payloads of the points that match ``filter``.
+        limit: Most matching ids (``StoreSettings.max_scan_ids``).
+
+    Raises:
+        InvalidFilter: More than ``limit`` points match (the message says what to do).
+    """
+    holding = dialect.filter(must_not=[dialect.is_empty(flt.field)])
+    return scanned_ids(flt, (decode_payload(p) for p in scroll(holding)), limit, "Qdrant")
 
 
 def encode_payload(record_id: str, payload: Mapping[str, Any], bool_mirror: bool) -> dict[str, Any]:

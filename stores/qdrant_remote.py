@@ -32,7 +32,7 @@ from stores.base import (
     StoreCapabilities,
     VectorRecord,
 )
-from stores.filters import Filter, canonical
+from stores.filters import Filter, Prefix, canonical
 from stores.qdrant_common import (
     BATCH,
     KINDS,
@@ -87,6 +87,8 @@ class QdrantClientStore:
             match_value=lambda v: m.MatchValue(value=v),
             match_any=lambda values: m.MatchAny(any=values),
             range=m.Range,
+            is_empty=lambda key: m.IsEmptyCondition(is_empty=m.PayloadField(key=key)),
+            has_id=lambda ids: m.HasIdCondition(has_id=ids),
         )
         self._distance: dict[Metric, Any] = {
             "cosine": m.Distance.COSINE,
@@ -187,8 +189,25 @@ class QdrantClientStore:
             raise CollectionNotFound(name)
         return target
 
-    def _filter(self, flt: Filter | None) -> Any:
-        return None if flt is None else qf.compile_filter(flt, self._dialect)
+    def _filter(self, flt: Filter | None, name: str) -> Any:
+        if flt is None:
+            return None
+
+        def scroll(holding: Any) -> Iterator[Any]:
+            offset = None
+            while True:
+                found, offset = self._client.scroll(
+                    name, scroll_filter=holding, limit=qf.SCROLL_PAGE, offset=offset, with_payload=True,
+                    with_vectors=False,
+                )
+                yield from (point.payload for point in found)
+                if offset is None:
+                    return
+
+        def prefix_ids(cond: Prefix) -> list[str]:
+            return qf.prefix_scan(cond, self._dialect, scroll, self.router.max_scan_ids)
+
+        return qf.compile_filter(flt, self._dialect, prefix_ids)
 
     # -- collections ----------------------------------------------------------------------
 
@@ -289,7 +308,7 @@ class QdrantClientStore:
         """Delete every record whose payload matches ``flt``."""
         with self._call("delete", name):
             self._info(name)
-            selector = self._m.FilterSelector(filter=self._filter(flt))
+            selector = self._m.FilterSelector(filter=self._filter(flt, name))
             self._client.delete(name, points_selector=selector, wait=True)
         self.router.forget(name)
 
@@ -306,7 +325,7 @@ class QdrantClientStore:
         """Number of records, optionally only those matching ``flt`` (exact)."""
         with self._call("count", name):
             self._info(name)
-            return int(self._client.count(name, self._filter(flt), exact=True).count)
+            return int(self._client.count(name, self._filter(flt, name), exact=True).count)
 
     def search(
         self,
@@ -329,7 +348,7 @@ class QdrantClientStore:
             dim, metric, spec, _ = self._info(name)
             arr = check_queries(queries, top_k, dim, name)
             flt = canonical(flt) if flt is not None else None
-            compiled = self._filter(flt)
+            compiled = self._filter(flt, name)
             params = None  # local mode is exact anyway and warns about search params
             if not self._local:
 

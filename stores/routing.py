@@ -19,6 +19,12 @@ The limit is ``exact_rows`` when set (``StoreSettings.exact_filter_rows``), else
 ``m`` matching rows, an exact scan reads the ``m`` rows, and one visit cost 13 row reads in
 pgvector 0.8 on GloVe-100k (35 ms for the walk at 1 %, 2.7 ms for the scan of the 1,000 rows).
 
+Filters an engine cannot express (Milvus: ``$ne``/``$nin``/``$exists``/``$prefix``; Qdrant:
+``$prefix``) take the id-set route: the store reads the payloads of the rows, evaluates the
+condition with :func:`stores.filters.matches` (:func:`scanned_ids`) and searches with an id
+filter (Milvus ``id in [...]``, Qdrant ``has_id``); at most :attr:`FilterRouter.max_scan_ids`
+ids (``QUARRY_STORE__MAX_SCAN_IDS``), past which the search is refused with ``InvalidFilter``.
+
 A process's own writes to a collection drop its counts (:meth:`FilterRouter.forget`); other
 writers are seen after ``ttl_s``. A stale count only moves a search between two correct routes.
 """
@@ -29,11 +35,12 @@ import math
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from stores.filters import Filter
+from quarry.errors import InvalidFilter
+from stores.filters import Filter, matches
 
 Route = Literal["exact", "index"]
 ITERATIVE_TO_EXACT_COST = 13.0
@@ -41,6 +48,44 @@ ITERATIVE_TO_EXACT_COST = 13.0
 EXACT_ROWS_MIN = 1000
 DEFAULT_TTL_S = 10.0
 CACHE_SIZE = 4096
+DEFAULT_MAX_SCAN_IDS = 10_000
+"""Most ids a condition evaluated on the payloads may resolve to (:func:`scanned_ids`)."""
+
+
+def scanned_ids(
+    flt: Filter, rows: Iterable[tuple[str, Mapping[str, Any]]], limit: int, engine: str
+) -> list[str]:
+    """The ids of ``rows`` whose payload matches ``flt`` (the id-set route of a filter).
+
+    Args:
+        flt: The condition the engine cannot express.
+        rows: ``(record id, payload)`` pairs, read from the engine.
+        limit: Most matching ids (``StoreSettings.max_scan_ids``).
+        engine: The engine's name, for the message.
+
+    Returns:
+        The matching record ids, in scan order.
+
+    Raises:
+        InvalidFilter: More than ``limit`` rows match (HTTP 400; the message says what to do).
+    """
+    ids: list[str] = []
+    for rid, payload in rows:
+        if matches(flt, payload):
+            ids.append(rid)
+            if len(ids) > limit:
+                raise InvalidFilter(
+                    f"this filter's {_op_name(flt)} is evaluated on the payloads on {engine} and matches "
+                    f"more than {limit:,} records; the limit is {limit:,} (QUARRY_STORE__MAX_SCAN_IDS): "
+                    "narrow it (AND it with $eq/$in/a range on a selective field, or a longer prefix), "
+                    "raise the limit, or use a pgvector collection, which compiles it natively"
+                )
+    return ids
+
+
+def _op_name(flt: Filter) -> str:
+    names = {"Ne": "$ne", "Nin": "$nin", "Exists": "$exists", "Prefix": "$prefix"}
+    return names.get(type(flt).__name__, "condition")
 
 
 def exact_row_limit(top_k: int, n_rows: float, exact_rows: int | None = None) -> int:
@@ -80,14 +125,18 @@ class FilterRouter:
     Args:
         exact_rows: Fixed exact-scan limit in rows; ``None`` uses :func:`exact_row_limit`'s rule.
         ttl_s: Seconds a count is reused (0 counts on every search).
+        max_scan_ids: Most ids a condition on the id-set route may resolve to (:func:`scanned_ids`).
 
     Attributes:
         routes: How many searches took each route (for tests and metrics).
     """
 
-    def __init__(self, exact_rows: int | None = None, ttl_s: float = DEFAULT_TTL_S) -> None:
+    def __init__(
+        self, exact_rows: int | None = None, ttl_s: float = DEFAULT_TTL_S, max_scan_ids: int = DEFAULT_MAX_SCAN_IDS
+    ) -> None:
         self.exact_rows = exact_rows
         self.ttl_s = ttl_s
+        self.max_scan_ids = max_scan_ids
         self.routes: Counter[Route] = Counter()
         self._counts: OrderedDict[tuple[str, str, int], tuple[float, int, int]] = OrderedDict()
         self._lock = threading.Lock()

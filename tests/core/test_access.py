@@ -19,6 +19,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from indexing.docstore import StateStore
+from quarry import metrics
 from quarry.api import access, create_app
 from quarry.api.access import check_bind
 from quarry.api.keys import check_secret, hash_secret, new_key
@@ -194,7 +195,7 @@ def test_low_priority_is_shed_first_when_saturated(
     gate = client.app.state.access  # type: ignore[attr-defined]
     monkeypatch.setattr(gate.settings, "shed_in_flight", 4)
     assert client.get("/v1/collections", headers=_bearer(low)).status_code == 200  # 1 in flight: served
-    monkeypatch.setattr(access.InFlight, "count", 10)  # as if 10 other requests were running
+    monkeypatch.setattr(metrics.IN_FLIGHT, "count", 10)  # as if 10 other requests were running
     resp = client.get("/v1/collections", headers=_bearer(low))
     _error(resp, 503, "Overloaded", "sheds low-priority keys first")
     assert resp.headers["retry-after"] == "1" and resp.json()["error"]["retryable"] is True

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
 from monitoring import recent as recent_module
-from monitoring.recent import RecentQueries
-from stores.filters import And, Eq, In, Or, Range
+from monitoring.recent import RecentQueries, filter_to_json
+from stores.filters import And, Eq, In, Or, Range, parse_filter
 
 
 def test_round_trip_keeps_vectors_filters_and_top_k(tmp_path: Path) -> None:
@@ -36,3 +38,18 @@ def test_only_the_newest_are_kept(tmp_path: Path) -> None:
         store.record("c", np.full(4, i, np.float32), None, 10)
     kept = store.latest("c", 1000)
     assert len(kept) == 5 and [int(q.vector[0]) for q in kept] == [63, 62, 61, 60, 59]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"lang": {"$ne": "en"}},
+        {"year": {"$nin": [2019, 2020]}},
+        {"path": {"$exists": False}},
+        {"path": {"$prefix": "docs/a_b%"}},
+        {"$and": [{"path": {"$prefix": "x"}}, {"lang": {"$exists": True}}]},
+    ],
+)
+def test_the_new_filter_operators_round_trip_through_the_recorded_form(raw: dict[str, Any]) -> None:
+    flt = parse_filter(raw)
+    assert flt is not None and parse_filter(filter_to_json(flt)) == flt

@@ -24,12 +24,14 @@ from quarry.errors import (
     CollectionExists,
     CollectionNotFound,
     DimensionMismatch,
+    InvalidFilter,
     UnsupportedIndex,
 )
 from retrieval.ann_batching import BatchingSearch
 from stores.base import IndexKind, IndexSpec, Metric, VectorRecord, VectorStore
 from stores.factory import open_store
-from stores.filters import And, Eq, Filter, In, Or, Range, matches
+from stores.filters import And, Eq, Exists, Filter, In, Ne, Nin, Or, Prefix, Range, matches
+from tests.stores.conftest import Backend
 
 REPO = Path(__file__).resolve().parents[2]
 DIM = 16
@@ -98,6 +100,42 @@ def filter_cases() -> list[Filter]:
         Or((And((Eq("s", "green"), Eq("b", False))), Range("n", gt=4))),
         Eq("missing", 1),
         *[Eq("s", inj) for inj in INJECTIONS],
+    ]
+
+
+PATHS = ["docs/a.md", "docs/api/x.md", "docs%2Fa", "docs_api", "docsXapi", "100%", "50_50", "back\\slash\\x",
+         "é/中文.md", 'q"uote/x', "it's/x", "", "*star"]
+PREFIXES = ["docs/", "docs_", "docs%", "100%", "50_", "back\\", "back\\s", "é/", 'q"', "it'", "", "*", "%", "_",
+            "\\", "zzz"]
+NEW_OPERATOR_BACKENDS = {"stores.pgvector", "stores.qdrant", "stores.milvus"}
+"""Backends that compile ``$ne``/``$nin``/``$exists``/``$prefix``; the others refuse them (400)."""
+
+
+def operator_cases() -> list[Filter]:
+    """``$ne``, ``$nin``, ``$exists``, ``$prefix`` (SQL semantics: ``$ne``/``$nin`` need the field)."""
+    return [
+        Ne("s", "red"),
+        *[Ne("s", w) for w in WEIRD],
+        Ne("n", 3),
+        Ne("f", 0.5),
+        Ne("b", True),
+        Ne("tags", "q"),
+        Ne("tags", "s'q"),
+        Ne("missing", 1),
+        Nin("s", ("red", 'a"b', "é中文")),
+        Nin("n", (1, 2, 3)),
+        Nin("tags", ("p", 'd"q')),
+        Nin("s", ("red", 1, True)),
+        *[Exists(field, flag) for field in ("s", "n", "b", "tags", "p", "missing") for flag in (True, False)],
+        *[Prefix("p", pre) for pre in PREFIXES],
+        Prefix("s", "a"),
+        Prefix("s", "back\\"),
+        Prefix("tags", "s'"),
+        Prefix("n", "1"),
+        Or((Ne("s", "red"), Exists("s", False))),
+        And((Prefix("p", "docs"), Range("n", gte=0))),
+        Or((Nin("n", (0, 1)), Prefix("p", "it'"))),
+        And((Exists("b", True), Ne("b", False), Eq("tags", "p"))),
     ]
 
 
@@ -194,6 +232,28 @@ def test_filters_match_reference(store: VectorStore, coll: str) -> None:
     query = unit(np.random.default_rng(5), 1)
     for flt in filter_cases():
         expected = {f"r{i}" for i, p in enumerate(payloads) if matches(flt, p)}
+        assert store.count(coll, flt) == len(expected), flt
+        hits = store.search(coll, query, n, flt=flt)[0]
+        assert {h.id for h in hits} == expected, flt
+        assert all(matches(flt, h.payload) for h in hits), flt
+
+
+def test_new_filter_operators_match_reference(store: VectorStore, coll: str, backend: Backend) -> None:
+    rnd = random.Random(14)
+    n = 150
+    payloads = [random_payload(rnd, i) for i in range(n)]
+    for payload in payloads:
+        if rnd.random() < 0.8:
+            payload["p"] = rnd.choice(PATHS)
+    store.create_collection(coll, DIM)
+    store.upsert(coll, records(unit(np.random.default_rng(14), n), payloads))
+    query = unit(np.random.default_rng(15), 1)
+    for flt in operator_cases():
+        expected = {f"r{i}" for i, p in enumerate(payloads) if matches(flt, p)}
+        if backend.module not in NEW_OPERATOR_BACKENDS:
+            with pytest.raises(InvalidFilter, match="not supported by the"):
+                store.count(coll, flt)
+            continue
         assert store.count(coll, flt) == len(expected), flt
         hits = store.search(coll, query, n, flt=flt)[0]
         assert {h.id for h in hits} == expected, flt
