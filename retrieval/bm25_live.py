@@ -223,6 +223,7 @@ class LiveBM25:
         self._row_of: dict[str, int] = {}  # live chunk id -> row
         self._rows_of_doc: dict[str, list[int]] = {}
         self._code_of: dict[str, int] = {}
+        self._row_terms: list[npt.NDArray[np.int64]] = []  # row -> its distinct term ids (for df on delete)
         self._lengths = np.zeros(0, np.float64)
         self._codes = np.zeros(0, np.int64)
         self._alive = np.zeros(0, np.bool_)
@@ -253,7 +254,7 @@ class LiveBM25:
         """
         alive = self._alive.copy()
         df = self._df.copy()
-        tf_of = self._row_terms_lookup()
+        tf_of = self._row_terms_of
         for doc_id in documents:
             for row in self._rows_of_doc.pop(doc_id, []):
                 if not alive[row]:
@@ -278,7 +279,7 @@ class LiveBM25:
             self.compact()
         self._view = None
 
-    def _kill(self, row: int, tf_of: Callable[[int], tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]]) -> None:
+    def _kill(self, row: int, tf_of: Callable[[int], tuple[npt.NDArray[np.int64], None]]) -> None:
         if not self._alive[row]:
             return
         self._alive[row] = False
@@ -290,25 +291,8 @@ class LiveBM25:
         if row in doc_rows:
             doc_rows.remove(row)
 
-    def _row_terms_lookup(self) -> Callable[[int], tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]]:
-        """Row -> its (terms, tfs); built lazily from the postings (a row's terms are not stored twice)."""
-        cache: dict[str, Any] = {}
-
-        def lookup(row: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-            if "order" not in cache:
-                indptr, b_rows, b_tf = self._base
-                d_terms, d_rows, d_tf = self._delta
-                b_terms = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
-                all_rows = np.concatenate([b_rows, d_rows])
-                order = np.argsort(all_rows, kind="stable")
-                cache["rows"] = all_rows[order]
-                cache["terms"] = np.concatenate([b_terms, d_terms])[order]
-                cache["tf"] = np.concatenate([b_tf, d_tf])[order]
-                cache["order"] = True
-            lo, hi = np.searchsorted(cache["rows"], [row, row + 1])
-            return cache["terms"][lo:hi], cache["tf"][lo:hi]
-
-        return lookup
+    def _row_terms_of(self, row: int) -> tuple[npt.NDArray[np.int64], None]:
+        return self._row_terms[row], None
 
     def _append(self, rows: Sequence[Row]) -> None:
         rows = [r for r in rows if r[2]]
@@ -330,10 +314,12 @@ class LiveBM25:
             self._rows_of_doc.setdefault(doc_id, []).append(row)
             codes[i] = self._code_of.setdefault(doc_id, len(self._code_of))
             lengths[i] = len(tokens)
+            first = len(terms)
             for token, count in Counter(tokens).items():
                 terms.append(vocab.setdefault(token, len(vocab)))
                 row_ids.append(row)
                 tfs.append(count)
+            self._row_terms.append(np.asarray(terms[first:], np.int64))
         t = np.asarray(terms, np.int64)
         if len(vocab) > len(self._df):
             self._df = np.concatenate([self._df, np.zeros(len(vocab) - len(self._df), np.int64)])
@@ -379,6 +365,7 @@ class LiveBM25:
         self._chunk_ids = [self._chunk_ids[r] for r in keep_list]
         self._document_ids = [self._document_ids[r] for r in keep_list]
         self._payloads = [self._payloads[r] for r in keep_list]
+        self._row_terms = [self._row_terms[r] for r in keep_list]
         self._lengths = self._lengths[live_rows]
         self._codes = self._codes[live_rows]
         self._alive = np.ones(len(live_rows), np.bool_)
@@ -483,6 +470,9 @@ class LiveBM25:
         live._alive = np.ones(n, np.bool_)
         live._base = (indptr.astype(np.int64), rows.astype(np.int64), tf.astype(np.float64))
         live._df = np.diff(live._base[0])
+        b_terms = np.repeat(np.arange(len(vocab_list)), live._df)
+        order = np.argsort(live._base[1], kind="stable")
+        live._row_terms = np.split(b_terms[order], np.cumsum(np.bincount(live._base[1], minlength=n))[:-1]) if n else []
         live._n_live = n
         live._total_len = float(live._lengths.sum())
         return live
