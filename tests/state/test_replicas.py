@@ -172,7 +172,7 @@ def test_sigkill_mid_batch_leaves_all_or_nothing_and_a_retry_completes(pair: Pai
     one, two = pair.clients
     word = f"kill{uuid.uuid4().hex[:6]}"
     docs = [{"id": f"k{i}", "text": f"{word} batch member {i} about herons and egrets wading " * 20}
-            for i in range(120)]
+            for i in range(60)]
 
     def send() -> None:
         try:
@@ -187,9 +187,9 @@ def test_sigkill_mid_batch_leaves_all_or_nothing_and_a_retry_completes(pair: Pai
         pending.result()
     pair.servers[0].wait()
     time.sleep(STALENESS_S + 0.5)
-    seen = len(_ids(two, pair.name, word, "bm25", top_k=200))
-    assert seen in (0, 120), seen
+    seen = len(_ids(two, pair.name, word, "bm25", top_k=100))
+    assert seen in (0, 60), seen
     r = two.post(f"/v1/collections/{pair.name}/documents", json={"documents": docs}, timeout=300)
     assert r.status_code == 200, r.text
-    assert len(_ids(two, pair.name, word, "bm25", top_k=200)) == 120
-    assert len(_ids(two, pair.name, f"{word} herons", "dense", top_k=200)) == 120
+    assert len(_ids(two, pair.name, word, "bm25", top_k=100)) == 60
+    assert len(_ids(two, pair.name, f"{word} herons", "dense", top_k=100)) == 60
