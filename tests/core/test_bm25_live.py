@@ -9,7 +9,7 @@ import pytest
 from indexing.sources import iter_jsonl
 from quarry.settings import BM25Settings
 from retrieval.bm25 import BM25Index
-from retrieval.bm25_live import LiveBM25
+from retrieval.bm25_live import LiveBM25, Row
 from retrieval.text import tokenize
 
 
@@ -19,7 +19,7 @@ def scifact_tokens(shared_data: Path) -> list[list[str]]:
     return [tokenize(f"{d.title}\n{d.text}", "en") for d in docs]
 
 
-def _same(live: LiveBM25, rows: list, params: BM25Settings, queries: list[list[str]]) -> None:
+def _same(live: LiveBM25, rows: list[Row], params: BM25Settings, queries: list[list[str]]) -> None:
     snap = BM25Index.build(rows, params, 1)
     view = live.view()
     by_chunk = {c: r for r, c in enumerate(view.chunk_ids) if view.alive[r]}
@@ -41,7 +41,7 @@ def test_scores_equal_a_bm25s_snapshot_after_upserts_and_deletes(scifact_tokens:
     queries = [scifact_tokens[rng.randrange(1200)][:8] for _ in range(15)] + [["zzz-unknown"], []]
     _same(live, [r for rows in docs.values() for r in rows], params, queries)
     for step in range(2, 40):  # upserts with new texts and new documents, deletes
-        changed: dict[str, list] = {}
+        changed: dict[str, list[Row]] = {}
         for _ in range(rng.randrange(1, 30)):
             d = f"d{rng.randrange(1000)}"
             if rng.random() < 0.3:
