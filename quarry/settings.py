@@ -208,11 +208,19 @@ class BM25Settings(BaseModel):
             ``atire``, ``bm25l``, ``bm25+``.
         k1: Term-frequency saturation.
         b: Length normalisation.
+        max_staleness_s: Longest time, in seconds, a replica's BM25 may lag the shared docstore's
+            change log (it polls the collection's seq at most this often; a write through this
+            process is visible to it at once). 0: poll on every search.
     """
 
     method: Literal["lucene", "robertson", "atire", "bm25l", "bm25+"] = "lucene"
     k1: float = Field(1.2, ge=0)
     b: float = Field(0.75, ge=0, le=1)
+    max_staleness_s: float = Field(1.0, ge=0, le=3600)
+
+    def scoring(self) -> tuple[str, float, float]:
+        """What a BM25 score depends on: ``(method, k1, b)`` (a saved index with others is rebuilt)."""
+        return self.method, self.k1, self.b
 
 
 class ReindexSettings(BaseModel):

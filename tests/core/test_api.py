@@ -286,7 +286,7 @@ def test_options_and_405_name_the_paths_methods(client: TestClient) -> None:
     assert "allowed: DELETE, GET, HEAD, OPTIONS" in _error(r, 405)
     # the batch-delete path is its own resource, though the document route's template also fits it
     assert client.options("/v1/collections/c/documents/delete").headers["allow"] == "OPTIONS, POST"
-    assert client.options("/v1/collections/c/documents/a/b").headers["allow"] == "DELETE, GET, HEAD, OPTIONS"  # get and delete one
+    assert client.options("/v1/collections/c/documents/a/b").headers["allow"] == "DELETE, GET, HEAD, OPTIONS"
     assert client.options("/v1/nowhere").status_code == 404
 
 

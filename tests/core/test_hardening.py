@@ -24,7 +24,8 @@ from quarry.api.app import _rerank_options, router
 from quarry.api.models import SearchIn
 from quarry.errors import ECHO_CHARS, InvalidDocument, InvalidFilter, InvalidRequest, clip
 from quarry.service import Quarry
-from retrieval.bm25 import BM25Index
+from quarry.settings import BM25Settings
+from retrieval.bm25_live import LiveBM25
 from stores import milvus, pgvector_sql, qdrant_common
 from stores.filters import FIELD_NAME, parse_filter
 
@@ -288,7 +289,7 @@ def test_a_damaged_bm25_snapshot_is_rebuilt_from_the_docstore_and_logged(
 ) -> None:
     """Issue 20, finding 2: a truncated .npy made every BM25 and hybrid search a 500, /readyz ready."""
     service.upsert(collection, [SourceDocument("ant", "ants live in colonies"), SourceDocument("bee", "bees")])
-    npy = service.settings.data_dir / "bm25" / collection / "data.csc.index.npy"
+    npy = service.settings.data_dir / "bm25" / collection / "postings.npz"
     npy.write_bytes(b"")  # truncated to nothing: numpy raises EOFError, which the loader did not catch
     with TestClient(create_app(restarted())) as client:
         assert client.get("/readyz").json()["status"] == "ready"
@@ -298,7 +299,7 @@ def test_a_damaged_bm25_snapshot_is_rebuilt_from_the_docstore_and_logged(
     said = " ".join(r.getMessage() for r in caplog.records)
     assert f"BM25 index of collection {collection!r}" in said and "is damaged" in said
     assert "rebuilding it from the docstore" in said
-    assert BM25Index.load(npy.parent).document_ids == ["ant", "bee"]  # saved again, whole
+    assert LiveBM25.load(npy.parent, BM25Settings()).view().document_ids == ["ant", "bee"]  # saved again, whole
 
 
 def test_a_bm25_snapshot_that_disagrees_with_the_docstore_is_rebuilt(

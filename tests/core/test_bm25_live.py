@@ -1,0 +1,76 @@
+"""The incremental BM25 index ranks as a bm25s snapshot of the same rows, after upserts and deletes."""
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from indexing.sources import iter_jsonl
+from quarry.settings import BM25Settings
+from retrieval.bm25 import BM25Index
+from retrieval.bm25_live import LiveBM25, Row
+from retrieval.text import tokenize
+
+
+@pytest.fixture(scope="module")
+def scifact_tokens(shared_data: Path) -> list[list[str]]:
+    docs = list(iter_jsonl(shared_data / "scifact" / "corpus.jsonl"))[:1200]
+    return [tokenize(f"{d.title}\n{d.text}", "en") for d in docs]
+
+
+def _same(live: LiveBM25, rows: list[Row], params: BM25Settings, queries: list[list[str]]) -> None:
+    snap = BM25Index.build(rows, params, 1)
+    view = live.view()
+    by_chunk = {c: r for r, c in enumerate(view.chunk_ids) if view.alive[r]}
+    assert sorted(by_chunk) == sorted(snap.chunk_ids)
+    assert view.n_live == len(snap)
+    for q in queries:
+        ours = view.scores(q)
+        theirs = snap.scores(q)
+        mapped = np.array([ours[by_chunk[c]] for c in snap.chunk_ids], dtype=np.float32)
+        np.testing.assert_allclose(mapped, theirs, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("method", ["lucene", "robertson", "atire", "bm25l", "bm25+"])
+def test_scores_equal_a_bm25s_snapshot_after_upserts_and_deletes(scifact_tokens: list[list[str]], method: str) -> None:
+    params = BM25Settings(method=method)
+    rng = random.Random(7)
+    docs = {f"d{i}": [(f"d{i}#0", f"d{i}", t, {"i": i})] for i, t in enumerate(scifact_tokens[:800])}
+    live = LiveBM25.build([r for rows in docs.values() for r in rows], params, 1)
+    queries = [scifact_tokens[rng.randrange(1200)][:8] for _ in range(15)] + [["zzz-unknown"], []]
+    _same(live, [r for rows in docs.values() for r in rows], params, queries)
+    for step in range(2, 40):  # upserts with new texts and new documents, deletes
+        changed: dict[str, list[Row]] = {}
+        for _ in range(rng.randrange(1, 30)):
+            d = f"d{rng.randrange(1000)}"
+            if rng.random() < 0.3:
+                changed[d] = []
+            else:
+                t = scifact_tokens[rng.randrange(1200)]
+                changed[d] = [(f"{d}#{k}", d, t[k * 40 : (k + 1) * 40], {"i": k}) for k in range(rng.randrange(1, 3))]
+        for d, rows in changed.items():
+            docs[d] = rows
+        live.apply(changed, step)
+    _same(live, [r for rows in docs.values() for r in rows if r[2]], params, queries)
+    live.compact()
+    _same(live, [r for rows in docs.values() for r in rows if r[2]], params, queries)
+
+
+def test_a_view_never_changes_and_a_snapshot_round_trips(tmp_path: Path, scifact_tokens: list[list[str]]) -> None:
+    params = BM25Settings()
+    live = LiveBM25.build([(f"c{i}", f"d{i}", t, {}) for i, t in enumerate(scifact_tokens[:300])], params, 5)
+    before = live.view()
+    q = scifact_tokens[3][:6]
+    first = before.scores(q).copy()
+    live.apply({"d3": [], "d9": [("x", "d9", scifact_tokens[3], {})]}, 6)
+    np.testing.assert_array_equal(before.scores(q), first)  # an old view is immutable
+    after = live.view()
+    assert after.version == 6 and after.n_live == 299  # d3 gone, d9 one row
+    live.save(tmp_path / "s")
+    loaded = LiveBM25.load(tmp_path / "s", params)
+    assert loaded.version == 6 and loaded.live_chunk_ids() == live.live_chunk_ids()
+    rows, scores = after.top(q, 5)
+    rows2, scores2 = loaded.view().top(q, 5)
+    assert [after.chunk_ids[r] for r in rows] == [loaded.view().chunk_ids[r] for r in rows2]
+    np.testing.assert_allclose(scores, scores2, rtol=1e-6)
