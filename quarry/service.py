@@ -641,10 +641,11 @@ class Quarry:
         """A job's state, progress counters and error.
 
         Raises:
-            NotFound: No such job.
+            NotFound: No such job, or another tenant's (the same answer: ids never reveal a
+                job of someone else).
         """
         job = self.docstore.get_job(job_id)
-        if job is None:
+        if job is None or job.tenant_id != self.tenant_id:
             raise NotFound(f"job {clip(job_id)} does not exist")
         return job
 

@@ -57,6 +57,12 @@ POLICY: dict[tuple[str, str], str | None] = {
     ("POST", "/v1/collections/{name}/documents"): "write",
     ("POST", "/v1/collections/{name}/documents/delete"): "write",
     ("DELETE", "/v1/collections/{name}/documents/{document_id:whole}"): "write",
+    ("GET", "/v1/collections/{name}/documents"): "read",
+    ("GET", "/v1/collections/{name}/documents/{document_id:whole}"): "read",
+    ("GET", "/v1/collections/{name}/recall"): "read",
+    ("POST", "/v1/collections/{name}/reindex"): "admin",
+    ("POST", "/v1/collections/{name}/rollback"): "admin",
+    ("GET", "/v1/jobs/{job_id}"): "admin",  # a job names its collection: the tenant is checked in Quarry.get_job
     ("POST", "/v1/collections/{name}/search"): "read",
     ("POST", "/v1/collections/{name}/answer"): "read",
     ("POST", "/v1/chat/completions"): "read",

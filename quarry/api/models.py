@@ -225,7 +225,9 @@ class DocumentOut(BaseModel):
     """``GET /v1/collections/{name}/documents/{id}``: a stored document, rebuilt from its chunks."""
 
     id: str
-    text: str = Field(description="The chunks' texts in order, the overlap between chunks written once.")
+    title: str | None = Field(None, description="The title as written (none for documents stored before titles were).")
+    text: str = Field(description="The text as written; for documents stored before full texts were, the chunks' "
+                      "texts in order with the overlap between chunks written once.")
     metadata: dict[str, Any] = Field(description="What every chunk holds alike (a PDF's page is per chunk).")
     chunks: list[DocumentChunkOut]
 

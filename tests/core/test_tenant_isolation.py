@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -100,6 +101,24 @@ def test_two_tenants_same_names_every_path(client: tuple[TestClient, dict[str, s
     resp = c.post(f"/v1/collections/{name}/answer", json={"query": "banana plantation report"}, headers=a)
     assert resp.status_code == 200, resp.text
     assert B_TEXT not in resp.text
+
+    # documents by id and listed, recall, reindex and its job: each tenant its own
+    for headers, mine in ((a, A_TEXT), (b, B_TEXT)):
+        doc = c.get(f"/v1/collections/{name}/documents/d1", headers=headers)
+        assert doc.status_code == 200 and doc.json()["text"] == mine, doc.text
+        listed_docs = c.get(f"/v1/collections/{name}/documents", headers=headers).json()["documents"]
+        assert [d["id"] for d in listed_docs] == ["d1", "d2"]
+    for path in (f"/v1/collections/{only_b}/documents/d1", f"/v1/collections/{only_b}/recall"):
+        assert c.get(path, headers=a).status_code == 404, path
+    assert c.post(f"/v1/collections/{only_b}/reindex", json={}, headers=a).status_code == 404
+    job = c.post(f"/v1/collections/{only_b}/reindex", json={}, headers=b)
+    assert job.status_code == 202, job.text
+    job_url = f"/v1/jobs/{job.json()['id']}"
+    assert c.get(job_url, headers=a).status_code == 404  # another tenant's job is not there for A
+    deadline = time.monotonic() + 120
+    while c.get(job_url, headers=b).json()["state"] not in ("done", "failed"):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
 
     # delete by id: A's delete of d1 leaves B's d1
     resp = c.post(f"/v1/collections/{name}/documents/delete", json={"ids": ["d1"]}, headers=a)
