@@ -273,15 +273,21 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(host: str, state: StateStore, settings: AuthSettings) -> None:
-    """Refuse to serve beyond loopback with no API keys, unless ``QUARRY_AUTH__ALLOW_INSECURE=true``.
+    """Refuse to serve beyond loopback with no API keys, unless keys are required or insecure is allowed.
+
+    With ``QUARRY_AUTH__REQUIRED=true`` nothing but the open routes (health, readiness, metrics)
+    answers without a key, so a server may start before its first key exists (a container's
+    first start: create the key then, in the shared docstore).
 
     Raises:
-        ConfigError: ``host`` is not loopback, no key exists and insecure serving is not allowed.
+        ConfigError: ``host`` is not loopback, no key exists, keys are not required and insecure
+            serving is not allowed.
     """
-    if is_loopback(host) or settings.allow_insecure or state.list_api_keys():
+    if is_loopback(host) or settings.allow_insecure or settings.required or state.list_api_keys():
         return
     raise ConfigError(
         f"refusing to serve on {host!r} with no API keys: anyone reaching the port could read and drop every "
         "collection. Create a key ('quarry keys create --tenant default --scopes read,write,admin'), bind to "
-        "127.0.0.1, or set QUARRY_AUTH__ALLOW_INSECURE=true"
+        "127.0.0.1, require keys (QUARRY_AUTH__REQUIRED=true: every request is 401 until a key exists), or set "
+        "QUARRY_AUTH__ALLOW_INSECURE=true"
     )

@@ -156,6 +156,7 @@ def test_bind_check() -> None:
     with pytest.raises(ConfigError, match="QUARRY_AUTH__ALLOW_INSECURE"):
         check_bind("0.0.0.0", state, AuthSettings())  # type: ignore[arg-type]  # noqa: S104
     check_bind("0.0.0.0", state, AuthSettings(allow_insecure=True))  # type: ignore[arg-type]  # noqa: S104
+    check_bind("0.0.0.0", state, AuthSettings(required=True))  # type: ignore[arg-type]  # noqa: S104  # closed
 
 
 def test_cli_keys_and_audit(tmp_path: Path) -> None:
