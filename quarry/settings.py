@@ -495,6 +495,8 @@ TOOLING_ENV = frozenset({
     "QUARRY_TORCH_SPEC", "QUARRY_MODEL_PATH", "QUARRY_TRITON_SERVE_PID", "QUARRY_LLAMA_EXTRA_BUFTS",
     "QUARRY_LLAMA_MODEL", "QUARRY_LLAMA_N_CTX", "QUARRY_LLAMA_PORT", "QUARRY_LLAMA_START_TIMEOUT_S",
     "QUARRY_LLAMA_THREADS", "QUARRY_SETUP_LLM_SERVER", "QUARRY_SMOKE_CORE", "QUARRY_SMOKE_VENV", "QUARRY_WHEEL_CACHE",
+    # docker-compose.yml's own: the public host names its replicas accept (into QUARRY_API__ALLOWED_HOSTS)
+    "QUARRY_PUBLIC_HOSTS",
 })
 """``QUARRY_*`` variables that are not settings but are known (``QUARRY_TEST_*`` too)."""
 

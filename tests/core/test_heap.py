@@ -116,6 +116,8 @@ def test_the_server_settles_the_heap_and_each_bm25_snapshot(
     with TestClient(create_app(service)):
         assert service.bm25.on_swap is heap.settle_soon and gc.get_freeze_count() > 0
         service.bm25.on_swap = lambda: swaps.append(gc.get_freeze_count())
-        service.upsert(collection, scifact_docs[:3])  # the write rebuilds the collection's snapshot
+        service.upsert(collection, scifact_docs[:3])  # a write follows the change log: nothing built whole
+        service.bm25.drop(collection)  # as a server meeting no snapshot: the next read builds the index whole
+        service.bm25.get(collection)
         assert swaps
     assert service.bm25.on_swap is None and gc.get_freeze_count() == 0  # a stopped server gives them back
