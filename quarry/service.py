@@ -654,7 +654,7 @@ class Quarry:
 
         Raises:
             CollectionNotFound: No such collection.
-            NotFound: No retired version is kept.
+            Conflict: No retired version is kept (409: the collection is in no state to roll back).
             ReindexRunning: A reindex of it holds the lease.
         """
         self.get_collection(name)
@@ -663,7 +663,7 @@ class Quarry:
         try:
             target = self.reindexer.rollback_target(name)
             if target is None:
-                raise NotFound(f"collection {name!r} keeps no earlier version to roll back to")
+                raise Conflict(f"collection {clip(name)} keeps no earlier version to roll back to")
             live = self.live_version(name)
             embedder = self._model_for(target)[0]
             same = bool(embedder.fingerprint) and embedder.fingerprint == live.model_fingerprint

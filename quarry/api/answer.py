@@ -102,7 +102,23 @@ _ANSWER_ERRORS = (
 )
 
 
-@router.post("/v1/collections/{name}/answer", tags=["answer"], responses=error_responses(*_ANSWER_ERRORS, body=True))
+# 200: JSON, or Server-Sent Events with "stream": true (both documented, so clients and checkers know)
+_ANSWERED: dict[int | str, Any] = {
+    200: {
+        "description": 'The answer as JSON; with `"stream": true`, Server-Sent Events (`sources`, `delta`, '
+        "`citation`, then `done` or `error`).",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "text/event-stream": {"schema": {}},  # each event's data: a JSON object (see the description)
+        },
+    }
+}
+
+
+@router.post(
+    "/v1/collections/{name}/answer", tags=["answer"],
+    responses={**error_responses(*_ANSWER_ERRORS, body=True), **_ANSWERED},
+)
 async def answer(
     name: str,
     body: AnswerIn,
@@ -317,7 +333,9 @@ class ChatIn(BaseModel):
     quarry: QuarryOptions = QuarryOptions()
 
 
-@router.post("/v1/chat/completions", tags=["answer"], responses=error_responses(*_ANSWER_ERRORS, body=True))
+@router.post(
+    "/v1/chat/completions", tags=["answer"], responses={**error_responses(*_ANSWER_ERRORS, body=True), **_ANSWERED}
+)
 async def chat_completions(
     body: ChatIn,
     request: Request,

@@ -254,7 +254,7 @@ def reindex_collection(name: str, q: Service, body: ReindexIn | None = None) -> 
 
 @router.post(
     "/v1/collections/{name}/rollback", tags=["collections"], response_model=RollbackOut,
-    responses=error_responses(e.InvalidRequest, e.CollectionNotFound, e.NotFound, e.ReindexRunning, *_STORE),
+    responses=error_responses(e.InvalidRequest, e.CollectionNotFound, e.Conflict, e.ReindexRunning, *_STORE),
 )
 def rollback_collection(name: str, q: Service) -> dict[str, int]:
     """Swap back to the version served before the last reindex (404 when none is kept)."""

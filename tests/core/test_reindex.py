@@ -324,3 +324,10 @@ def test_rest_reindex_job_and_rollback(svc: Quarry, filled: str) -> None:
         missing = client.get("/v1/jobs/nope")
         assert missing.status_code == 404 and missing.json()["error"]["type"] == "NotFound"
         assert client.post("/v1/collections/absent/reindex", json={}).status_code == 404
+        fresh = f"fresh_{uuid.uuid4().hex[:6]}"
+        assert client.post("/v1/collections", json={"name": fresh}).status_code == 201
+        try:  # nothing kept to roll back to: the collection exists, it is in no state for it (409, not 404)
+            nothing = client.post(f"/v1/collections/{fresh}/rollback")
+            assert nothing.status_code == 409 and nothing.json()["error"]["type"] == "Conflict", nothing.text
+        finally:
+            client.delete(f"/v1/collections/{fresh}")
