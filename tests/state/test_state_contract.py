@@ -165,11 +165,12 @@ def test_versions_are_created_listed_and_swapped_live(state: StateStore) -> None
 
 # --- leases ---------------------------------------------------------------------------------
 def test_a_lease_has_one_holder_until_it_lapses(state: StateStore) -> None:
-    assert state.acquire_lease("reindex:c", "a", ttl_s=0.5)
+    # 2 s leases: long enough that a loaded 2-core machine checks the refusals before they lapse
+    assert state.acquire_lease("reindex:c", "a", ttl_s=2.0)
     assert not state.acquire_lease("reindex:c", "b", ttl_s=30)
-    assert state.acquire_lease("reindex:c", "a", ttl_s=0.5)  # the holder renews by acquiring again
-    assert state.renew_lease("reindex:c", "a", ttl_s=0.5) and not state.renew_lease("reindex:c", "b", ttl_s=5)
-    time.sleep(0.7)  # the holder crashed: nobody renews
+    assert state.acquire_lease("reindex:c", "a", ttl_s=2.0)  # the holder renews by acquiring again
+    assert state.renew_lease("reindex:c", "a", ttl_s=2.0) and not state.renew_lease("reindex:c", "b", ttl_s=5)
+    time.sleep(2.2)  # the holder crashed: nobody renews
     assert state.acquire_lease("reindex:c", "b", ttl_s=30)
     lease = state.get_lease("reindex:c")
     assert lease is not None and lease.owner == "b" and lease.expires_at > time.time() + 20
@@ -198,10 +199,10 @@ def test_jobs_are_created_updated_listed_and_claimed(state: StateStore) -> None:
     assert {j.id for j in state.list_jobs()} == {job.id, other.id}
     assert [j.id for j in state.list_jobs(collection="c")] == [job.id]
     assert {j.id for j in state.list_jobs(state="running")} == {job.id, "j2"}
-    assert state.claim_job(job.id, "w1", ttl_s=0.5) and not state.claim_job(job.id, "w2", ttl_s=5)
+    assert state.claim_job(job.id, "w1", ttl_s=2.0) and not state.claim_job(job.id, "w2", ttl_s=5)
     claimed = state.get_job(job.id)
     assert claimed is not None and claimed.lease_owner == "w1"
-    time.sleep(0.7)
+    time.sleep(2.2)
     assert state.claim_job(job.id, "w2", ttl_s=5)  # w1 died: its lease lapsed
     assert not state.release_job(job.id, "w1") and state.release_job(job.id, "w2")
     assert state.get_job("nope") is None
