@@ -143,15 +143,17 @@ class Access:
         Raises:
             Unauthenticated: No key where one is required, or a bad key.
         """
+        if not self.keys_required():
+            # An open server ignores credentials, as vLLM without --api-key does: OpenAI clients
+            # always send one ("Bearer EMPTY"), and no key can be valid while none exists.
+            return OPEN
         key = _presented_key(request)
         if key is None:
-            if self.keys_required():
-                raise Unauthenticated(
-                    "this server requires an API key: send 'Authorization: Bearer qk_…' or 'api-key: qk_…' "
-                    "(create one with 'quarry keys create')",
-                    reason="missing",
-                )
-            return OPEN
+            raise Unauthenticated(
+                "this server requires an API key: send 'Authorization: Bearer qk_…' or 'api-key: qk_…' "
+                "(create one with 'quarry keys create')",
+                reason="missing",
+            )
         return self.verifier.verify(key)
 
 
