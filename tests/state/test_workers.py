@@ -68,7 +68,9 @@ def _two_workers(tmp_path: Path, state_url: str) -> None:
     port = _free_port()
     name = f"workers_{uuid.uuid4().hex[:10]}"
     server = _serve(
-        ["--workers", "2", "--port", str(port)], tmp_path, QUARRY_STORE__URL=PG_URL, QUARRY_DOCSTORE__URL=state_url
+        ["--workers", "2", "--port", str(port)], tmp_path, QUARRY_STORE__URL=PG_URL, QUARRY_DOCSTORE__URL=state_url,
+        # each read checks the change log (by default the other worker may lag up to 1 s: test_replicas.py)
+        QUARRY_BM25__MAX_STALENESS_S="0",
     )
     base = f"http://127.0.0.1:{port}"
     try:
