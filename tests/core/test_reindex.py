@@ -167,9 +167,10 @@ def test_failed_verification_and_killed_run_leave_the_live_version(
     query = scifact_docs[3].title
     before = _top(service, filled, "hybrid", query)
     if service.store.capabilities().engine == "pgvector":
-        # IVF with 32 lists, 1 probe, no iterative scan: full but wrong top-10s (recall ~0.3 here).
+        # IVF with 16 lists, 1 probe, no iterative scan: full but wrong top-10s. (32 lists left some
+        # lists under 10 rows, whose short answers the store re-runs exactly: a CI run passed the check.)
         # Milvus Lite answers its IVF_FLAT at recall 1.0 even at nprobe 1 (measured), so not there.
-        weak = IndexSpec("IVF_FLAT", params={"nlist": 32}, search_params={"nprobe": 1, "iterative_scan": "off"})
+        weak = IndexSpec("IVF_FLAT", params={"nlist": 16}, search_params={"nprobe": 1, "iterative_scan": "off"})
         with pytest.raises(ReindexFailed, match="recall@10") as failed:
             service.reindex(filled, index=weak)
         assert "version 1 still serves" in failed.value.message

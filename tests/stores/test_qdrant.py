@@ -122,6 +122,7 @@ def test_filter_compiler_is_structured() -> None:
     dialect = qf.Dialect(
         m.Filter, m.FieldCondition, lambda v: m.MatchValue(value=v),
         lambda vs: m.MatchAny(any=vs), m.Range,
+        lambda key: m.IsEmptyCondition(is_empty=m.PayloadField(key=key)), lambda ids: m.HasIdCondition(has_id=ids),
     )
     flt = qf.compile_filter(And((Eq("s", '" or 1==1'), In("n", (1, 2.5)), Range("f", lt=0.5))), dialect)
     must = flt.must
