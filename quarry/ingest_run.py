@@ -175,12 +175,17 @@ class Run:
             with suppress(OSError):
                 os.write(2, line.encode())
 
+        def stopping(signum: int, _frame: FrameType | None) -> None:
+            # Asked to stop already: the batches are committed and the process is closing its
+            # stores; another signal is recorded, not a kill that would lose the report's exit code.
+            self.stop.signals.append(signal.Signals(signum).name)
+
         previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             yield
         finally:
             for s, h in previous.items():
-                signal.signal(s, h)
+                signal.signal(s, stopping if self.stop.signals else h)
 
     # --- the run ------------------------------------------------------------------------
     def execute(self) -> int:

@@ -310,25 +310,27 @@ def test_an_unavailable_store_is_the_retryable_exit_code(tmp_path: Path) -> None
 
 
 def test_a_second_signal_abandons_the_batch_in_flight_and_rolls_it_back(tmp_path: Path) -> None:
-    docs = [{"id": f"d{i:04d}", "text": f"entry {i} about glaciers, fjords and moraines"} for i in range(1000)]
+    # Batches of 2,000: each takes seconds to embed even on a fast machine (a CI run embedded 200
+    # in 0.5 s, and both signals came after that batch was committed).
+    docs = [{"id": f"d{i:05d}", "text": f"entry {i} about glaciers, fjords and moraines"} for i in range(8000)]
     corpus = write_jsonl(tmp_path / "many.jsonl", docs)
     env = {**os.environ, "QUARRY_DATA_DIR": str(tmp_path / "data"), "HF_HUB_OFFLINE": "1",
-           "QUARRY_INGEST__BATCH_SIZE": "200"}
+           "QUARRY_INGEST__BATCH_SIZE": "2000"}
     child = subprocess.Popen(
         [sys.executable, "-m", "quarry.cli", "ingest", str(corpus), "-c", "ice", "--json"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     assert child.stdout is not None
-    assert json.loads(child.stdout.readline())["done"] == 200
-    time.sleep(0.5)  # into the next batch of 200, which takes seconds to embed
+    assert json.loads(child.stdout.readline())["done"] == 2000
+    time.sleep(0.2)  # into the next batch of 2,000
     child.send_signal(signal.SIGINT)
-    time.sleep(0.5)  # two signals at once are one: the kernel does not queue them
+    time.sleep(0.3)  # two signals at once are one: the kernel does not queue them
     child.send_signal(signal.SIGINT)  # the batch in flight is abandoned
     rest, stderr = child.communicate(timeout=600)
     assert child.returncode == 130, stderr
     report = json.loads(rest.splitlines()[-1])
     assert report["status"] == "interrupted" and report["signals"] == ["SIGINT", "SIGINT"]
-    assert report["abandoned_batch"] and report["kept"] % 200 == 0 and report["kept"] >= 200
+    assert report["abandoned_batch"] and report["kept"] % 2000 == 0 and report["kept"] >= 2000
     quarry = Quarry(Settings(data_dir=tmp_path / "data"))
     try:  # the abandoned batch left nothing behind in either place
         assert quarry.docstore.counts("ice")[0] == report["kept"]

@@ -22,6 +22,7 @@ from quarry.service import Quarry
 from quarry.settings import Settings, StoreSettings
 from retrieval.fusion import Fusion, fuse
 from tests.embedding_cache import CachedEmbedder
+from tests.stores.conftest import Backend
 
 SETTINGS = [
     ({}, Fusion("rrf", 60, {"bm25": 1.0, "dense": 1.0})),
@@ -37,10 +38,13 @@ KEYWORD = "zorblax"  # in one document only, meaningless to the dense model
 
 @pytest.fixture(scope="module")
 def fused(
-    store_url: str, tmp_path_factory: pytest.TempPathFactory, minilm_vectors: CachedEmbedder, shared_data: Path
+    backend: Backend, tmp_path_factory: pytest.TempPathFactory, minilm_vectors: CachedEmbedder, shared_data: Path
 ) -> Iterator[tuple[Quarry, str, list[SourceDocument]]]:
+    # A store of its own: an embedded engine's folder is locked by the session's open store
+    # (Qdrant local refuses a second client), the servers are shared.
+    url = backend.url(tmp_path_factory.mktemp(f"fusion-{backend.id}"))
     quarry = Quarry(
-        Settings(data_dir=tmp_path_factory.mktemp("fusion"), store=StoreSettings(url=store_url)),
+        Settings(data_dir=tmp_path_factory.mktemp("fusion"), store=StoreSettings(url=url)),
         embedder=minilm_vectors,
     )
     name = f"fusion_{uuid.uuid4().hex[:8]}"
