@@ -63,6 +63,8 @@ class SqliteState(SqlCollections, SqlAdmin, WriteLocks):
         self.path = path
         self.location = str(path)
         self._lock = threading.RLock()
+        self._watch_lock = threading.Lock()
+        self._watch: sqlite3.Connection | None = None  # change_token's own connection
         self._init_locks()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -117,6 +119,23 @@ class SqliteState(SqlCollections, SqlAdmin, WriteLocks):
         """Close the database."""
         with self._lock:
             self._db.close()
+        with self._watch_lock:
+            if self._watch is not None:
+                self._watch.close()
+                self._watch = None
+
+    def change_token(self) -> int:
+        """A number that changes whenever any connection commits to the database, in this process or another.
+
+        SQLite's ``PRAGMA data_version`` on a connection of its own, which never writes (so every
+        commit, the service's own included, is another connection's), ~20 µs: callers that cache
+        what they read (the API key verifier) re-read only after a commit, and still see a key
+        revoked by ``quarry keys revoke`` or another worker on their next request.
+        """
+        with self._watch_lock:
+            if self._watch is None:
+                self._watch = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            return int(self._watch.execute("PRAGMA data_version").fetchone()[0])
 
     @contextmanager
     def _read(self) -> Iterator[_Tx]:

@@ -8,9 +8,15 @@ once, by ``quarry keys create``.
 
 scrypt costs ~50 ms by design, too much for every request: :class:`KeyVerifier` remembers, in
 this process's memory only, a SHA-256 of each presented key it has verified (and of the last
-wrong ones, so a flood of bad secrets for a real id costs one scrypt each). The record itself is
-read again on every request, so a key revoked (by the CLI, by another replica) stops working at
-once; a changed hash (a key re-created under its id) invalidates the memo.
+wrong ones, so a flood of bad secrets for a real id costs one scrypt each); a changed hash (a key
+re-created under its id) invalidates the memo. Reading the key's record on every request is what
+makes a revoke (by the CLI, by another worker or replica) count at once, but it cost ~0.2 ms of the
+event loop per request on SQLite (a transaction on the docstore's shared connection,
+``bench/access.py``). So where the state of record offers ``change_token()`` (SQLite: ``PRAGMA
+data_version``, which moves on any commit of any process, ~20 µs) the verifier also keeps the
+principal of each verified key, under the SHA-256 of the presented key, with the token read before
+its record was: while the token is unchanged nothing was revoked, and the first request after any
+commit reads the record again. Without a token (PostgreSQL) the record is read on every request.
 """
 
 from __future__ import annotations
@@ -159,7 +165,7 @@ def new_key(  # noqa: PLR0913 - the key's attributes
 
 
 class KeyVerifier:
-    """Turns a presented key into a :class:`Principal`, reading its record on every call (see module doc).
+    """Turns a presented key into a :class:`Principal`, its record read again after any commit (see module doc).
 
     Thread-safe. ``clock`` is Unix seconds (expiry is compared with it).
     """
@@ -170,6 +176,8 @@ class KeyVerifier:
         self._now = clock
         self._good: OrderedDict[tuple[str, str], bytes] = OrderedDict()  # (id, stored hash) -> sha256(secret)
         self._bad: OrderedDict[bytes, None] = OrderedDict()
+        # sha256(presented key) -> (change token before its record was read, expires_at, principal)
+        self._principals: OrderedDict[bytes, tuple[int, float | None, Principal]] = OrderedDict()
         self._size = memo_size
         self._lock = threading.Lock()
 
@@ -180,6 +188,13 @@ class KeyVerifier:
             Unauthenticated: Malformed, unknown, wrong secret, revoked or expired (the message says
                 which, with the key's id where it parsed, never its secret).
         """
+        token = self._token()
+        seen = hashlib.sha256(key.encode()).digest()
+        if token is not None:
+            with self._lock:
+                hit = self._principals.get(seen)
+            if hit is not None and hit[0] == token and (hit[1] is None or hit[1] > self._now()):
+                return hit[2]
         key_id, secret = parse_key(key)
         record = self.state.get_api_key(key_id)
         if record is None:
@@ -190,11 +205,22 @@ class KeyVerifier:
             raise Unauthenticated(f"API key qk_{key_id}_… was revoked at {_iso(record.revoked_at)}", reason="revoked")
         if record.expires_at is not None and record.expires_at <= self._now():
             raise Unauthenticated(f"API key qk_{key_id}_… expired at {_iso(record.expires_at)}", reason="expired")
-        return Principal(
+        who = Principal(
             key_id=record.id, tenant_id=record.tenant_id, scopes=frozenset(record.scopes),
             collections=None if record.collections is None else frozenset(record.collections),
             rate=record.rate, priority=record.priority,
         )
+        if token is not None:
+            with self._lock:
+                self._principals[seen] = (token, record.expires_at, who)
+                while len(self._principals) > self._size:
+                    self._principals.popitem(last=False)
+        return who
+
+    def _token(self) -> int | None:
+        """The state of record's change token, or ``None`` where it has none (read every record)."""
+        change_token = getattr(self.state, "change_token", None)
+        return None if change_token is None else int(change_token())
 
     def _secret_ok(self, record: ApiKeyRecord, secret: str) -> bool:
         seen = hashlib.sha256(f"{record.id}:{record.hash}:{secret}".encode()).digest()

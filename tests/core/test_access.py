@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,12 +19,12 @@ import limits.storage.memory
 import pytest
 from fastapi.testclient import TestClient
 
-from indexing.docstore import StateStore
+from indexing.docstore import StateStore, open_docstore
 from quarry import metrics
 from quarry.api import access, create_app
 from quarry.api.access import check_bind
-from quarry.api.keys import check_secret, hash_secret, new_key
-from quarry.errors import ConfigError
+from quarry.api.keys import KeyVerifier, check_secret, hash_secret, new_key
+from quarry.errors import ConfigError, RateLimited, Unauthenticated
 from quarry.service import Quarry
 from quarry.settings import AuthSettings, Settings
 from tests.core.conftest import CountingEmbedder
@@ -205,3 +206,82 @@ def test_low_priority_is_shed_first_when_saturated(
     assert resp.headers["retry-after"] == "1" and resp.json()["error"]["retryable"] is True
     for key in (normal, high):
         assert client.get("/v1/collections", headers=_bearer(key)).status_code == 200
+
+
+def test_verified_key_is_cached_until_a_commit_and_a_revoke_elsewhere_counts_at_once(tmp_path: Path) -> None:
+    # bench/access.py: reading the key's record on every request cost ~0.2 ms of the event loop
+    state = open_docstore("", tmp_path)
+    other = open_docstore("", tmp_path)  # another worker's (or the CLI's) connection to the same file
+    try:
+        key = _key(state, scopes="read")
+        verifier = KeyVerifier(state)
+        reads = 0
+        real_get = state.get_api_key
+
+        def counted(key_id: str) -> object:
+            nonlocal reads
+            reads += 1
+            return real_get(key_id)
+
+        state.get_api_key = counted  # type: ignore[method-assign]
+        for _ in range(5):
+            assert verifier.verify(key).scopes == {"read"}
+        assert reads == 1  # one record read while nothing was committed
+        other.create_tenant("acme", "acme")  # any commit: the record is read again, once
+        verifier.verify(key)
+        verifier.verify(key)
+        assert reads == 2
+        with pytest.raises(Unauthenticated, match="wrong secret"):  # only the exact key hits the cache
+            verifier.verify(key[:-4] + ("AAAA" if not key.endswith("AAAA") else "BBBB"))
+        assert other.revoke_api_key(key[3:15])
+        with pytest.raises(Unauthenticated, match="revoked at"):
+            verifier.verify(key)
+    finally:
+        other.close()
+        state.close()
+
+
+def test_open_server_sees_a_key_created_elsewhere_at_once(tmp_path: Path) -> None:
+    state = open_docstore("", tmp_path)
+    other = open_docstore("", tmp_path)
+    try:
+        gate = access.Access(state, AuthSettings())
+        assert not gate.keys_required() and not gate.keys_required()
+        _key(other, scopes="read")  # quarry keys create, in another process
+        assert gate.keys_required()
+    finally:
+        other.close()
+        state.close()
+
+
+def test_in_process_rate_limit_counts_without_starting_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    # limits' MemoryStorage started a timer thread every 10 ms, and each start held the event loop
+    # until the OS ran it: ~50 req/s instead of ~400 on the shared machine (bench/access.py)
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def counted(self: threading.Thread) -> None:
+        started.append(self.name)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+
+    class Clock:
+        now = 1_000_000.0
+
+        def time(self) -> float:
+            return self.now
+
+    clock = Clock()
+    monkeypatch.setattr(access, "time", clock)
+    limiter = access.RateLimiter("memory://")
+    for _ in range(100):
+        limiter.spend("k1", 100.0)
+    with pytest.raises(RateLimited) as refused:
+        limiter.spend("k1", 100.0)
+    assert refused.value.retry_after_s == 1.0
+    limiter.spend("k2", 100.0)  # another key has its own window
+    clock.now += 1.0  # the window moved past the first 100
+    limiter.spend("k1", 100.0)
+    limiter.spend("slow", 0.5)  # under 1/s: 30 per minute
+    assert started == []

@@ -1,0 +1,327 @@
+"""Benchmark the access layer of issue 27: its overhead (acceptance 6) and load shedding (acceptance 4).
+
+Both drive real ``quarry serve`` processes over real HTTP with ``wrk`` (Debian package ``wrk``: a C
+event loop, ~1 % of a core, so the servers keep the machine's cores; Lua adds the key headers and
+counts the answers). The data: the first ``--docs`` SciFact documents ingested once into
+``<work>/base`` (the embedded default: Milvus Lite + SQLite docstore), then copied to one data
+directory per server, so the servers answer the same collection. Queries: the SciFact queries,
+cycled, ``top_k`` 10, mode ``--mode`` (``bm25`` by default: the cheapest search, where a fixed
+per-request cost weighs most).
+
+``overhead``: two servers run side by side on the same data. "off": no key exists (the open
+loopback server of the demo), ``QUARRY_METRICS__ENABLED=false``. "on": a read key with a rate limit
+far above the load (10,000/s: every request is counted by the limiter, none refused), metrics on;
+every request sends ``Authorization: Bearer qk_…``. Each round drives off then on (on then off in
+odd rounds) with 32 connections, then 1 connection, for ``--seconds`` each. Targets: the on/off
+32-client throughput ratio >= 0.95 and 1-client p50(on) - p50(off) <= 0.5 ms, as medians.
+
+``shedding``: one server with ``QUARRY_AUTH__SHED_IN_FLIGHT=--shed-in-flight``, a ``high`` and a
+``low`` priority key. Each round measures the high key alone (1 connection, closed loop: "idle"),
+then again while 32 connections of the low key hammer the server in a closed loop that does not
+wait out ``Retry-After`` (the worst case: every 503 is followed by a new request at once),
+alternating the order each round. Targets: the high key's p99 when saturated <= 2x its idle p99
+(medians over rounds), and every low request is a 200, or a 503 carrying ``Retry-After``: no
+timeouts, transport errors or other statuses.
+
+    python bench/access.py overhead [--rounds 6] [--seconds 8] [--mode bm25]
+    python bench/access.py shedding [--rounds 6] [--seconds 8] [--shed-in-flight 4]
+    python bench/access.py all --json /tmp/access.json
+
+Options: ``--work DIR`` (default ``/tmp/quarry-bench-access``; the ingested base is reused),
+``--scifact DIR`` (default ``../shared/data/scifact``), ``--docs N`` (1,000).
+
+Figures (2026-12-03, the shared 2-core machine, ~8 agents' load): see docs/access.md, "Measured".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+console = Console()
+COLLECTION = "sf"
+
+# One wrk thread's Lua: cycles the bodies, adds the key, counts the answers by kind.
+_LUA = """
+local bodies = {}
+for line in io.lines("%(bodies)s") do bodies[#bodies + 1] = line end
+local headers = {["Content-Type"] = "application/json"}
+local key = "%(key)s"
+if key ~= "" then headers["Authorization"] = "Bearer " .. key end
+local counter = %(offset)d
+request = function()
+  counter = counter + 1
+  return wrk.format("POST", nil, headers, bodies[(counter %% #bodies) + 1])
+end
+local threads = {}
+setup = function(thread) table.insert(threads, thread) end
+ok = 0; shed = 0; shed_bare = 0; degraded = 0; other = 0
+response = function(status, hdrs, body)
+  if status == 200 then
+    ok = ok + 1
+    if not string.find(body, '"degraded":[]', 1, true) then degraded = degraded + 1 end
+  elseif status == 503 then
+    if hdrs["retry-after"] or hdrs["Retry-After"] then shed = shed + 1 else shed_bare = shed_bare + 1 end
+  else
+    other = other + 1
+  end
+end
+done = function(summary, latency, requests)
+  local t = {ok = 0, shed = 0, shed_bare = 0, degraded = 0, other = 0}
+  for _, thread in ipairs(threads) do
+    for name, _ in pairs(t) do t[name] = t[name] + thread:get(name) end
+  end
+  io.write(string.format("COUNTS ok=%%d shed=%%d shed_bare=%%d degraded=%%d other=%%d\\n",
+    t.ok, t.shed, t.shed_bare, t.degraded, t.other))
+  io.write(string.format("P50US %%d\\nP99US %%d\\n", latency:percentile(50), latency:percentile(99)))
+end
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(data_dir: Path, **settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUARRY_")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=str(REPO), QUARRY_DATA_DIR=str(data_dir), QUARRY_MONITOR__SAMPLE_RATE="0", **settings)
+    return env
+
+
+def _quarry(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "quarry.cli", *args], env=env, check=True, capture_output=True,
+                          text=True)
+    return done.stdout
+
+
+def prepare(work: Path, scifact: Path, docs: int) -> tuple[Path, list[str]]:
+    """The ingested base data dir (made once) and the query texts."""
+    base = work / "base"
+    if not (base / ".ingested").exists():
+        shutil.rmtree(base, ignore_errors=True)
+        base.mkdir(parents=True)
+        corpus = work / "corpus.jsonl"
+        with (scifact / "corpus.jsonl").open() as src:
+            corpus.write_text("".join(islice(src, docs)))
+        _quarry(_env(base), "ingest", str(corpus), "--collection", COLLECTION)
+        (base / ".ingested").touch()
+    queries = [json.loads(line)["text"] for line in (scifact / "queries.jsonl").read_text().splitlines() if line]
+    return base, queries
+
+
+def copy_data(base: Path, dest: Path) -> Path:
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(base, dest)
+    return dest
+
+
+@contextmanager
+def server(env: dict[str, str]) -> Iterator[str]:
+    """A ``quarry serve`` on a free loopback port; yields its base URL."""
+    port = _free_port()
+    log = tempfile.NamedTemporaryFile(prefix="quarry-bench-serve-", suffix=".log", delete=False)  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "quarry.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited: {Path(log.name).read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not become ready in 300 s")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def wrk(url: str, bodies: Path, *, key: str = "", clients: int, seconds: float, offset: int = 0,
+        timeout_s: float = 10.0) -> dict[str, Any]:
+    """One wrk run against the search route; throughput, p50/p99 (ms) and answers by kind."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        script.write(_LUA % {"bodies": bodies, "key": key, "offset": offset})
+    try:
+        cmd = ["wrk", "-t1", f"-c{clients}", f"-d{seconds:g}s", "--timeout", f"{timeout_s:g}s", "-s", script.name,
+               f"{url}/v1/collections/{COLLECTION}/search"]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    finally:
+        os.unlink(script.name)
+    counts = dict(re.findall(r"(\w+)=(\d+)", re.search(r"COUNTS (.*)", out).group(1)))  # type: ignore[union-attr]
+    socket_errors = {k: int(v) for k, v in re.findall(r"(connect|read|write|timeout) (\d+)", out)}
+    return {
+        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
+        "requests": int(re.search(r"(\d+) requests in", out).group(1)),  # type: ignore[union-attr]
+        "p50_ms": int(re.search(r"P50US (\d+)", out).group(1)) / 1000,  # type: ignore[union-attr]
+        "p99_ms": int(re.search(r"P99US (\d+)", out).group(1)) / 1000,  # type: ignore[union-attr]
+        **{k: int(v) for k, v in counts.items()},
+        "socket_errors": socket_errors,
+    }
+
+
+def _bodies(work: Path, queries: list[str], mode: str) -> Path:
+    path = work / f"bodies-{mode}.jsonl"
+    path.write_text("".join(json.dumps({"query": q, "top_k": 10, "mode": mode}) + "\n" for q in queries))
+    return path
+
+
+def _warm(url: str, bodies: Path, key: str = "") -> None:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    for line in bodies.read_text().splitlines()[:50]:
+        httpx.post(f"{url}/v1/collections/{COLLECTION}/search", content=line, timeout=60,
+                   headers={**headers, "Content-Type": "application/json"}).raise_for_status()
+
+
+def bench_overhead(work: Path, base: Path, bodies: Path, rounds: int, seconds: float) -> dict[str, Any]:
+    off_env = _env(copy_data(base, work / "off"), QUARRY_METRICS__ENABLED="false")
+    on_env = _env(copy_data(base, work / "on"))
+    key = _quarry(on_env, "keys", "create", "--tenant", "default", "--scopes", "read", "--rate", "10000/s",
+                  "--name", "bench").strip()
+    rows = []
+    with server(off_env) as off_url, server(on_env) as on_url:
+        _warm(off_url, bodies)
+        _warm(on_url, bodies, key)
+        configs = {"off": (off_url, ""), "on": (on_url, key)}
+        for r in range(rounds):
+            row: dict[str, Any] = {"round": r + 1}
+            for clients in (32, 1):
+                for name in ("off", "on") if r % 2 == 0 else ("on", "off"):
+                    url, k = configs[name]
+                    row[f"{name}_{clients}"] = wrk(url, bodies, key=k, clients=clients, seconds=seconds, offset=r * 37)
+            row["rps_ratio"] = row["on_32"]["rps"] / row["off_32"]["rps"]
+            row["p50_delta_ms"] = row["on_1"]["p50_ms"] - row["off_1"]["p50_ms"]
+            rows.append(row)
+            console.print(
+                f"round {r + 1}: 32 clients off {row['off_32']['rps']:.0f} / on {row['on_32']['rps']:.0f} req/s "
+                f"(ratio {row['rps_ratio']:.3f}); 1 client p50 off {row['off_1']['p50_ms']:.2f} / "
+                f"on {row['on_1']['p50_ms']:.2f} ms (delta {row['p50_delta_ms']:+.2f} ms)"
+            )
+    failures = sum(x["other"] + x["shed"] + x["shed_bare"] + sum(x["socket_errors"].values())
+                   for row in rows for k, x in row.items() if isinstance(x, dict))
+    return {"rounds": rows, "median_rps_ratio": statistics.median(r["rps_ratio"] for r in rows),
+            "median_p50_delta_ms": statistics.median(r["p50_delta_ms"] for r in rows), "failures": failures}
+
+
+def bench_shedding(  # noqa: PLR0913 - the knobs of one run
+    work: Path, base: Path, bodies: Path, rounds: int, seconds: float, shed_in_flight: int
+) -> dict[str, Any]:
+    env = _env(copy_data(base, work / "shed"), QUARRY_AUTH__SHED_IN_FLIGHT=str(shed_in_flight))
+    high = _quarry(env, "keys", "create", "--scopes", "read", "--priority", "high", "--name", "high").strip()
+    low = _quarry(env, "keys", "create", "--scopes", "read", "--priority", "low", "--name", "low").strip()
+    rows = []
+    with server(env) as url:
+        _warm(url, bodies, high)
+        for r in range(rounds):
+            row: dict[str, Any] = {"round": r + 1}
+            for phase in ("idle", "saturated") if r % 2 == 0 else ("saturated", "idle"):
+                if phase == "idle":
+                    row["idle"] = wrk(url, bodies, key=high, clients=1, seconds=seconds, offset=r * 37)
+                    continue
+                lead = 1.0
+                low_cmd = _Background(url, bodies, low, clients=32, seconds=seconds + 2 * lead)
+                time.sleep(lead)  # the low clients saturate the server first
+                row["saturated"] = wrk(url, bodies, key=high, clients=1, seconds=seconds, offset=r * 37)
+                row["low"] = low_cmd.result()
+            row["p99_ratio"] = row["saturated"]["p99_ms"] / row["idle"]["p99_ms"]
+            low_r = row["low"]
+            row["low_bad"] = low_r["other"] + low_r["shed_bare"] + sum(low_r["socket_errors"].values())
+            rows.append(row)
+            console.print(
+                f"round {r + 1}: high p99 idle {row['idle']['p99_ms']:.2f} / saturated {row['saturated']['p99_ms']:.2f}"
+                f" ms (ratio {row['p99_ratio']:.2f}), p50 {row['idle']['p50_ms']:.2f} / "
+                f"{row['saturated']['p50_ms']:.2f} ms; low: {low_r['ok']} ok, {low_r['shed']} 503+Retry-After, "
+                f"{row['low_bad']} bad ({low_r['socket_errors']}, other {low_r['other']})"
+            )
+    return {"rounds": rows, "median_p99_ratio": statistics.median(r["p99_ratio"] for r in rows),
+            "low_bad": sum(r["low_bad"] for r in rows), "high_bad": sum(
+                r[p]["other"] + r[p]["shed"] + r[p]["shed_bare"] + sum(r[p]["socket_errors"].values())
+                for r in rows for p in ("idle", "saturated"))}
+
+
+class _Background:
+    """A wrk run in a thread (the low-priority load), joined by :meth:`result`."""
+
+    def __init__(self, url: str, bodies: Path, key: str, *, clients: int, seconds: float) -> None:
+        import threading
+
+        self._out: dict[str, Any] = {}
+        self._thread = threading.Thread(
+            target=lambda: self._out.update(wrk(url, bodies, key=key, clients=clients, seconds=seconds, offset=11)))
+        self._thread.start()
+
+    def result(self) -> dict[str, Any]:
+        self._thread.join()
+        return self._out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["overhead", "shedding", "all"])
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "quarry-bench-access")
+    parser.add_argument("--scifact", type=Path, default=REPO.parent / "shared" / "data" / "scifact")
+    parser.add_argument("--docs", type=int, default=1000, help="SciFact documents ingested")
+    parser.add_argument("--mode", default="bm25", choices=["bm25", "dense", "hybrid"])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--seconds", type=float, default=8.0, help="duration of each load phase")
+    parser.add_argument("--shed-in-flight", type=int, default=4, help="QUARRY_AUTH__SHED_IN_FLIGHT of shedding")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed (apt-get install -y wrk)")
+    args.work.mkdir(parents=True, exist_ok=True)
+    base, queries = prepare(args.work, args.scifact, args.docs)
+    bodies = _bodies(args.work, queries, args.mode)
+    results: dict[str, Any] = {"mode": args.mode, "seconds": args.seconds, "docs": args.docs}
+    table = Table("acceptance", "median", "target", "rounds", title=f"bench/access.py ({args.mode})")
+    if args.what in ("overhead", "all"):
+        o = results["overhead"] = bench_overhead(args.work, base, bodies, args.rounds, args.seconds)
+        table.add_row("6: 32-client req/s on/off", f"{o['median_rps_ratio']:.3f}", ">= 0.95",
+                      " ".join(f"{r['rps_ratio']:.3f}" for r in o["rounds"]))
+        table.add_row("6: 1-client p50 on - off", f"{o['median_p50_delta_ms']:+.2f} ms", "<= 0.5 ms",
+                      " ".join(f"{r['p50_delta_ms']:+.2f}" for r in o["rounds"]))
+    if args.what in ("shedding", "all"):
+        s = results["shedding"] = bench_shedding(args.work, base, bodies, args.rounds, args.seconds,
+                                                 args.shed_in_flight)
+        table.add_row("4: high p99 saturated/idle", f"{s['median_p99_ratio']:.2f}", "<= 2",
+                      " ".join(f"{r['p99_ratio']:.2f}" for r in s["rounds"]))
+        table.add_row("4: low requests not 200/503+RA", str(s["low_bad"]), "0",
+                      " ".join(str(r["low_bad"]) for r in s["rounds"]))
+    console.print(table)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
