@@ -36,6 +36,7 @@ from fastapi import Request
 from limits import RateLimitItem, RateLimitItemPerMinute, RateLimitItemPerSecond
 from limits.storage import storage_from_string
 from limits.strategies import MovingWindowRateLimiter
+from starlette.datastructures import Headers
 
 from indexing.docstore import AuditEntry, StateStore
 from quarry.api.keys import OPEN, KeyVerifier, Principal
@@ -199,14 +200,47 @@ class Access:
         return self.verifier.verify(key)
 
 
-def _presented_key(request: Request) -> str | None:
-    auth = request.headers.get("authorization")
+def _presented_key(request: Request | None, headers: Headers | None = None) -> str | None:
+    headers = request.headers if request is not None else headers
+    assert headers is not None
+    auth = headers.get("authorization")
     if auth is not None:
         kind, _, token = auth.partition(" ")
         if kind.lower() != "bearer" or not token.strip():
             raise Unauthenticated("the Authorization header must read 'Bearer qk_…'", reason="malformed")
         return token.strip()
-    return request.headers.get("api-key")
+    return headers.get("api-key")
+
+
+def shed_early(access: Access, path: str, headers: Headers) -> Overloaded | None:
+    """Step 5 before routing, for a key verified before: the 503 to send now, or ``None``.
+
+    The outer middleware asks this first, so that a shed request costs no routing, body parsing
+    or dependency solving (under 32 low-priority clients the 503s themselves were what kept a
+    high-priority request waiting, ``bench/access.py``). Only a key whose principal the verifier
+    holds (nothing committed since it was verified) is shed here; any other request goes through
+    :func:`authorize`, which decides the same way.
+    """
+    shed_at = access.settings.shed_in_flight
+    if not shed_at or IN_FLIGHT.count <= shed_at or not path.startswith("/v1/"):
+        return None
+    try:
+        key = _presented_key(None, headers)
+    except Unauthenticated:
+        return None
+    who = None if key is None else access.verifier.cached(key)
+    if who is None or who.priority >= 0:
+        return None
+    SHED.labels("low").inc()
+    return _overloaded(access)
+
+
+def _overloaded(access: Access) -> Overloaded:
+    return Overloaded(
+        f"the server is saturated ({IN_FLIGHT.count} requests in flight) and sheds low-priority keys first; "
+        f"retry in {access.settings.shed_retry_after_s:g} s",
+        retry_after_s=access.settings.shed_retry_after_s,
+    )
 
 
 async def authorize(request: Request) -> Principal:
@@ -241,11 +275,7 @@ async def authorize(request: Request) -> Principal:
     shed_at = access.settings.shed_in_flight
     if shed_at and who.priority < 0 and IN_FLIGHT.count > shed_at:
         SHED.labels("low").inc()
-        raise Overloaded(
-            f"the server is saturated ({IN_FLIGHT.count} requests in flight) and sheds low-priority keys first; "
-            f"retry in {access.settings.shed_retry_after_s:g} s",
-            retry_after_s=access.settings.shed_retry_after_s,
-        )
+        raise _overloaded(access)
     request.state.principal = who
     return who
 

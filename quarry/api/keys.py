@@ -190,11 +190,9 @@ class KeyVerifier:
         """
         token = self._token()
         seen = hashlib.sha256(key.encode()).digest()
-        if token is not None:
-            with self._lock:
-                hit = self._principals.get(seen)
-            if hit is not None and hit[0] == token and (hit[1] is None or hit[1] > self._now()):
-                return hit[2]
+        hit = self._cached(seen, token)
+        if hit is not None:
+            return hit
         key_id, secret = parse_key(key)
         record = self.state.get_api_key(key_id)
         if record is None:
@@ -216,6 +214,19 @@ class KeyVerifier:
                 while len(self._principals) > self._size:
                     self._principals.popitem(last=False)
         return who
+
+    def cached(self, key: str) -> Principal | None:
+        """The principal of a key verified before, if nothing was committed since (no record read); else ``None``."""
+        return self._cached(hashlib.sha256(key.encode()).digest(), self._token())
+
+    def _cached(self, seen: bytes, token: int | None) -> Principal | None:
+        if token is None:
+            return None
+        with self._lock:
+            hit = self._principals.get(seen)
+        if hit is not None and hit[0] == token and (hit[1] is None or hit[1] > self._now()):
+            return hit[2]
+        return None
 
     def _token(self) -> int | None:
         """The state of record's change token, or ``None`` where it has none (read every record)."""

@@ -4,20 +4,27 @@ Pure ASGI (Starlette's ``BaseHTTPMiddleware`` runs each request through an extra
 which costs more than the BM25 query itself, and would buffer the answer's event stream).
 Per request: the id (:func:`quarry.logs.request_id`) set in a context variable and echoed as
 ``X-Request-ID``; the in-flight count (:data:`quarry.metrics.IN_FLIGHT`, which load shedding can
-read); with metrics on (``QUARRY_METRICS__ENABLED``) one latency observation and one counter
+read; with shedding on, a request yields once after it is counted, so that the requests queued
+behind it are counted too); with metrics on (``QUARRY_METRICS__ENABLED``) one latency observation and one counter
 increment per route template and status; with tracing on
 (:mod:`quarry.tracing`) a server span, which continues a caller's W3C ``traceparent``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
 from typing import Any
 
 from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from quarry import tracing
+from quarry.api.access import shed_early
+from quarry.api.errors import error_body
+from quarry.errors import Overloaded
 from quarry.logs import REQUEST_ID, request_id
 from quarry.metrics import IN_FLIGHT, LATENCY, REQUESTS
 
@@ -56,6 +63,16 @@ class ObserveMiddleware:
         span = _server_span(scope, headers, rid) if tracing.TRACER is not None else None
         IN_FLIGHT.add(1)  # always: load shedding reads it, metrics or not
         try:
+            if _shedding_on(scope):
+                # Yield once, so that every request already read from the sockets is counted
+                # before any is served: a BM25 search runs on the event loop without yielding,
+                # and 32 queued requests were each counted alone (1 in flight), so nothing was
+                # shed and a high-priority request waited behind all of them (bench/access.py).
+                await asyncio.sleep(0)
+                shed = _shed_early(scope, headers)
+                if shed is not None:
+                    await _reply_shed(shed, scope, receive, send_status)
+                    return
             if span is None:
                 await self.app(scope, receive, send_status)
             else:
@@ -89,6 +106,24 @@ def _metrics_on(scope: Scope) -> bool:
     service = getattr(getattr(scope.get("app"), "state", None), "quarry", None)
     settings = getattr(service, "settings", None)
     return settings is None or bool(settings.metrics.enabled)
+
+
+def _shedding_on(scope: Scope) -> bool:
+    """Whether the app sheds load (``QUARRY_AUTH__SHED_IN_FLIGHT`` > 0)."""
+    service = getattr(getattr(scope.get("app"), "state", None), "quarry", None)
+    settings = getattr(service, "settings", None)
+    return settings is not None and settings.auth.shed_in_flight > 0
+
+
+def _shed_early(scope: Scope, headers: Headers) -> Overloaded | None:
+    access = getattr(getattr(scope.get("app"), "state", None), "access", None)
+    return None if access is None else shed_early(access, scope["path"], headers)
+
+
+async def _reply_shed(error: Overloaded, scope: Scope, receive: Receive, send: Send) -> None:
+    body = error_body(type(error).__name__, error.message, error.retryable)
+    retry = str(max(1, math.ceil(error.retry_after_s or 1)))
+    await JSONResponse(body, status_code=503, headers={"Retry-After": retry})(scope, receive, send)
 
 
 def _server_span(scope: Scope, headers: Headers, rid: str) -> Any:

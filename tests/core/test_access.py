@@ -206,6 +206,17 @@ def test_low_priority_is_shed_first_when_saturated(
     assert resp.headers["retry-after"] == "1" and resp.json()["error"]["retryable"] is True
     for key in (normal, high):
         assert client.get("/v1/collections", headers=_bearer(key)).status_code == 200
+    # the low key was verified before: shed by the outer middleware, before routing (bench/access.py)
+    shed = metrics.SHED.labels("low")._value.get()
+    early = client.post("/v1/collections/nope/search", json={"query": "x"}, headers=_bearer(low))
+    _error(early, 503, "Overloaded", "sheds low-priority keys first")
+    assert early.headers["retry-after"] == "1" and early.headers["x-request-id"]
+    assert metrics.SHED.labels("low")._value.get() == shed + 1
+    # after a commit its principal is checked again, and the access layer sheds it the same way
+    state.create_tenant("shed_commit", "shed_commit")
+    _error(client.get("/v1/collections", headers=_bearer(low)), 503, "Overloaded", "sheds low-priority keys first")
+    assert metrics.SHED.labels("low")._value.get() == shed + 2
+    assert client.get("/healthz", headers=_bearer(low)).status_code == 200  # open routes are never shed
 
 
 def test_verified_key_is_cached_until_a_commit_and_a_revoke_elsewhere_counts_at_once(tmp_path: Path) -> None:
