@@ -13,7 +13,7 @@ import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -23,8 +23,11 @@ from indexing.docstore import DEFAULT_TENANT, StateStore
 from quarry import metrics
 from quarry.api import create_app
 from quarry.api.keys import new_key
+from quarry.errors import Forbidden
 from quarry.service import Quarry
 from quarry.settings import LLMSettings, Settings, StoreSettings
+from quarry.shared import refuse_tenant_field, scoped
+from quarry.tenancy import SHARED
 from rerank.cross_encoder import CrossEncoderReranker
 from rerank.tiny import build_tiny_cross_encoder
 from tests.core.conftest import CountingEmbedder
@@ -392,3 +395,17 @@ def test_answer_cache_hits_never_cross_tenants(
                   headers=low)
     assert resp.status_code == 503 and resp.json()["error"]["type"] == "Overloaded", resp.text
     assert resp.headers["retry-after"] == "1"
+
+
+@pytest.mark.parametrize("tenant", ["", "Acme", "a/b", SHARED, "x" * 40])
+def test_a_shared_scope_without_a_valid_tenant_fails_closed(tenant: str) -> None:
+    with pytest.raises(Forbidden, match="refusing an unscoped request"):
+        scoped(cast(Quarry, None), tenant)  # refused before the shared view is even read
+
+
+def test_a_filter_naming_the_tenant_field_is_refused_at_any_depth() -> None:
+    refuse_tenant_field({"year": 2020, "$and": [{"tag": "a"}, {"$or": [{"b": 1}]}]})  # no tenant: fine
+    for flt in ({"tenant_id": "x"}, {"$or": [{"a": 1}, {"tenant_id": {"$exists": False}}]},
+                {"$and": [{"$or": [{"tenant_id": {"$in": ["x", "y"]}}]}]}):
+        with pytest.raises(Forbidden, match="can narrow that scope"):
+            refuse_tenant_field(flt)
