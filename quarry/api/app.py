@@ -363,11 +363,12 @@ async def search(name: str, body: SearchIn, request: Request, q: Service) -> Res
             group=body.group_by_document, min_score=body.min_score,
         )
         result.mode = body.mode
-        result.degraded.append(
-            f"shed: the server is saturated and answers {shed.priority}-priority keys by BM25 alone"
-        )
+        if body.mode == "hybrid" or rerank is not None:  # a plain BM25 search got its full answer
+            result.degraded.append(
+                f"shed: the server is saturated and answers {shed.priority}-priority keys by BM25 alone"
+            )
+            metrics.DEGRADED.labels("shed").inc()
         result.reranked, result.rerank_reason = (None, None) if rerank is None else (False, "shed")
-        metrics.DEGRADED.labels("shed").inc()
     elif rerank is None:
         result = await q.search_async(
             name, body.query, top_k=body.top_k, mode=body.mode, filters=body.filters,

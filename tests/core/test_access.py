@@ -247,6 +247,8 @@ def test_shed_low_priority_gets_the_cheapest_honest_answer(
     assert [h["document_id"] for h in out["hits"]] == ["a"] and "ann" not in out["timings_ms"]
     assert out["degraded"] and out["degraded"][0].startswith("shed:") and out["rerank_reason"] == "shed"
     assert _sample("quarry_degraded_answers_total", reason="shed") == degraded + 1
+    plain = client.post(url, json={**hybrid, "mode": "bm25"}, headers=_bearer(low)).json()  # its full answer
+    assert plain["degraded"] == [] and [h["document_id"] for h in plain["hits"]] == ["a"]
     # no cheap answer: a dense-only search, an answer with no cache entry (no LLM here), other routes: 503
     for method, path, body in (
         ("post", url, {**hybrid, "mode": "dense"}),
