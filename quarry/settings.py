@@ -426,9 +426,14 @@ class AuthSettings(BaseModel):
         rate_storage: Where the per-key rate windows live, as the ``limits`` library names it:
             ``memory://`` (this process), ``redis://host:6379`` or ``memcached://host:11211``
             (shared by replicas; install the driver).
-        shed_in_flight: Load shedding: while more requests than this are in flight, a request of
-            a ``low``-priority key is answered 503 ``Overloaded`` with ``Retry-After`` at once,
-            so that higher priorities keep their latency (0: off).
+        shed_in_flight: Load shedding: while more requests than this are in flight, requests of
+            the priorities below are shed at once, so that higher priorities keep their latency
+            (0: off).
+        shed_low: What a ``low``-priority key's request gets when shed: ``cheapest`` (the
+            cheapest honest answer: an answer request's semantic-cache hit, a hybrid or BM25
+            search answered by BM25 alone and marked ``degraded``; else 503 ``Overloaded`` with
+            ``Retry-After``), ``reject`` (always the 503) or ``off`` (never shed).
+        shed_normal: The same for a ``normal``-priority key (``high`` is never shed).
         shed_retry_after_s: The ``Retry-After`` of a shed request, in seconds.
     """
 
@@ -436,6 +441,8 @@ class AuthSettings(BaseModel):
     allow_insecure: bool = False
     rate_storage: str = "memory://"
     shed_in_flight: int = Field(0, ge=0)
+    shed_low: Literal["cheapest", "reject", "off"] = "cheapest"
+    shed_normal: Literal["cheapest", "reject", "off"] = "off"
     shed_retry_after_s: float = Field(1.0, gt=0, le=3600, allow_inf_nan=False)
 
 

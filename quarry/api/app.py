@@ -193,7 +193,7 @@ def list_collections(request: Request, q: Service) -> dict[str, Any]:
 @router.post(
     "/v1/collections", status_code=201, tags=["collections"], response_model=CollectionConfig,
     responses=error_responses(
-        e.InvalidRequest, e.CollectionExists, e.Conflict, e.UnsupportedIndex, e.IndexBuildFailed, *_STORE,
+        e.InvalidRequest, e.CollectionExists, e.Conflict, e.Forbidden, e.UnsupportedIndex, e.IndexBuildFailed, *_STORE,
         e.EmbeddingUnavailable, e.EmbeddingError, body=True,
     ),
 )
@@ -202,9 +202,9 @@ def create_collection(body: CreateCollection, request: Request, q: Service) -> d
     access.check_collection(request, body.name)
     cfg = q.create_collection(
         body.name, language=body.language, chunk_size=body.chunk_size, chunk_overlap=body.chunk_overlap,
-        fusion=body.fusion,
+        fusion=body.fusion, shared=body.tenancy == "shared",
     )
-    access.audit(request, "collection.create", body.name)
+    access.audit(request, "collection.create", body.name, tenancy=body.tenancy)
     return cfg.to_json()
 
 
@@ -289,7 +289,7 @@ def upsert_documents(name: str, body: UpsertDocuments, q: Service) -> IngestOut:
     responses=error_responses(*_NAMED, body=True),
 )
 def delete_documents(name: str, body: DeleteDocuments, q: Service) -> IngestOut:
-    """Delete documents (all their chunks, in both channels) by id.
+    """Delete documents (all their chunks, in both channels) by id, or those whose metadata matches ``filters``.
 
     The documents leave search at once. A 503 from the vector store after that leaves their
     vectors' deletes pending: the next write to the collection retries them, and a retried
@@ -297,6 +297,8 @@ def delete_documents(name: str, body: DeleteDocuments, q: Service) -> IngestOut:
     """
     # The docstore commits first (BM25, and dense hits are read back through the docstore), then
     # the vector store is asked; the pending deletes are recorded in that commit.
+    if body.ids is None:
+        return IngestOut(**_report(q.delete_where(name, body.filters or {})))
     return IngestOut(**_report(q.delete_documents(name, body.ids)))
 
 
@@ -337,7 +339,7 @@ def delete_document(name: str, document_id: str, q: Service) -> IngestOut:
         e.DimensionMismatch, *_STORE, e.EmbeddingUnavailable, e.EmbeddingError, e.RerankError, body=True,
     ),
 )
-async def search(name: str, body: SearchIn, q: Service) -> Response:
+async def search(name: str, body: SearchIn, request: Request, q: Service) -> Response:
     """Hybrid (BM25 + dense, fused by rrf or weighted), BM25-only or dense-only search with filters and paging.
 
     Hybrid search answers from BM25 alone when the dense channel cannot (the store or the model
@@ -352,7 +354,22 @@ async def search(name: str, body: SearchIn, q: Service) -> Response:
     """  # noqa: D301 - the form feed is FastAPI's cut
     started = time.perf_counter()
     rerank = _rerank_options(q, body)
-    if rerank is None:
+    shed = access.shed(request)
+    if shed is not None:  # saturated: BM25 alone, or the 503 for a dense-only search
+        if body.mode == "dense":
+            raise shed.refuse()
+        result = await q.search_async(
+            name, body.query, top_k=body.top_k, mode="bm25", filters=body.filters, offset=body.offset,
+            group=body.group_by_document, min_score=body.min_score,
+        )
+        result.mode = body.mode
+        if body.mode == "hybrid" or rerank is not None:  # a plain BM25 search got its full answer
+            result.degraded.append(
+                f"shed: the server is saturated and answers {shed.priority}-priority keys by BM25 alone"
+            )
+            metrics.DEGRADED.labels("shed").inc()
+        result.reranked, result.rerank_reason = (None, None) if rerank is None else (False, "shed")
+    elif rerank is None:
         result = await q.search_async(
             name, body.query, top_k=body.top_k, mode=body.mode, filters=body.filters,
             offset=body.offset, group=body.group_by_document, fusion=body.fusion, min_score=body.min_score,
