@@ -1,0 +1,133 @@
+"""Scheduled and triggered reindexing (issue 22, acceptance 7): the real Milvus Lite service
+with the packaged MiniLM (its cached vectors), and two ``quarry serve`` processes sharing
+pgvector and the PostgreSQL docstore.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from apscheduler.triggers.cron import CronTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+from pydantic import ValidationError
+
+from indexing.docstore import Job
+from indexing.schedule import ReindexScheduler, parse_schedule, period_s
+from indexing.sources import SourceDocument
+from quarry.service import Quarry
+from quarry.settings import ReindexSettings, Settings
+
+_names = itertools.count()
+RUN = uuid.uuid4().hex[:6]
+
+
+def _jobs(service: Quarry, name: str) -> list[Job]:
+    return [j for j in service.docstore.list_jobs(collection=name, limit=100) if j.kind == "reindex"]
+
+
+def _settle(service: Quarry, name: str, timeout_s: float = 300) -> list[Job]:
+    """Wait until no reindex job of ``name`` is queued or running; its reindex jobs, oldest first."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        jobs = _jobs(service, name)
+        if all(j.state in ("done", "failed") for j in jobs) and not _held(service, name):
+            return sorted(jobs, key=lambda j: j.created_at)
+        time.sleep(0.2)
+    raise AssertionError(f"reindex jobs of {name} still running after {timeout_s} s")
+
+
+def _held(service: Quarry, name: str) -> bool:
+    lease = service.docstore.get_lease(f"reindex:{name}")
+    return lease is not None and lease.expires_at > time.time()
+
+
+@pytest.fixture()
+def small(service: Quarry, scifact_docs: list[SourceDocument]) -> Iterator[str]:
+    name = f"sched{RUN}_{next(_names)}"
+    service.create_collection(name)
+    service.upsert(name, scifact_docs[:40])
+    yield name
+    _settle(service, name)
+    service.drop_collection(name)
+
+
+def test_schedule_settings_parse_and_bad_ones_are_refused() -> None:
+    assert isinstance(parse_schedule("90s"), IntervalTrigger)
+    assert period_s(parse_schedule("30m")) == 1800  # type: ignore[arg-type]
+    assert period_s(parse_schedule("1.5h")) == 5400  # type: ignore[arg-type]
+    cron = parse_schedule("0 3 * * *")
+    assert isinstance(cron, CronTrigger) and period_s(cron, datetime(2026, 1, 1, tzinfo=UTC)) == 86_400
+    assert parse_schedule("") is None and parse_schedule("off") is None
+    assert not ReindexSettings().scheduled  # off by default
+    assert ReindexSettings(schedule="6h").scheduled and ReindexSettings(churn_fraction=0.2).scheduled
+    assert not ReindexSettings(schedules={"a": "off"}).scheduled
+    for bad in ("every day", "0 3 * *", "61 * * * *", "0s"):
+        with pytest.raises(ValidationError, match="schedule"):
+            ReindexSettings(schedule=bad)
+    with pytest.raises(ValidationError, match="crontab"):
+        ReindexSettings(schedules={"docs": "sometimes"})
+    env = Settings(_env_file=None, **{"reindex": {"schedule": " 15m ", "schedules": {"x": "0 * * * *"}}})  # type: ignore[call-arg]
+    assert env.reindex.schedule == "15m" and env.reindex.schedules == {"x": "0 * * * *"}
+
+
+def test_schedule_with_a_short_interval_reindexes(service: Quarry, small: str) -> None:
+    settings = service.settings.reindex.model_copy(update={"schedules": {small: "1s"}})
+    scheduler = ReindexScheduler(service, settings)
+    service.scheduler = scheduler
+    scheduler.start()
+    try:
+        assert service.describe(small)["reindex"]["next_run"] is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(j.state == "done" for j in _jobs(service, small)):
+            time.sleep(0.2)
+    finally:
+        scheduler.shutdown()
+        service.scheduler = None
+    jobs = _settle(service, small)
+    done = [j for j in jobs if j.state == "done"]
+    assert done, [(j.state, j.error) for j in jobs]
+    assert all(j.params["trigger"] == "schedule" and j.params["reason"] == "schedule '1s'" for j in jobs)
+    assert all(j.params["by"].split(":")[1] == str(os.getpid()) for j in jobs)
+    assert done[-1].counters["embedded"] == 0 and service.live_version(small).version >= 2
+    assert all(b.created_at >= a.updated_at for a, b in itertools.pairwise(jobs))  # never two at once
+    last = service.describe(small)["reindex"]["last_trigger"]
+    assert last["trigger"] == "schedule" and last["job"] == jobs[-1].id
+    assert service.describe(small)["reindex"]["next_run"] is None  # no scheduler now
+
+
+def test_churn_and_growth_triggers_start_one_reindex(
+    service: Quarry, small: str, scifact_docs: list[SourceDocument]
+) -> None:
+    settings = service.settings.reindex.model_copy(update={"churn_fraction": 0.2, "on_growth": True})
+    scheduler = ReindexScheduler(service, settings)  # not started: its checks are called by hand
+    assert scheduler.due(small) is None
+    service.delete_documents(small, [d.id for d in scifact_docs[:12]])  # 12 of 40: 30 % > 20 %
+    due = scheduler.due(small)
+    assert due is not None and due.trigger == "churn" and "12 of 40 documents deleted" in due.reason, due
+    started = scheduler.check_triggers([small])
+    assert len(started) == 1 and started[0].params["trigger"] == "churn"
+    assert scheduler.check_triggers([small]) == []  # the lease: one at a time
+    jobs = _settle(service, small)
+    assert [j.state for j in jobs] == ["done"], [(j.state, j.error) for j in jobs]
+    assert scheduler.due(small) is None  # the new version was built after the deletes
+    assert scheduler.check_triggers([small]) == []
+
+    # growth: the live index was planned for 1,000,000 vectors, the collection holds 28 documents' chunks
+    service.apply_index(small, service.reindexer.plan(1_000_000, 384))
+    kind = service.get_collection(small).index["kind"]
+    due = scheduler.due(small)
+    if kind == "FLAT":
+        pytest.skip("this engine plans FLAT even for 1,000,000 vectors")
+    assert due is not None and due.trigger == "growth" and "planned for 1,000,000 vectors" in due.reason, due
+    started = scheduler.check_triggers([small])
+    assert len(started) == 1 and started[0].params["trigger"] == "growth"
+    jobs = _settle(service, small)
+    assert [j.state for j in jobs] == ["done", "done"], [(j.state, j.error) for j in jobs]
+    assert service.get_collection(small).index["kind"] == "FLAT" and scheduler.due(small) is None
+    assert service.describe(small)["reindex"]["last_trigger"]["trigger"] == "growth"
