@@ -7,21 +7,25 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
+import httpx
 import pytest
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 from pydantic import ValidationError
 
-from indexing.docstore import Job
+from indexing.docstore import Job, open_docstore
 from indexing.schedule import ReindexScheduler, parse_schedule, period_s
 from indexing.sources import SourceDocument
 from quarry.service import Quarry
-from quarry.settings import ReindexSettings, Settings
+from quarry.settings import DocstoreSettings, ReindexSettings, Settings, StoreSettings
 
 _names = itertools.count()
 RUN = uuid.uuid4().hex[:6]
@@ -131,3 +135,94 @@ def test_churn_and_growth_triggers_start_one_reindex(
     assert [j.state for j in jobs] == ["done", "done"], [(j.state, j.error) for j in jobs]
     assert service.get_collection(small).index["kind"] == "FLAT" and scheduler.due(small) is None
     assert service.describe(small)["reindex"]["last_trigger"]["trigger"] == "growth"
+
+
+@contextmanager
+def _two_servers(state_url: str, store_url: str, tmp: pytest.TempPathFactory) -> Iterator[list[httpx.Client]]:
+    """Two ``quarry serve`` processes on one store and one PostgreSQL docstore, each scheduling every 2 s."""
+    from tests.state.test_replicas import _wait_ready
+    from tests.state.test_workers import _free_port, _serve
+
+    servers: list[subprocess.Popen[str]] = []
+    clients: list[httpx.Client] = []
+    try:
+        for i in range(2):
+            port = _free_port()
+            servers.append(_serve(
+                ["--port", str(port)], tmp.mktemp(f"sched{i}"), QUARRY_STORE__URL=store_url,
+                QUARRY_DOCSTORE__URL=state_url, QUARRY_REINDEX__SCHEDULE="2s",
+                QUARRY_BM25__MAX_STALENESS_S="1", QUARRY_SEARCH__DENSE_TIMEOUT_S="120",
+            ))
+            clients.append(httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120))
+        for client, server in zip(clients, servers, strict=True):
+            _wait_ready(client, server)
+        yield clients
+    finally:
+        for client in clients:
+            client.close()
+        for server in servers:
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGTERM)
+        for server in servers:
+            try:
+                server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait(timeout=60)
+
+
+def _search_both(clients: list[httpx.Client], name: str, query: str, seconds: float) -> int:
+    """Hybrid and BM25 searches on both servers for ``seconds``; each must answer 200, not degraded."""
+    searches = 0
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        for client in clients:
+            for mode in ("hybrid", "bm25"):
+                found = client.post(f"/v1/collections/{name}/search", json={"query": query, "mode": mode})
+                assert found.status_code == 200, found.text
+                assert not found.json().get("degraded"), found.json()
+                searches += 1
+        time.sleep(0.5)
+    return searches
+
+
+@pytest.mark.integration
+def test_two_servers_with_a_short_schedule_never_reindex_a_collection_twice_at_once(
+    tmp_path_factory: pytest.TempPathFactory, scifact_docs: list[SourceDocument], counting: object
+) -> None:
+    from tests.state.conftest import PG_URL, pg_schema
+
+    name = f"sched2p{RUN}"
+    with pg_schema() as state_url:
+        try:
+            with _two_servers(state_url, PG_URL, tmp_path_factory) as clients:
+                assert clients[0].post("/v1/collections", json={"name": name}).status_code == 201
+                docs = [{"id": d.id, "title": d.title, "text": d.text} for d in scifact_docs[:40]]
+                r = clients[1].post(f"/v1/collections/{name}/documents", json={"documents": docs})
+                assert r.status_code == 200, r.text
+                searches = _search_both(clients, name, scifact_docs[3].title, 40)  # ~20 ticks in each
+                described = clients[0].get(f"/v1/collections/{name}").json()
+            state = open_docstore(state_url, tmp_path_factory.mktemp("state"))
+            try:
+                jobs = sorted((j for j in state.list_jobs(collection=name, limit=1000) if j.kind == "reindex"),
+                              key=lambda j: j.created_at)
+            finally:
+                state.close()
+        finally:
+            settings = Settings(data_dir=tmp_path_factory.mktemp("clean"), store=StoreSettings(url=PG_URL),
+                                docstore=DocstoreSettings(url=state_url))
+            cleanup = Quarry(settings, embedder=counting)  # type: ignore[arg-type]
+            try:
+                if name in cleanup.docstore.list_collections():
+                    cleanup.drop_collection(name)  # every version's store collection too
+            finally:
+                cleanup.close()
+    done = [j for j in jobs if j.state == "done"]
+    pids = {j.params["by"].split(":")[1] for j in jobs}
+    print(f"{len(jobs)} scheduled reindex jobs ({len(done)} done) started by {len(pids)} processes; "
+          f"{searches} searches, all 200")
+    assert len(done) >= 2, [(j.state, j.error) for j in jobs]
+    assert all(j.params["trigger"] == "schedule" for j in jobs)
+    for a, b in itertools.pairwise(jobs):  # none overlaps the next: it ended before the next began
+        assert a.state in ("done", "failed") and b.created_at >= a.updated_at, (a, b)
+    assert described["reindex"]["last_trigger"]["trigger"] == "schedule" and described["live_version"] >= 2
