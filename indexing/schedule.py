@@ -250,6 +250,27 @@ class ReindexScheduler:
                     started.append(job)
         return started
 
+    def run_due(self, names: list[str] | None = None) -> list[Job]:
+        """Once (``quarry reindex --due``, for an external cron): start every reindex due now.
+
+        A collection is due when a trigger fires (recall only where this process sampled
+        searches: a server's), or when it has a schedule and no scheduled reindex of it began
+        within one period. Returns the jobs started (each runs in a thread of this process).
+        """
+        started = self.check_triggers(names)
+        busy = {j.collection for j in started}
+        for name in self._service.docstore.list_collections() if names is None else names:
+            trigger = self._own[name] if name in self._own else self._default
+            if name in busy or trigger is None:
+                continue
+            text = self._settings.schedules.get(name, self._settings.schedule)
+            period = period_s(trigger)
+            due = Due("schedule", f"schedule {text!r}: none in the last {period:g} s (reindex --due)")
+            job = self._guarded(name, due, lambda n=name, p=period: self._not_scheduled_since(n, p))  # type: ignore[misc]
+            if job is not None:
+                started.append(job)
+        return started
+
     def due(self, name: str) -> Due | None:
         """The first trigger that fires for ``name`` (recall, growth, churn), or ``None``."""
         s = self._settings

@@ -226,3 +226,22 @@ def test_two_servers_with_a_short_schedule_never_reindex_a_collection_twice_at_o
     for a, b in itertools.pairwise(jobs):  # none overlaps the next: it ended before the next began
         assert a.state in ("done", "failed") and b.created_at >= a.updated_at, (a, b)
     assert described["reindex"]["last_trigger"]["trigger"] == "schedule" and described["live_version"] >= 2
+
+
+def test_reindex_due_once_for_an_external_cron(service: Quarry, small: str) -> None:
+    scheduler = ReindexScheduler(service, service.settings.reindex.model_copy(update={"schedules": {small: "1h"}}))
+    started = scheduler.run_due([small])  # never reindexed on schedule: due
+    assert [j.params["trigger"] for j in started] == ["schedule"] and "reindex --due" in started[0].params["reason"]
+    assert [j.state for j in _settle(service, small)] == ["done"]
+    assert scheduler.run_due([small]) == []  # one within the hour: not due again
+    off = ReindexScheduler(service, service.settings.reindex)  # nothing set: nothing due
+    assert off.run_due([small]) == []
+
+
+def test_reindex_cli_needs_a_name_or_due(tmp_path: object) -> None:
+    from typer.testing import CliRunner
+
+    from quarry.cli import app
+
+    done = CliRunner().invoke(app, ["reindex"])
+    assert done.exit_code == 2 and "--due" in done.output, done.output
