@@ -245,3 +245,44 @@ def test_reindex_cli_needs_a_name_or_due(tmp_path: object) -> None:
 
     done = CliRunner().invoke(app, ["reindex"])
     assert done.exit_code == 2 and "--due" in done.output, done.output
+
+
+
+def test_recall_trigger_reindexes_once(
+    tmp_path_factory: pytest.TempPathFactory, scifact_docs: list[SourceDocument], counting: object
+) -> None:
+    """The monitor measures answers far from the exact ones (recall 0) and fires; one reindex follows.
+
+    The answers are the store's real top-10 for the *negated* query (its farthest vectors): at
+    150 documents no index of these engines answers a live search below the floor (pgvector
+    re-runs short IVF answers exactly), so the weak index is stood for by the wrong answer.
+    """
+    from monitoring.monitor import Sample
+    from quarry.settings import MonitorSettings
+
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("recall-trigger"),
+        monitor=MonitorSettings(sample_rate=0.0, trigger_window_s=3, trigger_min_samples=5),
+    )
+    service = Quarry(settings, embedder=counting)  # type: ignore[arg-type]
+    name = f"schedrc{RUN}"
+    service.create_collection(name)
+    try:
+        service.upsert(name, scifact_docs[:60])
+        scheduler = ReindexScheduler(service, settings.reindex.model_copy(update={"on_recall": True}))
+        time.sleep(3.1)  # the live version has served a whole trigger window
+        live = service.live_version(name).physical_name
+        vectors = counting.embed([d.title for d in scifact_docs[:10]]).vectors  # type: ignore[attr-defined]
+        for vector in vectors:
+            far = service.store.search(live, -vector[None, :], 10, with_payload=False)[0]
+            service.monitor.measure(Sample(name, "cosine", vector, None, 10, tuple(h.id for h in far), live))
+        due = scheduler.due(name)
+        assert due is not None and due.trigger == "recall" and "below 0.9" in due.reason, str(service.recall(name))
+        started = scheduler.check_triggers([name])
+        assert [j.params["trigger"] for j in started] == ["recall"]
+        jobs = _settle(service, name)
+        assert [j.state for j in jobs] == ["done"], [(j.state, j.error) for j in jobs]
+        assert scheduler.due(name) is None and scheduler.check_triggers([name]) == []  # once: a new version
+    finally:
+        service.drop_collection(name)
+        service.close()
