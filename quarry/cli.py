@@ -12,6 +12,7 @@ import json
 import re
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -561,16 +562,24 @@ def _check_eval_inputs(beir: Path, split: str, modes: list[str], out_dir: Path) 
 
 
 @app.command()
-def reindex(
-    name: Annotated[str, typer.Argument(help="The collection to rebuild.")],
+def reindex(  # noqa: PLR0913 - the command's options
+    name: Annotated[str | None, typer.Argument(help="The collection to rebuild (with --due: optional).")] = None,
     model: Annotated[
         str | None, typer.Option(help="Another embedding model's URL (re-embeds); default: the live version's.")
     ] = None,
     index: Annotated[str, typer.Option(help="auto (the planner's choice for the current size) or a kind: "
                                             "flat, hnsw, ivf_flat, ...")] = "auto",
     chunk_size: Annotated[int | None, typer.Option(help="Must be the collection's (re-chunking: not yet).")] = None,
+    due: Annotated[bool, typer.Option(
+        "--due", help="Only what is due now (QUARRY_REINDEX__* triggers and schedules), for an external cron.",
+    )] = False,
 ) -> None:
     """Build the next version of a collection from the docstore, verify it, and swap it in."""
+    if due:
+        _reindex_due(name)
+        return
+    if name is None:
+        raise typer.BadParameter("name a collection (or pass --due)", param_hint="NAME")
     quarry = _quarry()
     try:
         if not err.is_terminal:
@@ -590,6 +599,33 @@ def reindex(
         f"{report.copied} copied, {report.embedded} embedded, {report.replayed} documents replayed, "
         f"recall@10 {recall}, {report.elapsed_s:.1f} s"
     )
+
+
+def _reindex_due(name: str | None) -> None:
+    """``reindex --due``: start what the triggers and schedules call for, wait, print one line each.
+
+    Raises:
+        typer.Exit: Code 1 when a reindex failed.
+    """
+    from indexing.schedule import ReindexScheduler
+
+    quarry = _quarry()
+    failed = False
+    try:
+        jobs = ReindexScheduler(quarry).run_due([name] if name else None)
+        for job in jobs:
+            while (current := quarry.docstore.get_job(job.id)) is not None and current.state not in ("done", "failed"):
+                time.sleep(0.5)
+            state = current.state if current is not None else "gone"
+            failed |= state != "done"
+            detail = current.error if current is not None and current.error else job.params.get("reason", "")
+            out.print(f"{job.collection}: {job.params.get('trigger')} reindex job {job.id} {state}: {detail}")
+        if not jobs:
+            out.print("nothing due")
+    finally:
+        quarry.close()
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -22,6 +22,7 @@ from indexing.docstore import DEFAULT_TENANT, CollectionVersion, Job, open_docst
 from indexing.pipeline import Ingestor, IngestReport, Progress, Target
 from indexing.planner import GIB, IndexPlan, plan_for_store
 from indexing.reindex import Build, Reindexer, ReindexReport, new_owner
+from indexing.schedule import ReindexScheduler, last_trigger
 from indexing.sources import SourceDocument
 from indexing.versions import describe_versions, ensure_live, live_config
 from monitoring.monitor import RecallMonitor
@@ -119,6 +120,7 @@ class Quarry:
             self.store, self.docstore, settings.reindex, self._writing, self._plan,
             index_timeout_s=settings.store.index_build_timeout_s,
         )
+        self.scheduler: ReindexScheduler | None = None  # `quarry serve` starts one (indexing/schedule.py)
         self.tenant_id = DEFAULT_TENANT
         self._tenants: dict[str, Quarry] = {}
         self._tenants_guard = threading.Lock()
@@ -214,6 +216,7 @@ class Quarry:
             view.store, view.docstore, self.settings.reindex, view._writing, view._plan,
             index_timeout_s=self.settings.store.index_build_timeout_s,
         )
+        view.scheduler = None  # the scheduler reindexes the default tenant's collections only
         view._write_locks, view._write_locks_guard = {}, threading.Lock()
         view._tenants, view._tenants_guard = {}, threading.Lock()
         return view
@@ -428,6 +431,8 @@ class Quarry:
             **live_config(cfg, live).to_json(), "documents": documents, "chunks": chunks,
             "vectors": self.store.count(live.physical_name), "live_version": live.version,
             "versions": [v for v in describe_versions(self.docstore, name) if v["state"] != "failed"],
+            "reindex": {"next_run": self.scheduler.next_run(name) if self.scheduler is not None else None,
+                        "last_trigger": last_trigger(self.docstore, name)},
         }
 
     def drop_collection(self, name: str) -> None:
@@ -706,17 +711,35 @@ class Quarry:
 
         return both
 
-    def start_reindex(self, name: str, *, model: str | None = None, index: str | None = None) -> Job:
+    def start_reindex(  # noqa: PLR0913 - the request's fields and who asks
+        self, name: str, *, model: str | None = None, index: str | None = None, trigger: str = "api",
+        reason: str = "", owner: str | None = None,
+    ) -> Job:
         """Take the lease now and run :meth:`reindex` in a background thread; returns its job.
+
+        Args:
+            name: The collection.
+            model: See :meth:`reindex`.
+            index: See :meth:`reindex`.
+            trigger: Who asked (``api``, or a trigger of :mod:`indexing.schedule`), kept in the
+                job's ``params`` with ``reason`` and ``by`` (the lease owner).
+            reason: Why.
+            owner: A lease owner that holds the collection's lease already (the scheduler).
 
         Raises:
             CollectionNotFound: No such collection.
             ReindexRunning: Another reindex of it holds the lease.
         """
         self.get_collection(name)
-        owner = new_owner()
-        self.reindexer.acquire(name, owner)
-        job = self.docstore.create_job("reindex", collection=name, params={"model": model, "index": index})
+        if owner is None:
+            owner = new_owner()
+            self.reindexer.acquire(name, owner)
+        params = {"model": model, "index": index, "trigger": trigger, "reason": reason, "by": owner}
+        try:
+            job = self.docstore.create_job("reindex", collection=name, params=params)
+        except BaseException:
+            self.docstore.release_lease(f"reindex:{name}", owner)
+            raise
 
         def work() -> None:
             try:

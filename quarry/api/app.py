@@ -24,6 +24,7 @@ from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from indexing.collections import CollectionConfig
+from indexing.schedule import ReindexScheduler
 from indexing.sources import SourceDocument, parse_document
 from quarry import errors as e
 from quarry import heap, metrics, tracing
@@ -69,6 +70,15 @@ Service = Annotated[Quarry, Depends(get_quarry)]
 router = APIRouter()
 
 
+def _start_scheduler(service: Quarry) -> ReindexScheduler | None:
+    """Start the reindex scheduler when a schedule or a trigger is set (``QUARRY_REINDEX__*``)."""
+    if not service.settings.reindex.scheduled or service.scheduler is not None:
+        return None
+    scheduler = service.scheduler = ReindexScheduler(service)
+    scheduler.start()
+    return scheduler
+
+
 def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     """Build the app around a :class:`Quarry` (or a factory called at startup).
 
@@ -92,11 +102,15 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
         # What startup loaded, and each BM25 snapshot swapped in later, stays: out of the GC's walks.
         heap.retain()
         previous_hook, service.bm25.on_swap = service.bm25.on_swap, heap.settle_soon
+        scheduler = _start_scheduler(service)
         app.state.ready = True
         try:
             yield
         finally:
             app.state.ready = False
+            if scheduler is not None:
+                scheduler.shutdown()
+                service.scheduler = None
             service.bm25.on_swap = previous_hook
             heap.release()
             app.state.store_probe.close()

@@ -303,6 +303,10 @@ class CollectionOut(CollectionConfig):
         default_factory=list,
         description="Its versions (live, building, verifying, retired): store collection, model, dim, index, state.",
     )
+    reindex: dict[str, Any] | None = Field(
+        None, description="next_run (Unix s, this process's scheduler) and last_trigger (the newest reindex job: "
+        "trigger, reason, by, state, at).",
+    )
 
 
 class ReindexIn(_Body):
