@@ -270,10 +270,10 @@ class ScopedQuarry(Quarry):
         self._owner(name, "reindex")
         return super().reindex(name, **kwargs)
 
-    def start_reindex(self, name: str, *, model: str | None = None, index: str | None = None) -> Any:
+    def start_reindex(self, name: str, **kwargs: Any) -> Any:
         """:meth:`Quarry.start_reindex`, the operator's only."""
         self._owner(name, "reindex")
-        return super().start_reindex(name, model=model, index=index)
+        return super().start_reindex(name, **kwargs)
 
     def rollback(self, name: str) -> Any:
         """:meth:`Quarry.rollback`, the operator's only."""
