@@ -167,6 +167,16 @@ class _Embed:
         return _table(items)
 
 
+def _quarry_cause(exc: BaseException) -> QuarryError | None:
+    """The :class:`QuarryError` a worker raised (an ``EmbeddingUnavailable``), under Ray's wrappers."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None or isinstance(seen, QuarryError):
+            return seen
+        seen = seen.__cause__ or getattr(seen, "cause", None)
+    return None
+
+
 def stored_hashes(docstore: DocStore, name: str, page: int = 10_000) -> dict[str, str]:
     """``document id -> content hash`` of a whole collection, read a page at a time (the snapshot)."""
     out: dict[str, str] = {}
@@ -266,9 +276,15 @@ class RaySource:
             ConfigError: The workers' model is not the driver's (another fingerprint).
             QuarryError: A stage failed on a worker (re-raised as it was raised there).
         """
-        for batch in self.dataset().iter_batches(batch_format="pyarrow", batch_size=None):
-            for item in _items(batch):
-                yield from self._take(item)
+        try:
+            for batch in self.dataset().iter_batches(batch_format="pyarrow", batch_size=None):
+                for item in _items(batch):
+                    yield from self._take(item)
+        except ray.exceptions.RayError as exc:  # a worker's error: ours, typed (exit codes, retryable) if it is one
+            cause = _quarry_cause(exc)
+            if cause is None:
+                raise
+            raise cause from exc
 
     def _take(self, item: _Item) -> Iterator[Any]:
         self.embed_calls += item.embed_calls

@@ -130,7 +130,7 @@ def ingest(
         bool, typer.Option("--dry-run", help="Read the source and say what would change (and go, with --prune).")
     ] = False,
     engine: Annotated[
-        str, typer.Option(help="local, or ray: parse, chunk and embed on Ray Data (pip install 'quarry[ray]').")
+        str, typer.Option(help="local, or ray: parse, chunk and embed on Ray Data (pip install 'quarry\\[ray]').")
     ] = "local",
     address: Annotated[
         str | None, typer.Option(help="Ray cluster (ray://head:10001, auto); default RAY_ADDRESS, else a local Ray.")
@@ -138,6 +138,9 @@ def ingest(
     workers: Annotated[
         int | None, typer.Option(min=1, help="Most embedding actors on Ray (default: as many as fit).")
     ] = None,
+    gpus_per_worker: Annotated[
+        float, typer.Option(min=0, help="GPUs per Ray embedding actor (1: one per GPU; QUARRY_EMBEDDING__DEVICE=cuda).")
+    ] = 0.0,
 ) -> None:
     """Ingest documents (idempotent: unchanged documents are skipped without embedding).
 
@@ -149,7 +152,7 @@ def ingest(
 
     name = collection or _default_name(path)
     try:
-        ray = {"engine": engine, "address": address, "workers": workers}
+        ray = {"engine": engine, "address": address, "workers": workers, "gpus_per_worker": gpus_per_worker}
         code = _ingest(
             path, name, language, chunk_size, chunk_overlap, as_json=as_json, prune=prune, dry_run=dry_run, ray=ray
         )

@@ -71,6 +71,7 @@ class Options:
     engine: str = "local"  # or "ray": indexing.ray_engine
     address: str | None = None  # the Ray cluster (None: RAY_ADDRESS, else a local Ray)
     workers: int | None = None  # most embedding actors on Ray (None: as the cluster allows)
+    gpus_per_worker: float = 0.0  # GPUs each Ray embedding actor reserves
 
 
 @dataclass
@@ -226,7 +227,8 @@ class Run:
 
         with ray_session(self.options.address):
             return upsert_with_ray(
-                self.quarry, self.name, self.source, advance, stop=self.stop, seen=seen, workers=self.options.workers
+                self.quarry, self.name, self.source, advance, stop=self.stop, seen=seen,
+                workers=self.options.workers, gpus_per_worker=self.options.gpus_per_worker,
             )
 
     def _stale_ids(self) -> list[str]:
