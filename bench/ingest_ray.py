@@ -71,7 +71,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=1, help="embedding actors")
     parser.add_argument("--cpus", type=int, default=2, help="ray.init(num_cpus=...)")
+    parser.add_argument("--torch-threads", type=int, default=0, help="the local pipeline's torch threads (0: torch's)")
     args = parser.parse_args()
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)  # this process only: each Ray actor runs 1 (its num_cpus)
     root = Path(tempfile.mkdtemp(prefix="quarry-bench-ray-"))
     corpus = _corpus(args.docs, root / "scifact")
     started = time.perf_counter()

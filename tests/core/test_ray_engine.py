@@ -26,7 +26,7 @@ from tests.embedding_cache import CachedEmbedder
 
 ray = pytest.importorskip("ray", reason="the ray extra: pip install 'quarry[ray]'")
 
-SUBSET = 100
+SUBSET = 50
 
 
 @pytest.fixture(scope="module")
