@@ -130,6 +130,18 @@ def ingest(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Read the source and say what would change (and go, with --prune).")
     ] = False,
+    engine: Annotated[
+        str, typer.Option(help="local, or ray: parse, chunk and embed on Ray Data (pip install 'quarry\\[ray]').")
+    ] = "local",
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster (ray://head:10001, auto); default RAY_ADDRESS, else a local Ray.")
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="Most embedding actors on Ray (default: as many as fit).")
+    ] = None,
+    gpus_per_worker: Annotated[
+        float, typer.Option(min=0, help="GPUs per Ray embedding actor (1: one per GPU; QUARRY_EMBEDDING__DEVICE=cuda).")
+    ] = 0.0,
 ) -> None:
     """Ingest documents (idempotent: unchanged documents are skipped without embedding).
 
@@ -141,7 +153,10 @@ def ingest(
 
     name = collection or _default_name(path)
     try:
-        code = _ingest(path, name, language, chunk_size, chunk_overlap, as_json=as_json, prune=prune, dry_run=dry_run)
+        ray = {"engine": engine, "address": address, "workers": workers, "gpus_per_worker": gpus_per_worker}
+        code = _ingest(
+            path, name, language, chunk_size, chunk_overlap, as_json=as_json, prune=prune, dry_run=dry_run, ray=ray
+        )
     except QuarryError as exc:
         if as_json:
             fail_json(name, exc)
@@ -153,10 +168,15 @@ def ingest(
 
 def _ingest(  # noqa: PLR0913 - the command's options
     path: Path, name: str, language: str | None, chunk_size: int | None, chunk_overlap: int | None, *,
-    as_json: bool, prune: bool, dry_run: bool,
+    as_json: bool, prune: bool, dry_run: bool, ray: dict[str, Any],
 ) -> int:
     from indexing.sources import Source
     from quarry.ingest_run import Options, Run
+
+    if ray["engine"] not in ("local", "ray"):
+        raise InvalidRequest(f"--engine {ray['engine']!r}: local or ray")
+    if ray["engine"] == "ray" and not dry_run:
+        import indexing.ray_engine  # noqa: F401 - without the extra: a ConfigError naming it, before any work
 
     settings = get_settings()
     limits = settings.ingest
@@ -179,7 +199,7 @@ def _ingest(  # noqa: PLR0913 - the command's options
                 f"{'applies' if len(ignored) == 1 else 'apply'} to a new collection only "
                 "(drop it, or ingest into another --collection)"
             )
-    options = Options(as_json=as_json, prune=prune, dry_run=dry_run, on_error=limits.on_error)
+    options = Options(as_json=as_json, prune=prune, dry_run=dry_run, on_error=limits.on_error, **ray)
     run = Run(quarry, name, source, options, out, err)
     code = run.execute()
     if not as_json and run.report is not None and run.report.truncated:

@@ -19,7 +19,7 @@ from embedding.factory import open_embedder
 from embedding.process import ProcessEmbedder
 from indexing.collections import NAME, CollectionConfig, FusionConfig
 from indexing.docstore import DEFAULT_TENANT, CollectionVersion, Job, open_docstore
-from indexing.pipeline import Ingestor, IngestReport, Progress, Target
+from indexing.pipeline import Ingestor, IngestReport, Precomputed, Progress, Target
 from indexing.planner import GIB, IndexPlan, plan_for_store
 from indexing.reindex import Build, Reindexer, ReindexReport, new_owner
 from indexing.schedule import ReindexScheduler, last_trigger
@@ -471,13 +471,17 @@ class Quarry:
         *,
         stop: Callable[[], bool] | None = None,
         seen: set[str] | None = None,
+        vectors: Precomputed | None = None,
     ) -> IngestReport:
         """Insert or replace a stream of documents batch by batch, then re-plan the index.
 
-        See :meth:`indexing.pipeline.Ingestor.upsert_stream`.
+        See :meth:`indexing.pipeline.Ingestor.upsert_stream` (``vectors``: embedded elsewhere,
+        the Ray engine's).
         """
         with self._writing(name):
-            report = self.ingestor.upsert_stream(self.get_collection(name), docs, progress, stop=stop, seen=seen)
+            report = self.ingestor.upsert_stream(
+                self.get_collection(name), docs, progress, stop=stop, seen=seen, vectors=vectors
+            )
             if report.chunks_written:
                 self.replan_index(name)
         return report
