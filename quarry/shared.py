@@ -250,9 +250,16 @@ class ScopedQuarry(Quarry):
 
     def upsert_stream(
         self, name: str, docs: Iterable[SourceDocument], progress: Progress | None = None, *,
-        stop: Callable[[], bool] | None = None, seen: set[str] | None = None,
+        stop: Callable[[], bool] | None = None, seen: set[str] | None = None, vectors: Any = None,
     ) -> IngestReport:
-        """:meth:`Quarry.upsert_stream` of this tenant's documents."""
+        """:meth:`Quarry.upsert_stream` of this tenant's documents.
+
+        Raises:
+            Forbidden: ``vectors`` given (chunks embedded elsewhere, ``--engine ray``): they are keyed
+                by the source's ids, not the tenant's stored ones, so a shared collection refuses them.
+        """
+        if vectors is not None:
+            raise Forbidden("a shared collection takes documents, not vectors embedded elsewhere (--engine ray)")
         return super().upsert_stream(name, (self._document(d) for d in docs), progress, stop=stop, seen=seen)
 
     def delete_documents(self, name: str, document_ids: Sequence[str]) -> IngestReport:
