@@ -77,6 +77,8 @@ class CollectionConfig(BaseModel):
         index: The vector index spec and the planner's reason, for ``describe``.
         created_at: Unix time of creation.
         fusion: The collection's default hybrid fusion (``None``: the server's settings).
+        tenancy: ``shared``: a collection of every tenant, each one's documents carrying its
+            ``tenant_id`` (:mod:`quarry.shared`); ``tenant``: the tenant's own.
     """
 
     name: str
@@ -91,6 +93,9 @@ class CollectionConfig(BaseModel):
     index: dict[str, Any] = Field(default_factory=dict)
     created_at: float = Field(default_factory=time.time)
     fusion: FusionConfig | None = Field(None, description="The collection's default hybrid fusion.")
+    tenancy: Literal["tenant", "shared"] = Field(
+        "tenant", description="tenant: one tenant's own; shared: every tenant's, each seeing its own documents."
+    )
 
     model_config = {"populate_by_name": True}
 

@@ -87,7 +87,7 @@ def get_document(docstore: DocStore, collection: str, document_id: str, overlap:
 
 
 def list_documents(
-    docstore: DocStore, collection: str, *, cursor: str | None, limit: int
+    docstore: DocStore, collection: str, *, cursor: str | None, limit: int, prefix: str = ""
 ) -> tuple[list[dict[str, Any]], str | None]:
     """A page of stored documents in id order: ``([{"id", "metadata", "chunks": n}], next cursor)``.
 
@@ -96,8 +96,12 @@ def list_documents(
         collection: Collection name (checked by the caller).
         cursor: The ``next_cursor`` of the previous page (a document id), ``None`` for the first.
         limit: Documents per page, 1 to :data:`MAX_PAGE`.
+        prefix: Only ids starting with it (a shared collection's tenant, ``quarry.shared``); the
+            cursor must be one of them or the prefix itself.
     """
     ids = docstore.document_ids(collection, after=cursor, limit=limit + 1)
+    if prefix:
+        ids = [i for i in ids if i.startswith(prefix)]  # one key range: the rest are past its end
     more, ids = len(ids) > limit, ids[:limit]
     owned = docstore.chunk_ids_of(collection, ids)
     chunks = docstore.get_chunks(collection, [c for cs in owned.values() for c in cs])

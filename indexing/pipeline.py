@@ -18,7 +18,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 
@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 FloatVector = npt.NDArray[np.float32]
 
 Progress = Callable[[int], None]
+# Chunks planned and embedded elsewhere (the Ray engine): document id -> [(chunk, indexed text, vector)]
+Prepared = list[tuple[StoredChunk, str, FloatVector]]
+Precomputed = MutableMapping[str, Prepared]
 
 
 @dataclass
@@ -100,6 +103,28 @@ def merge_schema(cfg: CollectionConfig, docs: Sequence[SourceDocument]) -> dict[
                     f"{cfg.name!r}, got {kind} {value!r}"
                 )
     return None if schema == cfg.schema_ else schema
+
+
+def plan_chunks(cfg: CollectionConfig, doc: SourceDocument) -> list[tuple[StoredChunk, str]]:
+    """A document's chunks under a collection's chunking, each with the text it is embedded as.
+
+    Pure (no store, no model): the local pipeline and the Ray engine's chunk stage
+    (:mod:`indexing.ray_engine`) both call it, so both make the same chunk ids.
+
+    Returns:
+        ``(chunk, indexed text)`` per chunk, in position order.
+    """
+    out = []
+    starts = [s.start for s in doc.sections] if doc.text else []
+    for section, piece in chunk_sections(doc.text or doc.title, starts, cfg.chunk_size, cfg.chunk_overlap):
+        text = indexed_text(doc.title if doc.text else "", piece.text)
+        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+        chunk_id = make_chunk_id(doc.id, piece.position, digest)
+        extra = doc.sections[section].metadata if starts else {}
+        payload = {"document_id": doc.id, **doc.metadata, **extra}
+        tokens = tokenize(text, cfg.language)
+        out.append((StoredChunk(chunk_id, doc.id, piece.position, piece.text, tokens, payload), text))
+    return out
 
 
 @dataclass(frozen=True)
@@ -206,6 +231,7 @@ class Ingestor:
         stop: Callable[[], bool] | None = None,
         seen: set[str] | None = None,
         target: Target | None = None,
+        vectors: Precomputed | None = None,
     ) -> IngestReport:
         """Insert or replace a stream of documents, ``batch_size`` at a time (each batch atomic).
 
@@ -221,9 +247,15 @@ class Ingestor:
             seen: When given, every document id read is added to it (for pruning).
             target: The live version's store collection and model (default: ``cfg.name`` and
                 the ingestor's embedder).
+            vectors: Chunks planned and embedded elsewhere (the Ray engine's workers), by
+                document id, filled before ``docs`` yields the document; a batch takes (pops)
+                its documents' entries instead of chunking and embedding them (an unchanged
+                document is skipped all the same). The vectors must come from the target's
+                model (its fingerprint is checked as for local embedding).
 
         Returns:
-            The counts, ``documents`` being those written or found unchanged.
+            The counts, ``documents`` being those written or found unchanged (``embedded``
+            counts this process's model calls only).
 
         Raises:
             As :meth:`upsert`, for the failing batch (earlier batches stay written).
@@ -239,7 +271,8 @@ class Ingestor:
                 schema = merge_schema(cfg, batch)
                 if schema is not None:
                     cfg = cfg.model_copy(update={"schema_": schema})
-                self._upsert_batch(cfg, batch, report, schema, target)
+                prepared = {d.id: vectors.pop(d.id) for d in batch if d.id in vectors} if vectors is not None else {}
+                self._upsert_batch(cfg, batch, report, schema, target, prepared)
                 report.documents += len(batch)
                 if seen is not None:
                     seen.update(d.id for d in batch)
@@ -287,16 +320,22 @@ class Ingestor:
         report: IngestReport,
         schema: dict[str, FieldType] | None,
         target: Target,
+        prepared: dict[str, Prepared] | None = None,
     ) -> None:
-        planned = self._plan(cfg, docs, report)
+        planned = self._plan(cfg, docs, report, prepared or {})
         if not planned.hashes and schema is None:
             return
+        changed = {d.document_id for d in planned.hashes}
+        given = {c.chunk_id: v for d, ps in (prepared or {}).items() if d in changed for c, _, v in ps}
+        if given:
+            self._check_given(cfg, target.embedder, given)
         owned = self._docstore.chunk_ids_of(cfg.name, [d.document_id for d in planned.hashes])
         existing = {c for ids in owned.values() for c in ids}
-        kept = self._existing_vectors(target, [c.chunk_id for c in planned.chunks if c.chunk_id in existing])
-        to_embed = [c for c in planned.chunks if c.chunk_id not in kept]
+        reuse = [c.chunk_id for c in planned.chunks if c.chunk_id in existing and c.chunk_id not in given]
+        kept = self._existing_vectors(target, reuse)
+        to_embed = [c for c in planned.chunks if c.chunk_id not in kept and c.chunk_id not in given]
         vectors = self._embed(cfg, [planned.texts[c.chunk_id] for c in to_embed], report, target.embedder)
-        fresh = dict(zip((c.chunk_id for c in to_embed), vectors, strict=True))
+        fresh = {**given, **dict(zip((c.chunk_id for c in to_embed), vectors, strict=True))}
         known = {**kept, **fresh}
         records = [VectorRecord(c.chunk_id, known[c.chunk_id], dict(c.payload)) for c in planned.chunks]
         try:
@@ -307,14 +346,18 @@ class Ingestor:
                 config=cfg.to_json() if schema is not None else None, pending=planned.stale,
             )
         except BaseException:
-            self._compensate(cfg.name, target.physical, [c for c in fresh if c not in existing], kept)
+            restore = {**kept, **{c: v for c, v in given.items() if c in existing}}  # same text: same vector
+            self._compensate(cfg.name, target.physical, [c for c in fresh if c not in existing], restore)
             raise
         if planned.stale:
             self._flush_pending(cfg.name, target)
         report.chunks_written += len(records)
         report.chunks_deleted += len(planned.stale)
 
-    def _plan(self, cfg: CollectionConfig, docs: Sequence[SourceDocument], report: IngestReport) -> _Planned:
+    def _plan(
+        self, cfg: CollectionConfig, docs: Sequence[SourceDocument], report: IngestReport,
+        prepared: dict[str, Prepared],
+    ) -> _Planned:
         stored = self._docstore.document_hashes(cfg.name, [d.id for d in docs])
         changed = []
         hashes = []
@@ -332,16 +375,10 @@ class Ingestor:
         old = self._docstore.chunk_ids_of(cfg.name, [d.id for d in changed])
         chunks, texts = [], {}
         for doc in changed:
-            starts = [s.start for s in doc.sections] if doc.text else []
-            for section, piece in chunk_sections(doc.text or doc.title, starts, cfg.chunk_size, cfg.chunk_overlap):
-                text = indexed_text(doc.title if doc.text else "", piece.text)
-                digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-                chunk_id = make_chunk_id(doc.id, piece.position, digest)
-                extra = doc.sections[section].metadata if starts else {}
-                payload = {"document_id": doc.id, **doc.metadata, **extra}
-                tokens = tokenize(text, cfg.language)
-                chunks.append(StoredChunk(chunk_id, doc.id, piece.position, piece.text, tokens, payload))
-                texts[chunk_id] = text
+            pairs = [(c, t) for c, t, _ in prepared[doc.id]] if doc.id in prepared else plan_chunks(cfg, doc)
+            for chunk, text in pairs:
+                chunks.append(chunk)
+                texts[chunk.chunk_id] = text
         fresh = {c.chunk_id for c in chunks}
         stale = [c for ids in old.values() for c in ids if c not in fresh]
         return _Planned(chunks, texts, hashes, stale)
@@ -367,6 +404,19 @@ class Ingestor:
             report.embedded += len(result.vectors)
             report.truncated += int(result.truncated.sum())
         return out
+
+    def _check_given(self, cfg: CollectionConfig, model: Embedder, given: dict[str, FloatVector]) -> None:
+        """Vectors embedded elsewhere go in only under the collection's model and dimension.
+
+        Raises:
+            ModelDimensionMismatch: A vector is not ``cfg.dim`` long.
+            ModelMismatch: The target's model is not the collection's.
+        """
+        model.warm_up()
+        bad = next((v for v in given.values() if v.shape != (cfg.dim,)), None)
+        if bad is not None:
+            raise ModelDimensionMismatch(cfg.name, model.model_id, expected=cfg.dim, got=int(bad.shape[-1]))
+        self._check_model(cfg, model)
 
     def _check_model(self, cfg: CollectionConfig, model: Embedder) -> None:
         """Refuse another model's vectors; record the fingerprint of a collection that had none.

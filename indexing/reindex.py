@@ -134,6 +134,7 @@ class Reindexer:
         self._settings = settings
         self._writing = writing
         self._plan = plan
+        self.plan = plan  # the schedule's growth trigger asks the same planner
         self._index_timeout_s = index_timeout_s
         self.on_batch: Callable[[str, int], None] | None = None
 

@@ -12,6 +12,7 @@ import json
 import re
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -129,6 +130,18 @@ def ingest(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Read the source and say what would change (and go, with --prune).")
     ] = False,
+    engine: Annotated[
+        str, typer.Option(help="local, or ray: parse, chunk and embed on Ray Data (pip install 'quarry\\[ray]').")
+    ] = "local",
+    address: Annotated[
+        str | None, typer.Option(help="Ray cluster (ray://head:10001, auto); default RAY_ADDRESS, else a local Ray.")
+    ] = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="Most embedding actors on Ray (default: as many as fit).")
+    ] = None,
+    gpus_per_worker: Annotated[
+        float, typer.Option(min=0, help="GPUs per Ray embedding actor (1: one per GPU; QUARRY_EMBEDDING__DEVICE=cuda).")
+    ] = 0.0,
 ) -> None:
     """Ingest documents (idempotent: unchanged documents are skipped without embedding).
 
@@ -140,7 +153,10 @@ def ingest(
 
     name = collection or _default_name(path)
     try:
-        code = _ingest(path, name, language, chunk_size, chunk_overlap, as_json=as_json, prune=prune, dry_run=dry_run)
+        ray = {"engine": engine, "address": address, "workers": workers, "gpus_per_worker": gpus_per_worker}
+        code = _ingest(
+            path, name, language, chunk_size, chunk_overlap, as_json=as_json, prune=prune, dry_run=dry_run, ray=ray
+        )
     except QuarryError as exc:
         if as_json:
             fail_json(name, exc)
@@ -152,10 +168,15 @@ def ingest(
 
 def _ingest(  # noqa: PLR0913 - the command's options
     path: Path, name: str, language: str | None, chunk_size: int | None, chunk_overlap: int | None, *,
-    as_json: bool, prune: bool, dry_run: bool,
+    as_json: bool, prune: bool, dry_run: bool, ray: dict[str, Any],
 ) -> int:
     from indexing.sources import Source
     from quarry.ingest_run import Options, Run
+
+    if ray["engine"] not in ("local", "ray"):
+        raise InvalidRequest(f"--engine {ray['engine']!r}: local or ray")
+    if ray["engine"] == "ray" and not dry_run:
+        import indexing.ray_engine  # noqa: F401 - without the extra: a ConfigError naming it, before any work
 
     settings = get_settings()
     limits = settings.ingest
@@ -178,7 +199,7 @@ def _ingest(  # noqa: PLR0913 - the command's options
                 f"{'applies' if len(ignored) == 1 else 'apply'} to a new collection only "
                 "(drop it, or ingest into another --collection)"
             )
-    options = Options(as_json=as_json, prune=prune, dry_run=dry_run, on_error=limits.on_error)
+    options = Options(as_json=as_json, prune=prune, dry_run=dry_run, on_error=limits.on_error, **ray)
     run = Run(quarry, name, source, options, out, err)
     code = run.execute()
     if not as_json and run.report is not None and run.report.truncated:
@@ -561,16 +582,24 @@ def _check_eval_inputs(beir: Path, split: str, modes: list[str], out_dir: Path) 
 
 
 @app.command()
-def reindex(
-    name: Annotated[str, typer.Argument(help="The collection to rebuild.")],
+def reindex(  # noqa: PLR0913 - the command's options
+    name: Annotated[str | None, typer.Argument(help="The collection to rebuild (with --due: optional).")] = None,
     model: Annotated[
         str | None, typer.Option(help="Another embedding model's URL (re-embeds); default: the live version's.")
     ] = None,
     index: Annotated[str, typer.Option(help="auto (the planner's choice for the current size) or a kind: "
                                             "flat, hnsw, ivf_flat, ...")] = "auto",
     chunk_size: Annotated[int | None, typer.Option(help="Must be the collection's (re-chunking: not yet).")] = None,
+    due: Annotated[bool, typer.Option(
+        "--due", help="Only what is due now (QUARRY_REINDEX__* triggers and schedules), for an external cron.",
+    )] = False,
 ) -> None:
     """Build the next version of a collection from the docstore, verify it, and swap it in."""
+    if due:
+        _reindex_due(name)
+        return
+    if name is None:
+        raise typer.BadParameter("name a collection (or pass --due)", param_hint="NAME")
     quarry = _quarry()
     try:
         if not err.is_terminal:
@@ -590,6 +619,33 @@ def reindex(
         f"{report.copied} copied, {report.embedded} embedded, {report.replayed} documents replayed, "
         f"recall@10 {recall}, {report.elapsed_s:.1f} s"
     )
+
+
+def _reindex_due(name: str | None) -> None:
+    """``reindex --due``: start what the triggers and schedules call for, wait, print one line each.
+
+    Raises:
+        typer.Exit: Code 1 when a reindex failed.
+    """
+    from indexing.schedule import ReindexScheduler
+
+    quarry = _quarry()
+    failed = False
+    try:
+        jobs = ReindexScheduler(quarry).run_due([name] if name else None)
+        for job in jobs:
+            while (current := quarry.docstore.get_job(job.id)) is not None and current.state not in ("done", "failed"):
+                time.sleep(0.5)
+            state = current.state if current is not None else "gone"
+            failed |= state != "done"
+            detail = current.error if current is not None and current.error else job.params.get("reason", "")
+            out.print(f"{job.collection}: {job.params.get('trigger')} reindex job {job.id} {state}: {detail}")
+        if not jobs:
+            out.print("nothing due")
+    finally:
+        quarry.close()
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command()

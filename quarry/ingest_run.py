@@ -68,6 +68,10 @@ class Options:
     prune: bool = False
     dry_run: bool = False
     on_error: str = "skip"
+    engine: str = "local"  # or "ray": indexing.ray_engine
+    address: str | None = None  # the Ray cluster (None: RAY_ADDRESS, else a local Ray)
+    workers: int | None = None  # most embedding actors on Ray (None: as the cluster allows)
+    gpus_per_worker: float = 0.0  # GPUs each Ray embedding actor reserves
 
 
 @dataclass
@@ -202,7 +206,7 @@ class Run:
                 self._writing = True
                 with self._progress() as advance:
                     seen = self.seen if self.options.prune else None  # ids kept only to prune
-                    report = self.quarry.upsert_stream(self.name, self.source, advance, stop=self.stop, seen=seen)
+                    report = self._upsert(advance, seen)
             except KeyboardInterrupt:
                 abandoned = True
             finally:
@@ -215,6 +219,17 @@ class Run:
                 if pruned:
                     self.quarry.delete_documents(self.name, pruned)
             return self._report(report, interrupted=interrupted, abandoned=abandoned, pruned=pruned)
+
+    def _upsert(self, advance: Callable[[int], None], seen: set[str] | None) -> Any:
+        if self.options.engine != "ray":
+            return self.quarry.upsert_stream(self.name, self.source, advance, stop=self.stop, seen=seen)
+        from indexing.ray_engine import ray_session, upsert_with_ray
+
+        with ray_session(self.options.address):
+            return upsert_with_ray(
+                self.quarry, self.name, self.source, advance, stop=self.stop, seen=seen,
+                workers=self.options.workers, gpus_per_worker=self.options.gpus_per_worker,
+            )
 
     def _stale_ids(self) -> list[str]:
         """Stored documents not in the source (a file that failed to parse keeps its document)."""
@@ -258,7 +273,7 @@ class Run:
             "exit_code": code, "dry_run": self.options.dry_run, "read": src.read, "skipped": len(src.errors),
             "errors": [{"path": p, "reason": r} for p, r in src.errors],
             "not_read": src.not_read, "empty": src.empty,
-            "elapsed_s": round(time.monotonic() - self.started, 3),
+            "elapsed_s": round(time.monotonic() - self.started, 3), "engine": self.options.engine,
         }
         if would is not None:
             body |= {f"would_{k}": v for k, v in would.items()} | {"would_prune": pruned}

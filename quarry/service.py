@@ -19,9 +19,10 @@ from embedding.factory import open_embedder
 from embedding.process import ProcessEmbedder
 from indexing.collections import NAME, CollectionConfig, FusionConfig
 from indexing.docstore import DEFAULT_TENANT, CollectionVersion, Job, open_docstore
-from indexing.pipeline import Ingestor, IngestReport, Progress, Target
+from indexing.pipeline import Ingestor, IngestReport, Precomputed, Progress, Target
 from indexing.planner import GIB, IndexPlan, plan_for_store
 from indexing.reindex import Build, Reindexer, ReindexReport, new_owner
+from indexing.schedule import ReindexScheduler, last_trigger
 from indexing.sources import SourceDocument
 from indexing.versions import describe_versions, ensure_live, live_config
 from monitoring.monitor import RecallMonitor
@@ -44,7 +45,7 @@ from retrieval.search import DenseTarget, Mode, RerankOptions, Searcher, SearchR
 from retrieval.text import LANGUAGES, Language
 from stores.base import IndexSpec, VectorStore, redact_url
 from stores.factory import open_store
-from stores.filters import Filter, FilterLimits, parse_filter
+from stores.filters import Filter, FilterLimits, matches, parse_filter
 from stores.routing import FilterRouter
 
 log = logging.getLogger(__name__)
@@ -119,9 +120,46 @@ class Quarry:
             self.store, self.docstore, settings.reindex, self._writing, self._plan,
             index_timeout_s=settings.store.index_build_timeout_s,
         )
+        self.scheduler: ReindexScheduler | None = None  # `quarry serve` starts one (indexing/schedule.py)
         self.tenant_id = DEFAULT_TENANT
         self._tenants: dict[str, Quarry] = {}
         self._tenants_guard = threading.Lock()
+        self._root = self  # the service every tenant view was built from (it holds the shared view)
+        self._shared_view: Quarry | None = None
+
+    def shared_view(self) -> Quarry:
+        """The view of the shared collections as a whole (:data:`quarry.tenancy.SHARED`); built once.
+
+        Unscoped: only :meth:`for_collection` (which scopes it to one tenant) and the operator's
+        admin actions use it.
+        """
+        root = self._root
+        with root._tenants_guard:
+            if root._shared_view is None:
+                from quarry.tenancy import SHARED
+
+                root._shared_view = root._build_view(SHARED)
+            return root._shared_view
+
+    def for_collection(self, name: str) -> Quarry:
+        """This view, or, when ``name`` is a shared collection, the view of it scoped to this tenant.
+
+        A tenant's own collection of the name wins (it is never routed into a shared one).
+        See :mod:`quarry.shared`.
+
+        Raises:
+            Forbidden: This view's tenant is empty or malformed (never an unscoped view).
+        """
+        from quarry.tenancy import SHARED
+
+        if self.tenant_id == SHARED:
+            return self
+        shared = self.shared_view()
+        if shared.docstore.collection_config(name) is None or self.docstore.collection_config(name) is not None:
+            return self
+        from quarry.shared import scoped
+
+        return scoped(shared, self.tenant_id)
 
     def for_tenant(self, tenant_id: str) -> Quarry:
         """This service as tenant ``tenant_id`` sees it (see :mod:`quarry.tenancy`); built once per tenant.
@@ -145,11 +183,14 @@ class Quarry:
         return view
 
     def _tenant_view(self, tenant_id: str) -> Quarry:
-        from quarry.tenancy import TenantStore
-
         if not tenant_id or tenant_id not in {t for t, _ in self.docstore.list_tenants()}:
             raise Forbidden(f"tenant {clip(tenant_id)} is not known to this server: refusing an unscoped request",
                             reason="tenant")
+        return self._build_view(tenant_id)
+
+    def _build_view(self, tenant_id: str) -> Quarry:
+        from quarry.tenancy import TenantStore
+
         view = copy.copy(self)
         view.tenant_id = tenant_id
         view.docstore = self.docstore.for_tenant(tenant_id)
@@ -175,6 +216,7 @@ class Quarry:
             view.store, view.docstore, self.settings.reindex, view._writing, view._plan,
             index_timeout_s=self.settings.store.index_build_timeout_s,
         )
+        view.scheduler = None  # the scheduler reindexes the default tenant's collections only
         view._write_locks, view._write_locks_guard = {}, threading.Lock()
         view._tenants, view._tenants_guard = {}, threading.Lock()
         return view
@@ -234,15 +276,19 @@ class Quarry:
         chunk_overlap: int | None = None,
         exist_ok: bool = False,
         fusion: FusionConfig | None = None,
+        shared: bool = False,
     ) -> CollectionConfig:
         """Create a collection in the store and the docstore.
 
         ``fusion`` is the collection's default hybrid fusion (``None``: the server's settings);
-        ``describe`` shows it and each search request may override it.
+        ``describe`` shows it and each search request may override it. ``shared``: a collection
+        every tenant uses, each seeing its own documents only (:mod:`quarry.shared`).
 
         Raises:
             InvalidRequest: Bad name, language or chunking.
-            CollectionExists: The name is taken (unless ``exist_ok``).
+            CollectionExists: The name is taken (unless ``exist_ok``), by a shared collection too.
+            Forbidden: ``shared`` asked by a tenant other than the operator's (``default``).
+            Conflict: ``shared`` with a name some tenant's own collection has.
         """
         if not NAME.fullmatch(name):
             raise InvalidRequest(
@@ -250,6 +296,13 @@ class Quarry:
             )
         if language not in LANGUAGES:
             raise InvalidRequest(f"unknown language {clip(language)}; use one of {', '.join(LANGUAGES)}")
+        if shared:
+            from quarry.shared import create_shared
+
+            return create_shared(self, name, language=language, chunk_size=chunk_size,
+                                 chunk_overlap=chunk_overlap, exist_ok=exist_ok, fusion=fusion)
+        if self.for_collection(name) is not self:
+            raise CollectionExists(name)  # a shared collection has the name
         with self._writing(name):
             return self._create_collection(name, language, chunk_size, chunk_overlap, exist_ok, fusion)
 
@@ -360,8 +413,14 @@ class Quarry:
         return CollectionConfig.model_validate(raw)
 
     def list_collections(self) -> list[CollectionConfig]:
-        """All collections, by name."""
-        return [self.get_collection(n) for n in self.docstore.list_collections()]
+        """All collections, by name: this tenant's own, then the shared ones (``tenancy: shared``)."""
+        own = [self.get_collection(n) for n in self.docstore.list_collections()]
+        from quarry.tenancy import SHARED
+
+        if self.tenant_id == SHARED:
+            return own
+        shared = self.shared_view()
+        return own + [shared.get_collection(n) for n in shared.docstore.list_collections()]
 
     def describe(self, name: str) -> dict[str, Any]:
         """Configuration plus document/chunk/vector counts."""
@@ -372,6 +431,8 @@ class Quarry:
             **live_config(cfg, live).to_json(), "documents": documents, "chunks": chunks,
             "vectors": self.store.count(live.physical_name), "live_version": live.version,
             "versions": [v for v in describe_versions(self.docstore, name) if v["state"] != "failed"],
+            "reindex": {"next_run": self.scheduler.next_run(name) if self.scheduler is not None else None,
+                        "last_trigger": last_trigger(self.docstore, name)},
         }
 
     def drop_collection(self, name: str) -> None:
@@ -410,13 +471,17 @@ class Quarry:
         *,
         stop: Callable[[], bool] | None = None,
         seen: set[str] | None = None,
+        vectors: Precomputed | None = None,
     ) -> IngestReport:
         """Insert or replace a stream of documents batch by batch, then re-plan the index.
 
-        See :meth:`indexing.pipeline.Ingestor.upsert_stream`.
+        See :meth:`indexing.pipeline.Ingestor.upsert_stream` (``vectors``: embedded elsewhere,
+        the Ray engine's).
         """
         with self._writing(name):
-            report = self.ingestor.upsert_stream(self.get_collection(name), docs, progress, stop=stop, seen=seen)
+            report = self.ingestor.upsert_stream(
+                self.get_collection(name), docs, progress, stop=stop, seen=seen, vectors=vectors
+            )
             if report.chunks_written:
                 self.replan_index(name)
         return report
@@ -450,6 +515,40 @@ class Quarry:
         with self._writing(name):
             cfg, target = self._write_target(name)
             return self.ingestor.delete(cfg, document_ids, target)
+
+    def delete_where(self, name: str, filters: Mapping[str, Any]) -> IngestReport:
+        """Delete the documents whose metadata matches ``filters`` (the search filter form), from both channels.
+
+        The documents are found in the docstore (each one's ``document_id`` and metadata, read
+        a page at a time) and deleted as :meth:`delete_documents` does, under the collection's
+        write lock (a document written meanwhile is not missed half-way).
+
+        Raises:
+            CollectionNotFound: No such collection.
+            InvalidRequest: ``filters`` is empty (delete a collection's documents by dropping it).
+            InvalidFilter: See :func:`stores.filters.parse_filter`.
+        """
+        if not filters:
+            raise InvalidRequest("a delete by filter needs a non-empty filter")
+        with self._writing(name):
+            cfg, flt = self._target(name, filters)
+            assert flt is not None  # a non-empty filter parses to one
+            return Quarry.delete_documents(self, name, self._matching_ids(name, flt))  # stored ids as they are
+
+    def _matching_ids(self, name: str, flt: Filter, prefix: str = "") -> list[str]:
+        """Stored ids (those starting with ``prefix``, one key range) whose document metadata ``flt`` matches."""
+        found: list[str] = []
+        after = prefix
+        while True:
+            page = self.docstore.list_documents(name, after=after, limit=1000)
+            for doc in page:
+                if not doc.document_id.startswith(prefix):
+                    return found
+                if matches(flt, {**(doc.metadata or {}), "document_id": doc.document_id}):
+                    found.append(doc.document_id)
+            if len(page) < 1000:
+                return found
+            after = page[-1].document_id
 
     # --- versions and reindex (indexing/versions.py, indexing/reindex.py) ---------------------
     def live_version(self, name: str) -> CollectionVersion:
@@ -616,17 +715,35 @@ class Quarry:
 
         return both
 
-    def start_reindex(self, name: str, *, model: str | None = None, index: str | None = None) -> Job:
+    def start_reindex(  # noqa: PLR0913 - the request's fields and who asks
+        self, name: str, *, model: str | None = None, index: str | None = None, trigger: str = "api",
+        reason: str = "", owner: str | None = None,
+    ) -> Job:
         """Take the lease now and run :meth:`reindex` in a background thread; returns its job.
+
+        Args:
+            name: The collection.
+            model: See :meth:`reindex`.
+            index: See :meth:`reindex`.
+            trigger: Who asked (``api``, or a trigger of :mod:`indexing.schedule`), kept in the
+                job's ``params`` with ``reason`` and ``by`` (the lease owner).
+            reason: Why.
+            owner: A lease owner that holds the collection's lease already (the scheduler).
 
         Raises:
             CollectionNotFound: No such collection.
             ReindexRunning: Another reindex of it holds the lease.
         """
         self.get_collection(name)
-        owner = new_owner()
-        self.reindexer.acquire(name, owner)
-        job = self.docstore.create_job("reindex", collection=name, params={"model": model, "index": index})
+        if owner is None:
+            owner = new_owner()
+            self.reindexer.acquire(name, owner)
+        params = {"model": model, "index": index, "trigger": trigger, "reason": reason, "by": owner}
+        try:
+            job = self.docstore.create_job("reindex", collection=name, params=params)
+        except BaseException:
+            self.docstore.release_lease(f"reindex:{name}", owner)
+            raise
 
         def work() -> None:
             try:
@@ -644,8 +761,11 @@ class Quarry:
             NotFound: No such job, or another tenant's (the same answer: ids never reveal a
                 job of someone else).
         """
+        from quarry.tenancy import SHARED
+
         job = self.docstore.get_job(job_id)
-        if job is None or job.tenant_id != self.tenant_id:
+        mine = (self.tenant_id, SHARED) if self.tenant_id == DEFAULT_TENANT else (self.tenant_id,)
+        if job is None or job.tenant_id not in mine:  # the operator's tenant runs the shared collections' jobs
             raise NotFound(f"job {clip(job_id)} does not exist")
         return job
 

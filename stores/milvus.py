@@ -307,8 +307,22 @@ class MilvusStore:
         return compile_filter(flt, lite=self._lite, scan=scan)
 
     def _payloads(self, info: CollectionInfo) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Every ``(record id, payload)`` of a collection, read in pages."""
+        """Every ``(record id, payload)`` of a collection: one query when it fits a page, else in pages.
+
+        A collection of fewer than ``_BATCH`` records is read by one ``query`` (one round trip,
+        ~3 ms; a Strong one waits for one time tick); a larger one by ``query_iterator``, whose
+        three or more round trips each wait for a tick on the 2.3 server (0.6-1.0 s per scan of
+        150 records, measured 2026-12-03), so a filter's id-set route costs a quarter of that.
+        """
         level = self._level(info.name)
+        with wrapped("query", info.name):
+            rows = self._client.query(
+                info.name, filter="", output_fields=["payload"], limit=_BATCH, consistency_level=level,
+                timeout=READ_S,
+            )
+        if len(rows) < _BATCH:
+            yield from ((decode_id(row["id"]), row.get("payload") or {}) for row in rows)
+            return
         with wrapped("query", info.name):
             pages = self._client.query_iterator(
                 info.name, batch_size=_BATCH, filter="", output_fields=["payload"], consistency_level=level

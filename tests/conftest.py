@@ -15,6 +15,7 @@ from indexing.pipeline import indexed_text
 from indexing.sources import read_documents
 from quarry.settings import IngestSettings
 from tests.embedding_cache import CachedEmbedder, cache_file, fingerprint, folder_files
+from tests.tiny_embedder import build_tiny_bi_encoder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -54,6 +55,12 @@ def minilm_vectors(minilm: st.SentenceTransformerEmbedder) -> Iterator[CachedEmb
     cached = CachedEmbedder(minilm, cache_file(minilm.model_id, digest))
     yield cached
     cached.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_bi_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random bi-encoder folder (``tests/tiny_embedder.py``) for tests that score no vector."""
+    return build_tiny_bi_encoder(tmp_path_factory.mktemp("tiny-bi"), seed=0)
 
 
 @pytest.fixture(scope="session")

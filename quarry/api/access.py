@@ -11,8 +11,12 @@
 3. checks the scope and the ``{name}`` collection against the key (403);
 4. spends one request of the key's rate (:class:`RateLimiter`, the ``limits`` library; 429 with
    ``Retry-After``);
-5. sheds a low-priority key's request while more than ``QUARRY_AUTH__SHED_IN_FLIGHT`` requests
-   are in flight (``quarry.metrics.IN_FLIGHT``): 503 ``Overloaded`` with ``Retry-After``;
+5. sheds a low-priority (and, if set, normal-priority) key's request while more than
+   ``QUARRY_AUTH__SHED_IN_FLIGHT`` requests are in flight (``quarry.metrics.IN_FLIGHT``): with
+   ``QUARRY_AUTH__SHED_LOW=cheapest`` (default) a search or answer request goes on marked
+   ``request.state.shed`` and gets the cheapest honest answer (:func:`shed`: the semantic
+   cache's answer, else a hybrid search answered by BM25 alone, marked ``degraded``), any other
+   request (or ``reject``) 503 ``Overloaded`` with ``Retry-After``;
 
 and leaves the :class:`~quarry.api.keys.Principal` in ``request.state.principal``. Handlers that
 take a collection name from the body call :func:`check_collection`; admin actions call
@@ -27,9 +31,11 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
+import re
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -212,7 +218,7 @@ def _presented_key(request: Request | None, headers: Headers | None = None) -> s
     return headers.get("api-key")
 
 
-def shed_early(access: Access, path: str, headers: Headers) -> Overloaded | None:
+def shed_early(access: Access, method: str, path: str, headers: Headers) -> Overloaded | None:
     """Step 5 before routing, for a key verified before: the 503 to send now, or ``None``.
 
     The outer middleware asks this first, so that a shed request costs no routing, body parsing
@@ -229,18 +235,18 @@ def shed_early(access: Access, path: str, headers: Headers) -> Overloaded | None
     except Unauthenticated:
         return None
     who = None if key is None else access.verifier.cached(key)
-    if who is None or who.priority >= 0:
+    if who is None:
         return None
-    SHED.labels("low").inc()
-    return _overloaded(access)
+    shed = _shedding(access.settings, who.priority)
+    if shed is None:
+        return None
+    if shed.policy != "reject" and method == "POST" and _CHEAP_PATH.fullmatch(path):
+        return None  # a cheaper honest answer exists: authorize() marks the request for it
+    return shed.refuse()
 
 
-def _overloaded(access: Access) -> Overloaded:
-    return Overloaded(
-        f"the server is saturated ({IN_FLIGHT.count} requests in flight) and sheds low-priority keys first; "
-        f"retry in {access.settings.shed_retry_after_s:g} s",
-        retry_after_s=access.settings.shed_retry_after_s,
-    )
+# CHEAP_ROUTES' paths before routing (the early shed has no route template yet)
+_CHEAP_PATH = re.compile(r"/v1/collections/[^/]+/(?:search|answer)|/v1/chat/completions")
 
 
 async def authorize(request: Request) -> Principal:
@@ -272,24 +278,73 @@ async def authorize(request: Request) -> Principal:
         raise
     if who.rate is not None and who.key_id is not None:
         access.limiter.spend(who.key_id, who.rate)
-    shed_at = access.settings.shed_in_flight
-    if shed_at and who.priority < 0 and IN_FLIGHT.count > shed_at:
-        SHED.labels("low").inc()
-        raise _overloaded(access)
     request.state.principal = who
+    shed = _shedding(access.settings, who.priority)
+    if shed is not None:
+        if shed.policy == "reject" or (request.method, template) not in CHEAP_ROUTES:
+            raise shed.refuse()
+        request.state.shed = shed  # the handler answers from the cache or BM25, or refuses
     return who
+
+
+# routes with a cheaper honest answer than their full one (the semantic cache, BM25 alone)
+CHEAP_ROUTES = frozenset({
+    ("POST", "/v1/collections/{name}/search"), ("POST", "/v1/collections/{name}/answer"),
+    ("POST", "/v1/chat/completions"),
+})
+
+
+@dataclass(frozen=True)
+class Shed:
+    """A request the saturated server sheds: its priority's policy and how to refuse it."""
+
+    priority: str
+    policy: str
+    in_flight: int
+    retry_after_s: float
+
+    def refuse(self) -> Overloaded:
+        """The 503 (counted in ``quarry_shed_total{priority}``) when no cheap answer exists."""
+        SHED.labels(self.priority).inc()
+        return Overloaded(
+            f"the server is saturated ({self.in_flight} requests in flight) and sheds {self.priority}-priority "
+            f"keys first; retry in {self.retry_after_s:g} s",
+            retry_after_s=self.retry_after_s,
+        )
+
+
+def _shedding(settings: AuthSettings, priority: int) -> Shed | None:
+    """The shed decision of a key of ``priority`` now (``None``: served in full)."""
+    if not settings.shed_in_flight or priority > 0:
+        return None
+    name, policy = ("low", settings.shed_low) if priority < 0 else ("normal", settings.shed_normal)
+    in_flight = IN_FLIGHT.count
+    if policy == "off" or in_flight <= settings.shed_in_flight:
+        return None
+    return Shed(name, policy, in_flight, settings.shed_retry_after_s)
+
+
+def shed(request: Request) -> Shed | None:
+    """The request's :class:`Shed` when the access layer let it through for a cheap answer."""
+    found: Shed | None = getattr(request.state, "shed", None)
+    return found
 
 
 def service(request: Request) -> Quarry:
     """The service as the request's tenant sees it (:meth:`~quarry.service.Quarry.for_tenant`).
+
+    For a route naming a shared collection, that collection scoped to the tenant
+    (:meth:`~quarry.service.Quarry.for_collection`, :mod:`quarry.shared`).
 
     Raises:
         Forbidden: The key's tenant is unknown (never an unscoped service).
     """
     who: Principal = getattr(request.state, "principal", OPEN)
     root: Quarry = request.app.state.quarry
+    name = request.path_params.get("name")
     try:
-        return root.for_tenant(who.tenant_id)
+        view = root.for_tenant(who.tenant_id)
+        return view if name is None else view.for_collection(name)  # a shared one: scoped to the tenant
     except Forbidden:
         AUTH_FAILURES.labels("tenant").inc()
         raise

@@ -134,7 +134,7 @@ async def answer(
     plain error responses, before any event. ``cache`` is ``hit``, ``miss`` or ``bypass``
     (:mod:`quarry.api.cache`; ``Cache-Control: no-cache`` or ``X-Quarry-Cache: bypass`` skip it).
     """
-    events = await _events(name, body, q, generator, _cache(request), request.headers)
+    events = await _events(name, body, q, generator, _cache(request), request.headers, access.shed(request))
     if body.stream:
         return EventSourceResponse(_sse(events), ping=15)
     return await _collect(events, body.require_answer)
@@ -142,11 +142,12 @@ async def answer(
 
 async def _events(  # noqa: PLR0913 - the request and its dependencies
     name: str, body: AnswerIn, q: Quarry, generator: Generator | None, cache: AnswerCache | None,
-    headers: Mapping[str, str],
+    headers: Mapping[str, str], shed: access.Shed | None = None,
 ) -> AsyncIterator[Event]:
     """The events to come: a cache hit's, or retrieve and build the prompt, then the LLM's.
 
-    Errors raised here (unknown collection, bad filter) are plain error responses.
+    Errors raised here (unknown collection, bad filter) are plain error responses. A request
+    the saturated server sheds (``shed``) gets a cache hit or the 503 (an LLM call is not cheap).
     """
     started = time.perf_counter()
     cfg: LLMSettings = q.settings.llm
@@ -163,6 +164,8 @@ async def _events(  # noqa: PLR0913 - the request and its dependencies
     plan.count()
     if plan.result == "hit":
         return answer_cache.replay(plan, started)
+    if shed is not None:
+        raise shed.refuse()
     candidates, degraded, timings = await _retrieve(q, name, body)
     if plan.lookup_ms:
         timings["cache"] = plan.lookup_ms
@@ -358,6 +361,7 @@ async def chat_completions(
     if collection == body.model or not collection:
         raise InvalidRequest(f'model must be "quarry/<collection>", got {clip(body.model)}')
     access.check_collection(request, collection)
+    q = q.for_collection(collection)  # a shared collection: scoped to the key's tenant
     users = [m.text() for m in body.messages if m.role == "user"]
     if not users or is_blank(users[-1]):
         raise InvalidRequest("no user message to answer")
@@ -368,7 +372,7 @@ async def chat_completions(
         temperature=body.temperature, seed=body.seed, context_tokens=opts.context_tokens,
         require_answer=opts.require_answer,
     )
-    events = await _events(collection, answer_in, q, generator, _cache(request), request.headers)
+    events = await _events(collection, answer_in, q, generator, _cache(request), request.headers, access.shed(request))
     ident, created = f"chatcmpl-quarry-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         return EventSourceResponse(_chat_sse(events, ident, created, body.model), ping=15)

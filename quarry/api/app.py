@@ -24,6 +24,7 @@ from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from indexing.collections import CollectionConfig
+from indexing.schedule import ReindexScheduler
 from indexing.sources import SourceDocument, parse_document
 from quarry import errors as e
 from quarry import heap, metrics, tracing
@@ -69,6 +70,15 @@ Service = Annotated[Quarry, Depends(get_quarry)]
 router = APIRouter()
 
 
+def _start_scheduler(service: Quarry) -> ReindexScheduler | None:
+    """Start the reindex scheduler when a schedule or a trigger is set (``QUARRY_REINDEX__*``)."""
+    if not service.settings.reindex.scheduled or service.scheduler is not None:
+        return None
+    scheduler = service.scheduler = ReindexScheduler(service)
+    scheduler.start()
+    return scheduler
+
+
 def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     """Build the app around a :class:`Quarry` (or a factory called at startup).
 
@@ -92,11 +102,15 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
         # What startup loaded, and each BM25 snapshot swapped in later, stays: out of the GC's walks.
         heap.retain()
         previous_hook, service.bm25.on_swap = service.bm25.on_swap, heap.settle_soon
+        scheduler = _start_scheduler(service)
         app.state.ready = True
         try:
             yield
         finally:
             app.state.ready = False
+            if scheduler is not None:
+                scheduler.shutdown()
+                service.scheduler = None
             service.bm25.on_swap = previous_hook
             heap.release()
             app.state.store_probe.close()
@@ -193,7 +207,7 @@ def list_collections(request: Request, q: Service) -> dict[str, Any]:
 @router.post(
     "/v1/collections", status_code=201, tags=["collections"], response_model=CollectionConfig,
     responses=error_responses(
-        e.InvalidRequest, e.CollectionExists, e.Conflict, e.UnsupportedIndex, e.IndexBuildFailed, *_STORE,
+        e.InvalidRequest, e.CollectionExists, e.Conflict, e.Forbidden, e.UnsupportedIndex, e.IndexBuildFailed, *_STORE,
         e.EmbeddingUnavailable, e.EmbeddingError, body=True,
     ),
 )
@@ -202,9 +216,9 @@ def create_collection(body: CreateCollection, request: Request, q: Service) -> d
     access.check_collection(request, body.name)
     cfg = q.create_collection(
         body.name, language=body.language, chunk_size=body.chunk_size, chunk_overlap=body.chunk_overlap,
-        fusion=body.fusion,
+        fusion=body.fusion, shared=body.tenancy == "shared",
     )
-    access.audit(request, "collection.create", body.name)
+    access.audit(request, "collection.create", body.name, tenancy=body.tenancy)
     return cfg.to_json()
 
 
@@ -289,7 +303,7 @@ def upsert_documents(name: str, body: UpsertDocuments, q: Service) -> IngestOut:
     responses=error_responses(*_NAMED, body=True),
 )
 def delete_documents(name: str, body: DeleteDocuments, q: Service) -> IngestOut:
-    """Delete documents (all their chunks, in both channels) by id.
+    """Delete documents (all their chunks, in both channels) by id, or those whose metadata matches ``filters``.
 
     The documents leave search at once. A 503 from the vector store after that leaves their
     vectors' deletes pending: the next write to the collection retries them, and a retried
@@ -297,6 +311,8 @@ def delete_documents(name: str, body: DeleteDocuments, q: Service) -> IngestOut:
     """
     # The docstore commits first (BM25, and dense hits are read back through the docstore), then
     # the vector store is asked; the pending deletes are recorded in that commit.
+    if body.ids is None:
+        return IngestOut(**_report(q.delete_where(name, body.filters or {})))
     return IngestOut(**_report(q.delete_documents(name, body.ids)))
 
 
@@ -337,7 +353,7 @@ def delete_document(name: str, document_id: str, q: Service) -> IngestOut:
         e.DimensionMismatch, *_STORE, e.EmbeddingUnavailable, e.EmbeddingError, e.RerankError, body=True,
     ),
 )
-async def search(name: str, body: SearchIn, q: Service) -> Response:
+async def search(name: str, body: SearchIn, request: Request, q: Service) -> Response:
     """Hybrid (BM25 + dense, fused by rrf or weighted), BM25-only or dense-only search with filters and paging.
 
     Hybrid search answers from BM25 alone when the dense channel cannot (the store or the model
@@ -352,7 +368,22 @@ async def search(name: str, body: SearchIn, q: Service) -> Response:
     """  # noqa: D301 - the form feed is FastAPI's cut
     started = time.perf_counter()
     rerank = _rerank_options(q, body)
-    if rerank is None:
+    shed = access.shed(request)
+    if shed is not None:  # saturated: BM25 alone, or the 503 for a dense-only search
+        if body.mode == "dense":
+            raise shed.refuse()
+        result = await q.search_async(
+            name, body.query, top_k=body.top_k, mode="bm25", filters=body.filters, offset=body.offset,
+            group=body.group_by_document, min_score=body.min_score,
+        )
+        result.mode = body.mode
+        if body.mode == "hybrid" or rerank is not None:  # a plain BM25 search got its full answer
+            result.degraded.append(
+                f"shed: the server is saturated and answers {shed.priority}-priority keys by BM25 alone"
+            )
+            metrics.DEGRADED.labels("shed").inc()
+        result.reranked, result.rerank_reason = (None, None) if rerank is None else (False, "shed")
+    elif rerank is None:
         result = await q.search_async(
             name, body.query, top_k=body.top_k, mode=body.mode, filters=body.filters,
             offset=body.offset, group=body.group_by_document, fusion=body.fusion, min_score=body.min_score,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 from pydantic.config import JsonDict
 
 from indexing.collections import CollectionConfig, FusionConfig
@@ -33,6 +33,11 @@ class CreateCollection(_Body):
     chunk_overlap: int | None = Field(None, ge=0, description="Tokens shared by consecutive chunks (< chunk_size).")
     fusion: FusionConfig | None = Field(
         None, description="Default hybrid fusion of its searches (unset fields: the server's QUARRY_SEARCH__*)."
+    )
+    tenancy: Literal["tenant", "shared"] = Field(
+        "tenant",
+        description="tenant: the key's tenant's own; shared: every tenant's, each seeing only the documents it wrote "
+        "(tenant_id set from the key). Shared: the operator's tenant (default) only.",
     )
 
 
@@ -84,7 +89,18 @@ class UpsertDocuments(_Body):
 class DeleteDocuments(_Body):
     """``POST /v1/collections/{name}/documents/delete``."""
 
-    ids: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(min_length=1, max_length=10000)
+    ids: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(
+        None, min_length=1, max_length=10000, description="The documents to delete (or give filters)."
+    )
+    filters: dict[str, Any] | None = Field(
+        None, description="Delete every document whose metadata matches (the search filter form; or give ids)."
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> DeleteDocuments:
+        if (self.ids is None) == (not self.filters):
+            raise ValueError("give either ids or non-empty filters")
+        return self
 
 
 class RerankIn(_Body):
@@ -286,6 +302,10 @@ class CollectionOut(CollectionConfig):
     versions: list[dict[str, Any]] = Field(
         default_factory=list,
         description="Its versions (live, building, verifying, retired): store collection, model, dim, index, state.",
+    )
+    reindex: dict[str, Any] | None = Field(
+        None, description="next_run (Unix s, this process's scheduler) and last_trigger (the newest reindex job: "
+        "trigger, reason, by, state, at).",
     )
 
 

@@ -117,7 +117,7 @@ def _shedding_on(scope: Scope) -> bool:
 
 def _shed_early(scope: Scope, headers: Headers) -> Overloaded | None:
     access = getattr(getattr(scope.get("app"), "state", None), "access", None)
-    return None if access is None else shed_early(access, scope["path"], headers)
+    return None if access is None else shed_early(access, scope["method"], scope["path"], headers)
 
 
 async def _reply_shed(error: Overloaded, scope: Scope, receive: Receive, send: Send) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import limits.storage.memory
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client import REGISTRY
 
 from indexing.docstore import StateStore, open_docstore
 from quarry import metrics
@@ -208,7 +209,7 @@ def test_low_priority_is_shed_first_when_saturated(
         assert client.get("/v1/collections", headers=_bearer(key)).status_code == 200
     # the low key was verified before: shed by the outer middleware, before routing (bench/access.py)
     shed = metrics.SHED.labels("low")._value.get()
-    early = client.post("/v1/collections/nope/search", json={"query": "x"}, headers=_bearer(low))
+    early = client.get("/v1/collections/nope", headers=_bearer(low))  # no cheaper answer to give
     _error(early, 503, "Overloaded", "sheds low-priority keys first")
     assert early.headers["retry-after"] == "1" and early.headers["x-request-id"]
     assert metrics.SHED.labels("low")._value.get() == shed + 1
@@ -296,3 +297,72 @@ def test_in_process_rate_limit_counts_without_starting_threads(monkeypatch: pyte
     limiter.spend("k1", 100.0)
     limiter.spend("slow", 0.5)  # under 1/s: 30 per minute
     assert started == []
+
+
+@pytest.fixture()
+def fresh(tmp_path: Path, counting: CountingEmbedder) -> Iterator[tuple[TestClient, Quarry]]:
+    """A server of its own: the module's Milvus Lite is gone after the keys test (seen 2026-12-03; cause unknown)."""
+    quarry = Quarry(Settings(data_dir=tmp_path), embedder=counting)
+    try:
+        with TestClient(create_app(quarry)) as c:
+            yield c, quarry
+    finally:
+        quarry.close()
+
+
+def test_shed_low_priority_gets_the_cheapest_honest_answer(
+    fresh: tuple[TestClient, Quarry], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, q = fresh
+    admin = _key(q.docstore)
+    low, normal = (_key(q.docstore, scopes="read", priority=p) for p in ("low", "normal"))
+    assert client.post("/v1/collections", json={"name": "shedding"}, headers=_bearer(admin)).status_code == 201
+    docs = [{"id": "a", "text": "Orchard apples ripen in autumn."}, {"id": "b", "text": "Harbour boats sail at dawn."}]
+    resp = client.post("/v1/collections/shedding/documents", json={"documents": docs}, headers=_bearer(admin))
+    assert resp.status_code == 200, resp.text
+    url = "/v1/collections/shedding/search"
+    hybrid = {"query": "apples autumn", "mode": "hybrid", "top_k": 2}
+    full = client.post(url, json=hybrid, headers=_bearer(low)).json()
+    assert full["degraded"] == [] and full["timings_ms"].get("ann") is not None  # not saturated: both channels
+
+    gate = client.app.state.access  # type: ignore[attr-defined]
+    monkeypatch.setattr(gate.settings, "shed_in_flight", 4)
+    monkeypatch.setattr(metrics.IN_FLIGHT, "count", 10)  # as if 10 other requests were running
+    degraded = _sample("quarry_degraded_answers_total", reason="shed")
+    shed = _sample("quarry_shed_total", priority="low")
+
+    # cheapest (the default): a hybrid search answered by BM25 alone, marked degraded; rerank skipped
+    resp = client.post(url, json={**hybrid, "rerank": {"top_n": 5}}, headers=_bearer(low))
+    out = resp.json()
+    assert resp.status_code == 200 and out["mode"] == "hybrid", resp.text
+    assert [h["document_id"] for h in out["hits"]] == ["a"] and "ann" not in out["timings_ms"]
+    assert out["degraded"] and out["degraded"][0].startswith("shed:") and out["rerank_reason"] == "shed"
+    assert _sample("quarry_degraded_answers_total", reason="shed") == degraded + 1
+    plain = client.post(url, json={**hybrid, "mode": "bm25"}, headers=_bearer(low)).json()  # its full answer
+    assert plain["degraded"] == [] and [h["document_id"] for h in plain["hits"]] == ["a"]
+    # no cheap answer: a dense-only search, an answer with no cache entry (no LLM here), other routes: 503
+    for method, path, body in (
+        ("post", url, {**hybrid, "mode": "dense"}),
+        ("post", "/v1/collections/shedding/answer", {"query": "apples autumn"}),
+        ("get", "/v1/collections/shedding", None),
+    ):
+        resp = getattr(client, method)(path, headers=_bearer(low), **({} if body is None else {"json": body}))
+        _error(resp, 503, "Overloaded", "sheds low-priority keys first")
+        assert resp.headers["retry-after"] == "1"
+    assert _sample("quarry_shed_total", priority="low") == shed + 3
+    # a normal key is served in full (QUARRY_AUTH__SHED_NORMAL=off, the default)
+    assert client.post(url, json=hybrid, headers=_bearer(normal)).json()["degraded"] == []
+
+    # reject: the 503 even where a cheap answer exists; off: served in full
+    monkeypatch.setattr(gate.settings, "shed_low", "reject")
+    _error(client.post(url, json=hybrid, headers=_bearer(low)), 503, "Overloaded", "saturated")
+    monkeypatch.setattr(gate.settings, "shed_low", "off")
+    assert client.post(url, json=hybrid, headers=_bearer(low)).json()["degraded"] == []
+    # the setting is per priority: normal keys shed too when asked
+    monkeypatch.setattr(gate.settings, "shed_normal", "cheapest")
+    out = client.post(url, json=hybrid, headers=_bearer(normal)).json()
+    assert out["degraded"] and "normal-priority" in out["degraded"][0]
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0

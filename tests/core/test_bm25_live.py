@@ -74,3 +74,23 @@ def test_a_view_never_changes_and_a_snapshot_round_trips(tmp_path: Path, scifact
     rows2, scores2 = loaded.view().top(q, 5)
     assert [after.chunk_ids[r] for r in rows] == [loaded.view().chunk_ids[r] for r in rows2]
     np.testing.assert_allclose(scores, scores2, rtol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["lucene", "robertson", "atire", "bm25l", "bm25+"])
+def test_the_shared_formulas_are_bm25s_own(method: str) -> None:
+    """``retrieval.bm25_formulas`` (both indexes' formulas) equals bm25s' per-method scorers, element by element."""
+    from bm25s import scoring
+
+    from retrieval import bm25_formulas as f
+
+    n, k1, b = 1000.0, 1.5, 0.75
+    df = np.array([1.0, 3.0, 40.0, 499.0, 500.0, 501.0, 999.0, 1000.0])  # robertson's idf clips at df > n / 2
+    want_idf = [scoring._select_idf_scorer(method)(d, n) for d in df.tolist()]
+    np.testing.assert_allclose(f.idf(method, df, n), want_idf, rtol=1e-12)
+    tf = np.array([0.0, 1.0, 2.0, 5.0, 1.0, 3.0])
+    dl = np.array([10.0, 10.0, 80.0, 200.0, 3.0, 47.0])
+    want_tfc = scoring._select_tfc_scorer(method)(tf, dl, 50.0, k1, b, f.DELTA)
+    np.testing.assert_allclose(f.tfc(method, tf, 1 - b + b * dl / 50.0, k1), want_tfc, rtol=1e-12)
+    absent = float(scoring._select_tfc_scorer(method)(0.0, 1.0, 1.0, k1, b, f.DELTA))  # tf 0, dl = avgdl
+    assert f.tfc_absent(method, k1) == pytest.approx(absent if method in ("bm25l", "bm25+") else 0.0)
+    assert f.okapi_scale(method, k1) == (k1 + 1 if method == "robertson" else 1.0)

@@ -160,6 +160,86 @@ def test_writes_during_reindex_reach_the_new_version(
     assert set(hits) == {d.id for d in changed[:10]} or len(set(hits) & {d.id for d in changed}) == 10
 
 
+def _all_chunk_ids(service: Quarry, name: str, document_ids: list[str]) -> dict[str, list[str]]:
+    return service.docstore.chunk_ids_of(name, document_ids)
+
+
+def test_writes_during_reindex_at_full_size(  # noqa: C901 - the writer, then one check per channel
+    svc: Quarry, scifact_docs: list[SourceDocument], shared_data: Path
+) -> None:
+    """Acceptance 2: 200 inserted, 100 changed, 100 deleted in four rounds between copy batches."""
+    from indexing.sources import iter_jsonl
+
+    service = svc
+    name = f"rx{RUN}_{next(_names)}"
+    known = {d.id for d in scifact_docs}
+    originals = scifact_docs[:250]
+    fresh = [d for d in itertools.islice(iter_jsonl(shared_data / "scifact" / "corpus.jsonl"), 2000)
+             if d.id not in known][:200]
+    inserted = [SourceDocument(id=d.id, title=d.title, text=f"{d.text} insmark{i:03d}") for i, d in enumerate(fresh)]
+    changed = [SourceDocument(id=d.id, title=d.title, text=f"zebracorn quokkafish chgmark{i:03d}")
+               for i, d in enumerate(originals[:100])]
+    deleted = [d.id for d in originals[100:200]]
+    service.create_collection(name)
+    try:
+        service.upsert(name, originals)
+        old_chunks = _all_chunk_ids(service, name, [d.id for d in originals[:200]])
+        rounds = [(inserted[i * 50 : (i + 1) * 50], changed[i * 25 : (i + 1) * 25], deleted[i * 25 : (i + 1) * 25])
+                  for i in range(4)]
+        errors: list[BaseException] = []
+
+        def write(part: tuple[list[SourceDocument], list[SourceDocument], list[str]]) -> None:
+            try:
+                service.upsert(name, part[0])
+                service.upsert(name, part[1])
+                service.delete_documents(name, part[2])
+            except BaseException as exc:  # noqa: BLE001 - reported by the test
+                errors.append(exc)
+
+        def during(phase: str, done: int) -> None:
+            if phase == "copy" and rounds:  # another thread: the write lock is not the reindex's
+                thread = threading.Thread(target=write, args=(rounds.pop(0),))
+                thread.start()
+                thread.join()
+
+        batch_size = service.settings.reindex.batch_size
+        service.settings.reindex.batch_size = 64  # pages of 16 documents: the rounds fall between copy batches
+        service.reindexer.on_batch = during
+        try:
+            report = service.reindex(name)
+        finally:
+            service.reindexer.on_batch = None
+            service.settings.reindex.batch_size = batch_size
+        assert not errors and not rounds, errors
+        assert report.replayed >= 400 and report.embedded == 0
+        live = service.live_version(name)
+        documents, chunks = service.docstore.counts(name)
+        assert live.version >= 2 and documents == 250 + 200 - 100
+        assert service.store.count(live.physical_name) == chunks == report.chunks
+
+        # dense: the live version holds exactly the docstore's chunks; none of a changed or deleted one's old ones
+        current = _all_chunk_ids(service, name, [d.id for d in originals] + [d.id for d in inserted])
+        ids = [c for cs in current.values() for c in cs]
+        assert len(ids) == chunks and len(service.store.get(live.physical_name, ids)) == chunks
+        stale = [c for doc_id, cs in old_chunks.items() for c in cs if c not in set(current.get(doc_id, []))]
+        assert len(stale) >= 200 and service.store.get(live.physical_name, stale) == []
+        assert not set(current) & set(deleted) and all(d.id in current for d in inserted + changed)
+        # searches: every document in BM25 (no model call); a fifth in dense and hybrid, whose
+        # vectors the exact check above covers whole (each query is a model call: ~1 s on 2 busy cores)
+        for j, doc_id in enumerate(deleted):  # no deleted one returns
+            title = next(d.title for d in originals if d.id == doc_id)
+            for mode in ("bm25", "dense", "hybrid") if j % 5 == 0 else ("bm25",):
+                assert doc_id not in _top(service, name, mode, title), (mode, doc_id)
+        for marker, docs in (("insmark", inserted), ("chgmark", changed)):
+            for i, doc in enumerate(docs):  # each in its final text
+                for mode in ("bm25", "hybrid") if i % 5 == 0 else ("bm25",):
+                    assert doc.id in _top(service, name, mode, f"{marker}{i:03d}"), (mode, doc.id)
+        for doc in inserted[::10]:  # and found by its own title in the dense channel
+            assert doc.id in _top(service, name, "dense", doc.title), doc.id
+    finally:
+        service.drop_collection(name)
+
+
 def test_failed_verification_and_killed_run_leave_the_live_version(
     svc: Quarry, filled: str, scifact_docs: list[SourceDocument]
 ) -> None:

@@ -199,28 +199,34 @@ def test_an_unusable_cache_dir_is_a_typed_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_int8_and_fp32_match_torch_on_all_scifact_documents(
+def test_int8_on_all_and_fp32_on_every_fifth_scifact_document_match_torch(
     scifact_chunks: list[list[str]],
     minilm_vectors: CachedEmbedder,
     int8_vectors: CachedEmbedder,
     fp32_vectors: CachedEmbedder,
 ) -> None:
-    """All 5,183 SciFact documents, each as the first chunk the service embeds for it.
+    """SciFact documents, each as the first chunk the service embeds for it, against torch.
 
-    A first chunk has the word-pieces of ``title + " " + text`` cut at the model's 256 tokens
-    (all 5,183 checked), so these are the model inputs this check always had. Each model's rows
-    are its own output, computed once per machine: torch's are those of the quality tests'
-    ingest; the int8 nDCG test below ingests these int8 rows and embeds only the other chunks.
+    A first chunk has the word-pieces of ``title + " " + text`` cut at the model's 256 tokens,
+    so these are the model inputs the service embeds. int8 is checked on all 5,183 (the int8 nDCG
+    test below ingests these rows); fp32, whose claim is an exact export (cosine ≥ 0.9999), on
+    every fifth document (1,037 rows, truncated and whole ones both present): a cold fp32 pass
+    over all of them cost a CI run ~4 minutes and checked the same graph on more of the same
+    inputs. Each model's rows are its own output, computed once per machine.
     """
     texts = [chunks[0] for chunks in scifact_chunks]
     assert len(texts) == 5183
     want = minilm_vectors.embed(texts)
-    for name, vectors, floor in (("int8", int8_vectors, 0.99), ("fp32", fp32_vectors, 0.9999)):
-        got = vectors.embed(texts)
-        cos = cosines(got.vectors, want.vectors)
-        print(f"{name}: cosine vs torch min {cos.min():.5f} mean {cos.mean():.5f}")
+    every_fifth = slice(None, None, 5)
+    assert want.truncated[every_fifth].any() and not want.truncated[every_fifth].all()
+    for name, vectors, rows, floor in (
+        ("int8", int8_vectors, slice(None), 0.99), ("fp32", fp32_vectors, every_fifth, 0.9999)
+    ):
+        got = vectors.embed(texts[rows])
+        cos = cosines(got.vectors, want.vectors[rows])
+        print(f"{name}: {len(got.vectors)} rows, cosine vs torch min {cos.min():.5f} mean {cos.mean():.5f}")
         assert cos.min() >= floor, f"{name}: min cosine {cos.min():.5f} over SciFact"
-        np.testing.assert_array_equal(got.truncated, want.truncated)
+        np.testing.assert_array_equal(got.truncated, want.truncated[rows])
 
 
 @pytest.mark.slow

@@ -304,3 +304,30 @@ def test_fast_path_transport_errors_fall_back_to_the_public_search(
     # fail here without breaking the public path's shared channel too).
     monkeypatch.setattr(milvus_fastpath, "search_ids", lambda *args, **kwargs: None)
     assert milvus_lite.search(name, unit(2, seed=3), 5, with_payload=False) == expected
+
+
+@pytest.mark.parametrize("page", [1000, 40], ids=["one-query", "iterator"])
+@pytest.mark.parametrize("engine", ["lite", pytest.param("server", marks=pytest.mark.integration)])
+def test_id_set_route_reads_every_payload_in_one_query_or_in_pages(
+    engine: str, page: int, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``$prefix``/``$ne`` scan the payloads: one query under a page, ``query_iterator`` past it; same ids."""
+    from stores import milvus
+    from stores.filters import Ne, Prefix
+
+    url = f"milvus://{tmp_path}/quarry.db" if engine == "lite" else os.environ.get(
+        "QUARRY_TEST_MILVUS_URL", "milvus://127.0.0.1:19530"
+    )
+    store = open_store(url)
+    try:
+        monkeypatch.setattr(milvus, "_BATCH", page)  # 150 records: one page of 1,000 or four of 40
+        data = unit(150)
+        store.create_collection(name, DIM)
+        store.upsert(name, [VectorRecord(f"r{i}", data[i], {"p": f"d/{i % 7}", "i": i}) for i in range(150)])
+        cases = ((Prefix("p", "d/3"), {i for i in range(150) if i % 7 == 3}), (Ne("i", 5), set(range(150)) - {5}))
+        for flt, want in cases:
+            assert store.count(name, flt) == len(want), flt
+            assert {h.id for h in store.search(name, data[:1], 150, flt=flt)[0]} == {f"r{i}" for i in want}, flt
+    finally:
+        store.drop_collection(name)
+        store.close()
