@@ -9,6 +9,8 @@ The SIGKILL of a real ``quarry serve`` is ``test_ingest_jobs_kill.py``.
 
 from __future__ import annotations
 
+import io
+import json
 import secrets
 import threading
 import time
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from rich.console import Console
 
 from embedding.base import Embeddings
 from indexing.sources import parse_document
@@ -25,6 +28,8 @@ from quarry.api import create_app
 from quarry.api.keys import new_key
 from quarry.errors import Forbidden
 from quarry.ingest_jobs import Checkpoint, confine
+from quarry.ingest_remote import RemoteError, RemoteIngest
+from quarry.ingest_run import EXIT_BAD_INPUT, EXIT_OK, EXIT_PARTIAL, Options
 from quarry.service import Quarry
 from quarry.settings import IngestSettings, Settings
 from tests.core.conftest import CountingEmbedder, write_jsonl
@@ -185,6 +190,30 @@ def test_a_lapsed_job_resumes_from_its_checkpoint(env: dict[str, Any]) -> None:
     assert (c["read"], c["added"], c["unchanged"], c["resumed"]) == (8, 4, 0, 1), c
     assert embedder.texts - embedded_before_kill == c["embedded"] - 4 == 4  # only the 4 not written
     assert client.get(f"/v1/collections/{name}").json()["documents"] == 8
+
+
+def test_remote_ingest_follows_the_job_with_the_local_exit_codes(env: dict[str, Any]) -> None:
+    """``quarry ingest --server``'s follower over the app's client: 0 done, 4 partial, 2 refused."""
+    client, root = env["client"], env["root"]
+    name = _collection(client)
+    write_jsonl(root / "remote.jsonl", _docs(5, "m"))
+    out, err = io.StringIO(), io.StringIO()
+    consoles = {"out": Console(file=out, width=300), "err": Console(file=err, width=300)}
+    run = RemoteIngest(client, name, "remote.jsonl", Options(as_json=True), **consoles, poll_s=0.05)
+    assert run.execute() == EXIT_OK
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert events[-1]["event"] == "report" and events[-1]["added"] == 5 and events[-1]["status"] == "ok"
+    assert all(e["event"] == "progress" for e in events[:-1]) and events[-2]["done"] == 5
+    folder = root / f"remote_{name}"
+    folder.mkdir()
+    (folder / "ok.txt").write_text("Readable notes about lakes.", encoding="utf-8")
+    (folder / "bad.txt").write_bytes(b"\xff\xfe")
+    partial = RemoteIngest(client, name, folder.name, Options(), **consoles, poll_s=0.05)
+    assert partial.execute() == EXIT_PARTIAL
+    assert "skipped " in err.getvalue() and "bad.txt" in err.getvalue()
+    with pytest.raises(RemoteError) as refused:
+        RemoteIngest(client, name, "/etc/passwd", Options(), **consoles).execute()
+    assert refused.value.code == EXIT_BAD_INPUT and "Forbidden" in str(refused.value)
 
 
 def test_checkpoint_round_trip() -> None:
