@@ -12,6 +12,8 @@ from __future__ import annotations
 import io
 import json
 import secrets
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -23,6 +25,7 @@ from fastapi.testclient import TestClient
 from rich.console import Console
 
 from embedding.base import Embeddings
+from indexing.docstore import open_docstore
 from indexing.sources import parse_document
 from quarry.api import create_app
 from quarry.api.keys import new_key
@@ -31,8 +34,10 @@ from quarry.ingest_jobs import Checkpoint, confine
 from quarry.ingest_remote import RemoteError, RemoteIngest
 from quarry.ingest_run import EXIT_BAD_INPUT, EXIT_OK, EXIT_PARTIAL, Options
 from quarry.service import Quarry
-from quarry.settings import IngestSettings, Settings
+from quarry.settings import BM25Settings, IngestSettings, Settings
+from retrieval.bm25_registry import BM25Registry
 from tests.core.conftest import CountingEmbedder, write_jsonl
+from tests.state.test_bm25_follow import _write as bm25_write
 
 
 class GatedEmbedder(CountingEmbedder):
@@ -252,3 +257,38 @@ def test_scopes_and_tenants(env: dict[str, Any]) -> None:
     assert client.get(f"/v1/jobs/{reindex}", headers=keys["write"]).status_code == 403
     assert _wait(client, reindex, ("done", "failed"), keys["admin"])["state"] == "done"
     assert client.delete(f"/v1/jobs/{reindex}", headers=keys["admin"]).status_code == 409
+
+
+def test_remote_ingest_of_an_unreachable_server_is_exit_3() -> None:
+    code = "import sys; from quarry.cli import main; sys.argv[0] = 'quarry'; sys.exit(main())"
+    args = ["ingest", "corpus.jsonl", "-c", "c1", "--server", "http://127.0.0.1:9", "--json"]
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert done.returncode == 3, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["exit_code"] == 3
+
+
+def test_a_lazy_registry_leaves_an_unloaded_index_to_the_next_reader(tmp_path: Path) -> None:
+    """Issue 23, bounded memory: ``quarry ingest`` built the whole collection's BM25 index at its end.
+
+    A lazy registry (the ingest process's) does not load an index it never followed when a write
+    asks it to catch up; the next reader builds it from the docstore and sees every write, and an
+    index it does follow keeps catching up (read-your-writes).
+    """
+    store = open_docstore("", tmp_path)
+    try:
+        name = "lazy"
+        store.put_collection(name, {"name": name, "language": "en"})
+        bm25_write(store, name, "d0", "heron egret")
+        writer = BM25Registry(store, tmp_path / "writer", BM25Settings())
+        writer.lazy = True
+        writer.invalidate(name)
+        assert not (tmp_path / "writer" / name).exists()  # nothing built, nothing saved
+        reader = BM25Registry(store, tmp_path / "reader", BM25Settings())
+        assert reader.get(name).document_ids == ["d0"]
+        writer.get(name)  # now it follows the collection
+        bm25_write(store, name, "d1", "egret crane")
+        writer.invalidate(name)
+        assert writer.get(name).document_ids == ["d0", "d1"]
+    finally:
+        store.close()

@@ -80,28 +80,3 @@ def test_a_replica_started_after_10000_writes_catches_up(tmp_path: Path) -> None
         finally:
             store.close()
 
-
-def test_a_lazy_registry_leaves_an_unloaded_index_to_the_next_reader(tmp_path: Path) -> None:
-    """Issue 23, bounded memory: ``quarry ingest`` built the whole collection's BM25 index at its end.
-
-    A lazy registry (the ingest process's) does not load an index it never followed when a write
-    asks it to catch up; the next reader builds it from the docstore and sees every write, and an
-    index it does follow keeps catching up (read-your-writes).
-    """
-    store = open_docstore("", tmp_path)
-    try:
-        name = "lazy"
-        store.put_collection(name, {"name": name, "language": "en"})
-        _write(store, name, "d0", "heron egret")
-        writer = BM25Registry(store, tmp_path / "writer", BM25Settings())
-        writer.lazy = True
-        writer.invalidate(name)
-        assert not (tmp_path / "writer" / name).exists()  # nothing built, nothing saved
-        reader = BM25Registry(store, tmp_path / "reader", BM25Settings())
-        assert reader.get(name).document_ids == ["d0"]
-        writer.get(name)  # now it follows the collection
-        _write(store, name, "d1", "egret crane")
-        writer.invalidate(name)
-        assert writer.get(name).document_ids == ["d0", "d1"]
-    finally:
-        store.close()
