@@ -28,6 +28,14 @@ process sat at ~285 MiB during streaming (ps at ~90k docs). 2k vs 20k with the s
 peak 266.8 vs 267.8 MiB (stream_ratio 1.004), whole run 267.4 vs 300.9 MiB (1.125). The growth is
 the end-of-run BM25 rebuild (``BM25Registry.invalidate`` reads every row of the collection).
 
+Re-measured 2026-12-03 after BM25 became incremental (retrieval/bm25_live.py), same command:
+before the fix 321.0 vs 614.1 MiB (ratio 1.913; streaming 302.6 vs 318.5, 1.053): the live index
+was still built whole from the docstore's rows at the run's end. ``quarry ingest`` now marks its
+registry lazy (``BM25Registry.lazy``: a process that does not search leaves an index it never
+loaded to the next reader, a server's start, which loads its snapshot and replays the change log
+or builds it). After: 302.8 vs 319.0 MiB, **ratio 1.054** (target <= 1.2), stream_ratio 1.054,
+tree_ratio 1.478 (Milvus Lite's server, which holds the data); 66.6 and 54.4 docs/s (contended).
+
     python bench/ingest_memory.py [--small 10000] [--large 100000] [--json FILE] [--keep DIR]
 """
 

@@ -142,9 +142,14 @@ class Source:
     """
 
     def __init__(
-        self, path: Path, *, on_error: str = "skip", max_document_chars: int = 1_000_000, max_token_chars: int = 1024
+        self, path: Path, *, on_error: str = "skip", max_document_chars: int = 1_000_000, max_token_chars: int = 1024,
+        confine: Sequence[Path] | None = None,
     ) -> None:
         """Open and (a JSONL file) validate a source.
+
+        ``confine`` (resolved folders): a folder's files that resolve outside all of them (links
+        out) are file errors, never read (a REST job's source; the path itself is checked by
+        the caller).
 
         Raises:
             InvalidDocument: A malformed JSONL line (file and line named).
@@ -154,6 +159,7 @@ class Source:
         self.path, self.format = path, detect_format(path)
         self.report = SourceReport()
         self._on_error = on_error
+        self._confine = confine
         self._limits = {"max_document_chars": max_document_chars, "max_token_chars": max_token_chars}
         try:
             if self.format == "folder":
@@ -179,7 +185,9 @@ class Source:
         """
         try:
             if self.format == "folder":
-                yield from iter_folder(self.path, on_error=self._on_error, report=self.report, **self._limits)
+                yield from iter_folder(
+                    self.path, on_error=self._on_error, report=self.report, confine=self._confine, **self._limits
+                )
                 return
             for doc in iter_jsonl(self._jsonl):
                 self.report.read += 1
@@ -253,6 +261,7 @@ def iter_folder(
     max_token_chars: int | None = None,
     on_error: str = "fail",
     report: SourceReport | None = None,
+    confine: Sequence[Path] | None = None,
 ) -> Iterator[SourceDocument]:
     """Every file below ``path`` Quarry reads, one document each; the id is the relative path.
 
@@ -267,6 +276,8 @@ def iter_folder(
         on_error: ``"fail"`` raises at the first file that cannot be read; ``"skip"`` records it
             in ``report.errors`` and goes on.
         report: Filled with the files skipped, not read (other formats) and empty.
+        confine: Resolved folders: a file that resolves outside all of them (a link out) is a
+            file error, never opened.
 
     Raises:
         InvalidRequest: The folder holds no file of a format Quarry reads.
@@ -284,6 +295,8 @@ def iter_folder(
             report.not_read.append(rel)
             continue
         try:
+            if confine is not None and not is_inside(file.resolve(), confine):
+                raise InvalidDocument(f"{file}: links outside the allowed ingest roots; not read")
             doc = read_file(file, rel, max_document_chars=max_document_chars)
             if doc is not None and max_token_chars is not None:
                 check_sizes([doc], max_document_chars=max_document_chars, max_token_chars=max_token_chars)
@@ -302,6 +315,11 @@ def iter_folder(
             continue
         report.read += 1
         yield doc
+
+
+def is_inside(path: Path, roots: Sequence[Path]) -> bool:
+    """Whether the resolved ``path`` is one of the resolved ``roots`` or below one."""
+    return any(path == root or path.is_relative_to(root) for root in roots)
 
 
 def read_file(file: Path, rel: str, *, max_document_chars: int = 1_000_000) -> SourceDocument | None:

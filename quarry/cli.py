@@ -142,6 +142,14 @@ def ingest(
     gpus_per_worker: Annotated[
         float, typer.Option(min=0, help="GPUs per Ray embedding actor (1: one per GPU; QUARRY_EMBEDDING__DEVICE=cuda).")
     ] = 0.0,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            help="Submit an ingest job to this running server (http://host:port) and follow it; PATH is then the "
+            "server's, under its QUARRY_INGEST__ROOTS. Same output and exit codes; SIGINT cancels the job."
+        ),
+    ] = None,
+    api_key: Annotated[str | None, typer.Option(help="With --server: the API key (write scope).")] = None,
 ) -> None:
     """Ingest documents (idempotent: unchanged documents are skipped without embedding).
 
@@ -152,6 +160,14 @@ def ingest(
     from quarry.ingest_run import exit_code_of, fail_json
 
     name = collection or _default_name(path)
+    if server is not None:
+        if engine != "local":
+            err.print("[bold red]error[/] (InvalidRequest): --engine runs the ingest here; --server runs it there")
+            raise typer.Exit(2)
+        code = _ingest_remote(server, api_key, path, name, as_json=as_json, prune=prune, dry_run=dry_run)
+        if code:
+            raise typer.Exit(code)
+        return
     try:
         ray = {"engine": engine, "address": address, "workers": workers, "gpus_per_worker": gpus_per_worker}
         code = _ingest(
@@ -164,6 +180,29 @@ def ingest(
         raise typer.Exit(exit_code_of(exc)) from None
     if code:
         raise typer.Exit(code)
+
+
+def _ingest_remote(  # noqa: PLR0913 - the command's options
+    server: str, api_key: str | None, path: Path, name: str, *, as_json: bool, prune: bool, dry_run: bool
+) -> int:
+    import httpx
+
+    from quarry.ingest_remote import RemoteError, RemoteIngest
+    from quarry.ingest_run import Options
+
+    if dry_run:
+        raise InvalidRequest("--dry-run reads the source in this process: it does not go with --server")
+    options = Options(as_json=as_json, prune=prune, on_error=get_settings().ingest.on_error)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(base_url=server, headers=headers, timeout=60) as client:
+        try:
+            return RemoteIngest(client, name, str(path), options, out, err).execute()
+        except RemoteError as exc:
+            if as_json:
+                line = {"event": "error", "collection": name, "message": str(exc), "exit_code": exc.code}
+                out.file.write(json.dumps(line, ensure_ascii=False) + "\n")
+            err.print(f"[bold red]error[/] (server): {escape(str(exc))}")
+            return exc.code
 
 
 def _ingest(  # noqa: PLR0913 - the command's options
@@ -185,6 +224,7 @@ def _ingest(  # noqa: PLR0913 - the command's options
         max_token_chars=limits.max_token_chars,
     )
     quarry = _quarry(settings)
+    quarry.bm25.lazy = True  # this process does not search: the BM25 index is the next server's to load
     if not dry_run:
         cfg = quarry.create_collection(
             name, language=language or "auto", chunk_size=chunk_size, chunk_overlap=chunk_overlap, exist_ok=True

@@ -463,6 +463,16 @@ class Quarry:
                 self.replan_index(name)
         return report
 
+    def upsert_batch(self, name: str, docs: Sequence[SourceDocument]) -> IngestReport:
+        """One batch of an ingestion job: written as :meth:`upsert` does, the index re-planned by the caller.
+
+        The write lock is held for this batch only, so REST writes to the collection interleave
+        with a long job.
+        """
+        with self._writing(name):
+            cfg, target = self._write_target(name)
+            return self.ingestor.upsert(cfg, docs, target=target)
+
     def upsert_stream(
         self,
         name: str,

@@ -184,6 +184,15 @@ class IngestSettings(BaseModel):
             decoded (a damaged PDF, bytes that are not UTF-8): ``skip`` reports it by path with
             the reason and goes on (exit status 4 at the end), ``fail`` stops the run there
             (exit status 2; the batches written before it stay).
+        roots: Folders under which an ingestion job over REST (``POST /v1/collections/{name}/jobs``)
+            may read a source on the server's disk (``QUARRY_INGEST__ROOTS='["/srv/corpora"]'``).
+            Empty (the default): such jobs are refused (403). A path is resolved (``..`` and
+            links followed) before it is checked, and a folder's files that link out of the
+            roots are refused file by file.
+        job_lease_s: How long a running ingestion job's lease lasts without renewal (renewed
+            every third of it). A server killed mid-job leaves the job to the next server that
+            finds the lease lapsed (a restarted one looks at startup and then every
+            ``job_lease_s / 3`` seconds), which resumes it from its last checkpoint.
     """
 
     chunk_size: int = Field(256, ge=8)
@@ -192,6 +201,8 @@ class IngestSettings(BaseModel):
     max_document_chars: int = Field(1_000_000, ge=1)
     max_token_chars: int = Field(1024, ge=1)
     on_error: Literal["skip", "fail"] = "skip"
+    roots: list[Path] = Field(default_factory=list)
+    job_lease_s: float = Field(30.0, ge=1.0)
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> IngestSettings:

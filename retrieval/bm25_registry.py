@@ -57,6 +57,11 @@ class BM25Registry:
         failures: Collection -> why its index could be neither loaded nor rebuilt (the last
             attempt's error); a later success removes it.
         clock: Monotonic seconds (tests move it).
+        lazy: Set by a process that writes but does not search (``quarry ingest``): a write then
+            catches up only an index this process already follows. One it never loaded is left
+            to the next reader (a server's start or first search), which loads the saved
+            snapshot and replays the change log, or builds it from the docstore; so the writer's
+            memory does not grow with the collection (bench/ingest_memory.py).
     """
 
     def __init__(self, docstore: DocStore, folder: Path, params: BM25Settings) -> None:
@@ -69,6 +74,7 @@ class BM25Registry:
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
         self.failures: dict[str, str] = {}
+        self.lazy = False
 
     def get(self, collection: str) -> LiveView:
         """The collection's view, at most ``max_staleness_s`` behind the docstore."""
@@ -78,7 +84,9 @@ class BM25Registry:
         return self._refresh(collection)
 
     def invalidate(self, collection: str) -> None:
-        """Catch up now (after a write through this process): read-your-writes."""
+        """Catch up now (after a write through this process): read-your-writes (see :attr:`lazy`)."""
+        if self.lazy and collection not in self._followed:
+            return
         self._refresh(collection)
 
     def load_all(self) -> None:

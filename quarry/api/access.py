@@ -55,7 +55,8 @@ log = logging.getLogger(__name__)
 
 
 # (method, route template) -> scope needed; None: open to anyone who reaches the port.
-POLICY: dict[tuple[str, str], str | None] = {
+# A tuple: any one of those scopes.
+POLICY: dict[tuple[str, str], str | tuple[str, ...] | None] = {
     ("GET", "/healthz"): None,
     ("GET", "/readyz"): None,
     ("GET", "/metrics"): None,
@@ -71,7 +72,11 @@ POLICY: dict[tuple[str, str], str | None] = {
     ("GET", "/v1/collections/{name}/recall"): "read",
     ("POST", "/v1/collections/{name}/reindex"): "admin",
     ("POST", "/v1/collections/{name}/rollback"): "admin",
-    ("GET", "/v1/jobs/{job_id}"): "admin",  # a job names its collection: the tenant is checked in Quarry.get_job
+    # a reindex job needs admin, an ingest job write (checked by the handler, check_job); the
+    # tenant is checked in Quarry.get_job, the key's collections in ingest_jobs.job_or_404
+    ("GET", "/v1/jobs/{job_id}"): ("write", "admin"),
+    ("DELETE", "/v1/jobs/{job_id}"): ("write", "admin"),
+    ("POST", "/v1/collections/{name}/jobs"): "write",
     ("POST", "/v1/collections/{name}/search"): "read",
     ("POST", "/v1/collections/{name}/answer"): "read",
     ("POST", "/v1/chat/completions"): "read",
@@ -263,12 +268,13 @@ async def authorize(request: Request) -> Principal:
     if needed is None:
         return OPEN
     access: Access = request.app.state.access
+    any_of = (needed,) if isinstance(needed, str) else needed
     try:
         who = access.principal(request)
-        if needed not in who.scopes:
+        if not who.scopes & set(any_of):
             raise Forbidden(
                 f"{_who(who)} has scopes {','.join(sorted(who.scopes))}; {request.method} {template} needs "
-                f"'{needed}'"
+                + " or ".join(f"'{s}'" for s in any_of)
             )
         name = request.path_params.get("name")
         if name is not None:
@@ -362,6 +368,26 @@ def check_collection(request: Request, name: str) -> None:
     except Forbidden:
         AUTH_FAILURES.labels("collection").inc()
         raise
+
+
+def check_job(request: Request, kind: str) -> None:
+    """Refuse a job of a kind the key's scopes do not cover (reindex: admin; ingest: write or admin).
+
+    Raises:
+        Forbidden: The key lacks the scope.
+    """
+    who: Principal = getattr(request.state, "principal", OPEN)
+    any_of = {"write", "admin"} if kind == "ingest" else {"admin"}
+    if not who.scopes & any_of:
+        AUTH_FAILURES.labels("scope").inc()
+        raise Forbidden(f"{_who(who)} has scopes {','.join(sorted(who.scopes))}; a {kind} job needs "
+                        + " or ".join(f"'{s}'" for s in sorted(any_of)))
+
+
+def collections_of(request: Request) -> frozenset[str] | None:
+    """The collections the request's key is limited to (``None``: all of its tenant's)."""
+    who: Principal = getattr(request.state, "principal", OPEN)
+    return who.collections
 
 
 def allowed(request: Request, name: str) -> bool:

@@ -42,6 +42,7 @@ from quarry.api.models import (
     DocumentsOut,
     DroppedOut,
     HealthOut,
+    IngestJobIn,
     IngestOut,
     JobOut,
     ReadyOut,
@@ -55,6 +56,7 @@ from quarry.api.models import (
 from quarry.api.observe import ObserveMiddleware
 from quarry.api.probe import StoreProbe
 from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, QuarryError, clip
+from quarry.ingest_jobs import IngestJobs, job_or_404, progress_of
 from quarry.service import Quarry
 from retrieval.search import RerankOptions
 
@@ -103,6 +105,8 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
         heap.retain()
         previous_hook, service.bm25.on_swap = service.bm25.on_swap, heap.settle_soon
         scheduler = _start_scheduler(service)
+        app.state.ingest_jobs = IngestJobs(service)
+        await run_in_threadpool(app.state.ingest_jobs.start)  # resumes the jobs a killed server left
         app.state.ready = True
         try:
             yield
@@ -111,6 +115,7 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
             if scheduler is not None:
                 scheduler.shutdown()
                 service.scheduler = None
+            await run_in_threadpool(app.state.ingest_jobs.close)  # after the batches in flight
             service.bm25.on_swap = previous_hook
             heap.release()
             app.state.store_probe.close()
@@ -280,13 +285,53 @@ def rollback_collection(name: str, q: Service) -> dict[str, int]:
     "/v1/jobs/{job_id}", tags=["collections"], response_model=JobOut,
     responses=error_responses(e.InvalidRequest, e.NotFound, *_STORE),
 )
-def get_job(job_id: str, q: Service) -> dict[str, Any]:
-    """A job's state, progress counters and error."""
-    return _job(q.get_job(job_id))
+def get_job(job_id: str, request: Request, q: Service) -> dict[str, Any]:
+    """A job's state, progress counters and error (an ingest job's rate, ETA and files skipped too).
+
+    A reindex job needs an ``admin`` key, an ingest job ``write`` (or ``admin``); a job of
+    another tenant, or of a collection the key may not use, is 404.
+    """
+    job = job_or_404(q, job_id, access.collections_of(request))
+    access.check_job(request, job.kind)
+    return _job(job)
+
+
+@router.post(
+    "/v1/collections/{name}/jobs", status_code=202, tags=["documents"], response_model=JobOut,
+    responses=error_responses(e.InvalidRequest, e.Forbidden, e.CollectionNotFound, e.Conflict, *_STORE, body=True),
+)
+def submit_ingest_job(name: str, body: IngestJobIn, request: Request, q: Service) -> dict[str, Any]:
+    """Ingest a source on the server's disk in the background (202 with the job; follow it at ``/v1/jobs/{id}``).
+
+    The source must lie under one of the server's ``QUARRY_INGEST__ROOTS`` (403 otherwise, and
+    when none is set). The job writes batch by batch and records a checkpoint after each; a
+    server killed mid-job resumes it from there when it (or a replica) finds its lease lapsed.
+    One unfinished ingest job per collection (409).
+    """
+    jobs: IngestJobs = request.app.state.ingest_jobs
+    job = jobs.submit(q, name, body.path, on_error=body.on_error, prune=body.prune)
+    access.audit(request, "ingest.submit", name, job=job.id, path=job.params["path"])
+    return _job(q.get_job(job.id))
+
+
+@router.delete(
+    "/v1/jobs/{job_id}", status_code=202, tags=["documents"], response_model=JobOut,
+    responses=error_responses(e.InvalidRequest, e.NotFound, e.Conflict, *_STORE),
+)
+def cancel_job(job_id: str, request: Request, q: Service) -> dict[str, Any]:
+    """Cancel an ingest job: it stops after its batch in flight (``cancelling``, then ``cancelled``).
+
+    What it wrote stays written. A finished job, or a reindex job, is 409.
+    """
+    job = job_or_404(q, job_id, access.collections_of(request))
+    access.check_job(request, job.kind)
+    jobs: IngestJobs = request.app.state.ingest_jobs
+    return _job(jobs.cancel(q, job.id))
 
 
 def _job(job: Any) -> dict[str, Any]:
-    return {k: getattr(job, k) for k in JobOut.model_fields}
+    out = {k: getattr(job, k) for k in JobOut.model_fields if hasattr(job, k)}
+    return out | progress_of(job)
 
 
 @router.post(

@@ -316,16 +316,50 @@ class ReindexIn(_Body):
     index: str = Field("auto", description="auto (the planner's choice for the current size) or an index kind.")
 
 
+class IngestJobIn(_Body):
+    """``POST /v1/collections/{name}/jobs``: ingest a source on the server's disk."""
+
+    path: str = Field(
+        description="A BEIR folder, a .jsonl file or a folder of files, under one of the server's "
+        "QUARRY_INGEST__ROOTS (a relative path is taken relative to the first)."
+    )
+    on_error: Literal["skip", "fail"] | None = Field(
+        None, description="A file that cannot be parsed: skip it (named in errors) or fail the job; "
+        "default QUARRY_INGEST__ON_ERROR."
+    )
+    prune: bool = Field(False, description="At the end, delete the collection's documents not in the source.")
+
+
+class JobError(BaseModel):
+    """A file an ingest job skipped, and why."""
+
+    path: str
+    reason: str
+
+
 class JobOut(BaseModel):
     """A background job (``GET /v1/jobs/{id}``)."""
 
     id: str
-    kind: str
+    kind: str = Field(description="reindex or ingest.")
     collection: str | None
-    state: str = Field(description="queued, running, done or failed.")
+    state: str = Field(
+        description="queued, running, done or failed; an ingest job also partial (files skipped), "
+        "cancelling and cancelled."
+    )
     params: dict[str, Any]
-    counters: dict[str, int] = Field(description="Progress: done and total chunks; at the end copied, embedded, ...")
+    counters: dict[str, int] = Field(
+        description="Progress. reindex: done and total chunks; at the end copied, embedded, ... "
+        "ingest: done and total documents (files skipped included), read, added, updated, unchanged, "
+        "embedded (texts sent to the model, over all runs), chunks_written, skipped, resumed (runs after "
+        "the first)."
+    )
     error: str | None = Field(description="Why it failed.")
+    rate_docs_s: float | None = Field(None, description="ingest: documents per second of the current run.")
+    eta_s: float | None = Field(None, description="ingest: seconds left at that rate.")
+    errors: list[JobError] = Field(
+        default_factory=list, description="ingest: files skipped, by path (the first 100; counters.skipped counts all)."
+    )
     created_at: float
     updated_at: float
 

@@ -229,6 +229,8 @@ def test_a_shared_collection_scopes_every_path_to_the_key_tenant(  # noqa: C901,
         assert resp.status_code == 200 and resp.json()["added"] == 2, resp.text
     forged = [{"id": "d9", "text": B_TEXT, "metadata": {"tenant_id": tenant_b}}]
     _error(c.post(f"{url}/documents", json={"documents": forged}, headers=a), 400, "InvalidDocument")
+    # an ingest job (resumed by any server, later) would not keep the tenant's scope: refused
+    assert "is shared" in _error(c.post(f"{url}/jobs", json={"path": "/tmp"}, headers=a), 403, "Forbidden")
 
     # list and describe: both see it, each counts its own documents, chunks and vectors
     for headers in (a, b):

@@ -79,3 +79,4 @@ def test_a_replica_started_after_10000_writes_catches_up(tmp_path: Path) -> None
                   f"no snapshot (rows whole) {fresh_s:.2f} s")
         finally:
             store.close()
+

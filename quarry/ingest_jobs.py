@@ -1,0 +1,368 @@
+"""Ingestion jobs over REST: run in the server process, checkpointed per batch, resumed after a crash.
+
+``POST /v1/collections/{name}/jobs`` names a source on the server's disk (a BEIR folder, a JSONL
+file or a folder of files) under one of ``QUARRY_INGEST__ROOTS``; :meth:`IngestJobs.submit`
+records a job (kind ``ingest``) in the state of record's jobs table and runs it in a thread of
+this process. The job's state machine::
+
+    queued -> running -> done | partial (files skipped) | failed | cancelled
+    running -> cancelling (DELETE /v1/jobs/{id}) -> cancelled (after the batch in flight)
+
+**Checkpoints.** After each committed batch (atomic in the docstore: ``Ingestor.upsert``) the
+job's ``cursor`` records how many documents of the source are written (:class:`Checkpoint`,
+JSON) and its ``counters`` the cumulative counts (read, written, embedded...). A source is read
+in a fixed order (a JSONL file's lines, a folder's sorted paths), so a resumed run skips that
+many documents without sending them to the pipeline and carries on. A batch committed after the
+last checkpoint (a kill between the two writes) is read again and found unchanged by its
+content hash: no embedding call for what was written.
+
+**Leases.** The thread that runs a job holds the job's lease (``claim_job``), renewed every
+third of ``QUARRY_INGEST__JOB_LEASE_S``. A server killed mid-job stops renewing; the next
+server (this one restarted, or a replica) finds the lease lapsed, at startup or in its periodic
+scan, claims it (compare-and-set: one winner) and resumes. A server stopped cleanly finishes the
+batch in flight and releases its leases, so a restart resumes at once.
+
+**Scope.** A job belongs to the tenant of the key that submitted it (``Quarry.get_job`` answers
+404 to any other); it runs on that tenant's view of the service.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from indexing.docstore import DEFAULT_TENANT, Job
+from indexing.reindex import new_owner
+from indexing.sources import Source, SourceDocument, is_inside
+from quarry.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuarryError, clip
+from quarry.service import Quarry
+
+log = logging.getLogger(__name__)
+
+KIND = "ingest"
+RESUMABLE = ("queued", "running", "cancelling")
+MAX_ERRORS_KEPT = 100  # errors by path kept in a job's record (the count is exact)
+COUNTERS = ("added", "updated", "unchanged", "embedded", "chunks_written", "chunks_deleted", "truncated")
+
+
+@dataclass
+class Checkpoint:
+    """A job's resume point (its ``cursor``, JSON).
+
+    Attributes:
+        position: Documents of the source written (or found unchanged) by committed batches.
+        errors: ``[path, reason]`` of files skipped so far (the first :data:`MAX_ERRORS_KEPT`).
+        errors_total: How many files were skipped.
+        run_started: Unix seconds the current run (first or resumed) started.
+        run_position: ``position`` when it started (the rate is over this run's documents).
+    """
+
+    position: int = 0
+    errors: list[list[str]] = field(default_factory=list)
+    errors_total: int = 0
+    run_started: float = 0.0
+    run_position: int = 0
+
+    @classmethod
+    def parse(cls, cursor: str | None) -> Checkpoint:
+        """The checkpoint a cursor holds (a fresh one for ``None``)."""
+        if not cursor:
+            return cls()
+        raw = json.loads(cursor)
+        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+
+    def dump(self) -> str:
+        """The cursor to store."""
+        return json.dumps(self.__dict__, ensure_ascii=False)
+
+
+def progress_of(job: Job) -> dict[str, Any]:
+    """``rate_docs_s``, ``eta_s`` and ``errors`` of an ingest job for ``GET /v1/jobs/{id}`` (empty for others).
+
+    The rate is documents per second of the current run (since it started or resumed); the ETA
+    is the documents left at that rate (``None`` before the first batch, or when done).
+    """
+    if job.kind != KIND:
+        return {"rate_docs_s": None, "eta_s": None, "errors": []}
+    cp = Checkpoint.parse(job.cursor)
+    done = job.counters.get("done", 0)
+    total = job.counters.get("total", 0)
+    elapsed = job.updated_at - cp.run_started if cp.run_started else 0.0
+    moved = cp.position - cp.run_position
+    rate = moved / elapsed if elapsed > 0 and moved > 0 else None
+    eta = None if rate is None or job.state not in RESUMABLE else max(total - done, 0) / rate
+    return {
+        "rate_docs_s": None if rate is None else round(rate, 2),
+        "eta_s": None if eta is None else round(eta, 1),
+        "errors": [{"path": p, "reason": r} for p, r in cp.errors],
+    }
+
+
+def confine(path_text: str, roots: list[Path]) -> Path:
+    """The source ``path_text`` names, resolved, if it lies under one of ``roots``.
+
+    A relative path is taken relative to the first root. ``..`` segments and links are resolved
+    before the check, so neither escapes a root; the check comes before any look at whether the
+    path exists (no probing of the rest of the disk).
+
+    Raises:
+        Forbidden: No roots are configured, or the path resolves outside all of them (403).
+        InvalidRequest: The path is empty or holds a NUL byte, or does not exist (400).
+    """
+    if not roots:
+        raise Forbidden(
+            "this server reads no sources from its disk: set QUARRY_INGEST__ROOTS to the folders it may read",
+            reason="ingest_root",
+        )
+    if not path_text or "\x00" in path_text:
+        raise InvalidRequest("source path must be a non-empty path without NUL bytes")
+    resolved_roots = [Path(r).resolve() for r in roots]
+    path = Path(path_text)
+    path = (path if path.is_absolute() else resolved_roots[0] / path).resolve()
+    if not is_inside(path, resolved_roots):
+        raise Forbidden(f"source {clip(path_text)} is outside the server's ingest roots", reason="ingest_root")
+    if not path.exists():
+        raise InvalidRequest(f"source {clip(path_text)} does not exist under the ingest roots")
+    return path
+
+
+class IngestJobs:
+    """The ingestion jobs of one server process (see the module docstring).
+
+    Args:
+        quarry: The root service (jobs run on their tenant's view of it).
+    """
+
+    def __init__(self, quarry: Quarry) -> None:
+        """Bind to the service; nothing runs until :meth:`start` or :meth:`submit`."""
+        self.quarry = quarry
+        self.lease_s = quarry.settings.ingest.job_lease_s
+        self._held: dict[str, tuple[str, threading.Thread]] = {}  # job id -> (owner, worker)
+        self._lost: set[str] = set()  # jobs whose lease another process took
+        self._guard = threading.Lock()
+        self._stopping = threading.Event()
+        self._ticker: threading.Thread | None = None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Resume the jobs whose lease lapsed now, then keep renewing leases and looking for more."""
+        self.resume_lapsed()
+        self._ticker = threading.Thread(target=self._tick, name="ingest-jobs", daemon=True)
+        self._ticker.start()
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Stop after the batches in flight; their jobs stay resumable and their leases are released."""
+        self._stopping.set()
+        deadline = time.monotonic() + timeout_s
+        with self._guard:
+            workers = [w for _, w in self._held.values()]
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+        if self._ticker is not None:
+            self._ticker.join(max(0.0, deadline - time.monotonic()))
+
+    def _tick(self) -> None:
+        while not self._stopping.wait(self.lease_s / 3):
+            try:
+                self._renew()
+                self.resume_lapsed()
+            except Exception:  # the docstore may be down for a while: try again next tick
+                log.exception("ingest jobs: renewing leases or looking for lapsed jobs failed")
+
+    def _renew(self) -> None:
+        with self._guard:
+            held = list(self._held.items())
+        for job_id, (owner, _) in held:
+            if not self.quarry.docstore.claim_job(job_id, owner, self.lease_s):
+                log.warning("ingest job %s: its lease was taken by another process; stopping here", job_id)
+                self._lost.add(job_id)
+
+    def resume_lapsed(self) -> list[str]:
+        """Claim and start every unfinished ingest job, of any tenant, whose lease is free or lapsed."""
+        started = []
+        tenants = {DEFAULT_TENANT} | {t for t, _ in self.quarry.docstore.list_tenants()}
+        for tenant in sorted(tenants):
+            view = self.quarry.for_tenant(tenant)
+            for state in RESUMABLE:
+                for job in view.docstore.list_jobs(state=state, limit=1000):
+                    if job.kind != KIND or job.id in self._held or self._stopping.is_set():
+                        continue
+                    owner = new_owner()
+                    if view.docstore.claim_job(job.id, owner, self.lease_s):
+                        log.info("ingest job %s of %r (tenant %s): resuming from its checkpoint", job.id,
+                                 job.collection, tenant)
+                        self._launch(view, job, owner)
+                        started.append(job.id)
+        return started
+
+    # --- the REST verbs ------------------------------------------------------------------------
+    def submit(self, view: Quarry, name: str, path_text: str, *, on_error: str | None, prune: bool) -> Job:
+        """Record an ingest job of ``view``'s collection ``name`` and start it here.
+
+        Raises:
+            CollectionNotFound: No such collection (a job does not create one).
+            Forbidden: The path is outside the ingest roots, or none are configured; or the
+                collection is shared (a job's resume would not keep the tenant's scope).
+            InvalidRequest: The path does not exist.
+            Conflict: Another ingest job of this collection is unfinished (409).
+        """
+        view.get_collection(name)
+        from quarry.shared import ScopedQuarry
+
+        if isinstance(view, ScopedQuarry):  # fails closed: a resumed job must never lose the tenant's scope
+            raise Forbidden(
+                f"collection {clip(name)} is shared: ingest jobs write a tenant's own collections; "
+                "send a shared collection's documents to POST /v1/collections/{name}/documents"
+            )
+        path = confine(path_text, view.settings.ingest.roots)
+        for state in RESUMABLE:
+            for other in view.docstore.list_jobs(collection=name, state=state, limit=1000):
+                if other.kind == KIND:
+                    raise Conflict(f"ingest job {other.id} of collection {clip(name)} is {state}; "
+                                   "wait for it or cancel it (DELETE /v1/jobs/{id})")
+        params = {"path": str(path), "on_error": on_error or view.settings.ingest.on_error, "prune": prune}
+        job = view.docstore.create_job(KIND, collection=name, params=params)
+        owner = new_owner()
+        view.docstore.claim_job(job.id, owner, self.lease_s)
+        self._launch(view, job, owner)
+        return job
+
+    def cancel(self, view: Quarry, job_id: str) -> Job:
+        """Ask a job to stop after its batch in flight (a job nobody runs is cancelled at once).
+
+        Raises:
+            NotFound: No such job of this tenant.
+            Conflict: The job is not an ingest job, or has finished.
+        """
+        job = view.get_job(job_id)
+        if job.kind != KIND:
+            raise Conflict(f"job {clip(job_id)} is a {job.kind} job; only ingest jobs can be cancelled")
+        if job.state not in RESUMABLE:
+            raise Conflict(f"job {clip(job_id)} has finished ({job.state})")
+        if job.state == "queued" and job.id not in self._held and view.docstore.claim_job(job.id, new_owner(), 1.0):
+            return view.docstore.update_job(job.id, state="cancelled")
+        return view.docstore.update_job(job.id, state="cancelling")
+
+    # --- running -------------------------------------------------------------------------------
+    def _launch(self, view: Quarry, job: Job, owner: str) -> None:
+        worker = threading.Thread(target=self._work, args=(view, job, owner), name=f"ingest-{job.id[:8]}",
+                                  daemon=True)
+        with self._guard:
+            self._held[job.id] = (owner, worker)
+        worker.start()
+
+    def _work(self, view: Quarry, job: Job, owner: str) -> None:
+        try:
+            self._run(view, job)
+        except QuarryError as exc:
+            log.warning("ingest job %s of %r failed: %s", job.id, job.collection, exc.message)
+            view.docstore.update_job(job.id, state="failed", error=f"{type(exc).__name__}: {exc.message}")
+        except Exception as exc:  # recorded in the job, and logged with its traceback
+            log.exception("ingest job %s of %r failed", job.id, job.collection)
+            view.docstore.update_job(job.id, state="failed", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            with self._guard:
+                self._held.pop(job.id, None)
+            self._lost.discard(job.id)
+            view.docstore.release_job(job.id, owner)
+
+    def _run(self, view: Quarry, job: Job) -> None:
+        """Run (or resume) one job to its end, a cancel, a lost lease or this server's stop."""
+        name = job.collection or ""
+        params = job.params
+        settings = view.settings.ingest
+        path = confine(params["path"], settings.roots)  # again: the roots may have changed since
+        roots = [Path(r).resolve() for r in settings.roots]
+        source = Source(path, on_error=params.get("on_error", settings.on_error),
+                        max_document_chars=settings.max_document_chars, max_token_chars=settings.max_token_chars,
+                        confine=roots)
+        cp = Checkpoint.parse(job.cursor)
+        cp.run_started, cp.run_position = time.time(), cp.position
+        counters = {**job.counters, "total": source.total, "resumed": job.counters.get("resumed", 0) + bool(job.cursor)}
+        docs = iter(source)
+        seen: set[str] | None = set() if params.get("prune") else None
+        for doc in islice(docs, cp.position):  # written by earlier runs: skipped, never sent to the pipeline
+            if seen is not None:
+                seen.add(doc.id)
+        self._checkpoint(view, job.id, counters, source, cp, state="running")
+        wrote = False
+        for batch in _batches(docs, settings.batch_size):
+            if self._should_stop(view, job.id):
+                return
+            report = view.upsert_batch(name, batch)
+            wrote = wrote or report.chunks_written > 0
+            for key in COUNTERS:
+                counters[key] = counters.get(key, 0) + int(getattr(report, key))
+            if seen is not None:
+                seen.update(d.id for d in batch)
+            cp.position += len(batch)
+            self._checkpoint(view, job.id, counters, source, cp)
+        if self._should_stop(view, job.id):
+            return
+        self._finish(view, job, source, cp, counters, seen, wrote)
+
+    def _finish(  # noqa: PLR0913 - the run's state
+        self, view: Quarry, job: Job, source: Source, cp: Checkpoint, counters: dict[str, int],
+        seen: set[str] | None, wrote: bool,
+    ) -> None:
+        name = job.collection or ""
+        if wrote:
+            view.replan_index(name)
+        if seen is not None:
+            kept = seen | {Path(p).relative_to(source.path).as_posix() for p, _ in source.report.errors
+                           if source.format == "folder"}
+            stale = [d for d in view.docstore.document_ids(name) if d not in kept]
+            if stale:
+                view.delete_documents(name, stale)
+            counters["pruned"] = len(stale)
+        state = "partial" if source.report.errors else "done"
+        self._checkpoint(view, job.id, counters, source, cp, state=state)
+        log.info("ingest job %s of %r: %s (%s)", job.id, name, state, counters)
+
+    def _should_stop(self, view: Quarry, job_id: str) -> bool:
+        """After a batch: this server stops (the job stays resumable), a cancel, or a lost lease."""
+        if self._stopping.is_set() or job_id in self._lost:
+            return True
+        current = view.docstore.get_job(job_id)
+        if current is not None and current.state == "cancelling":
+            view.docstore.update_job(job_id, state="cancelled")
+            return True
+        return False
+
+    @staticmethod
+    def _checkpoint(  # noqa: PLR0913 - the run's state
+        view: Quarry, job_id: str, counters: dict[str, int], source: Source, cp: Checkpoint, *,
+        state: str | None = None,
+    ) -> None:
+        """Record the resume point, the errors by path and the counters (``done`` counts skipped files too)."""
+        src = source.report
+        errors = [[p, r] for p, r in src.errors]
+        cp.errors, cp.errors_total = errors[:MAX_ERRORS_KEPT], len(errors)
+        counters["read"] = cp.position
+        counters["skipped"] = len(errors)
+        counters["done"] = max(cp.position + len(errors) + len(src.empty), counters.get("done", 0))
+        view.docstore.update_job(job_id, state=state, cursor=cp.dump(), counters=dict(counters))
+
+
+def _batches(docs: Iterator[SourceDocument], size: int) -> Iterator[list[SourceDocument]]:
+    while batch := list(islice(docs, size)):
+        yield batch
+
+
+def job_or_404(view: Quarry, job_id: str, collections: frozenset[str] | None) -> Job:
+    """``view``'s job ``job_id`` if its collection is one the key may use (else 404, as another tenant's).
+
+    Raises:
+        NotFound: No such job for this key.
+    """
+    job = view.get_job(job_id)
+    if collections is not None and job.collection is not None and job.collection not in collections:
+        raise NotFound(f"job {clip(job_id)} does not exist")
+    return job

@@ -1,0 +1,151 @@
+"""``quarry ingest --server URL``: submit an ingest job to a running server and follow it.
+
+The path is the server's (under its ``QUARRY_INGEST__ROOTS``; a relative one is taken from its
+first root): the server reads the source, so a nightly run needs no downtime on the embedded
+default. The job is followed by polling ``GET /v1/jobs/{id}``; output and exit codes are those of
+a local run (:mod:`quarry.ingest_run`): progress lines (``--json``: progress events, then a
+report), 0 done, 2 bad input (the server's 4xx), 3 unavailable (server unreachable, 503, or a job
+failed on an unavailable dependency), 4 partial (files skipped), 130 interrupted (SIGINT or
+SIGTERM cancels the job after its batch in flight; what was written stays).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+import httpx
+from rich.console import Console
+
+from quarry.ingest_run import (
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    EXIT_UNAVAILABLE,
+    Options,
+    _now,
+)
+
+RETRYABLE_TYPES = ("StoreUnavailable", "StoreTimeout", "EmbeddingUnavailable", "Overloaded", "RateLimited")
+FINAL = ("done", "partial", "failed", "cancelled")
+
+
+class RemoteError(Exception):
+    """The server refused or could not be reached; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class RemoteIngest:
+    """One ``quarry ingest --server`` run."""
+
+    def __init__(  # noqa: PLR0913 - the run's parts
+        self, client: httpx.Client, name: str, path: str, options: Options, out: Console, err: Console,
+        poll_s: float = 1.0,
+    ) -> None:
+        """Bind the parts; nothing is sent until :meth:`execute`."""
+        self.client, self.name, self.path, self.options = client, name, path, options
+        self.out, self.err = out, err
+        self.poll_s = poll_s
+        self.signals: list[str] = []
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """One JSON line on stdout (``--json`` only)."""
+        if self.options.as_json:
+            line = json.dumps({"event": event, "time": _now(), "collection": self.name, **fields}, ensure_ascii=False)
+            self.out.file.write(line + "\n")
+            self.out.file.flush()
+
+    def note(self, text: str) -> None:
+        """A timestamped plain line on stderr, never wrapped."""
+        self.err.print(f"{_now()} {text}", soft_wrap=True, highlight=False, markup=False)
+
+    def _call(self, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
+        try:
+            resp = self.client.request(method, url, **kwargs)
+        except httpx.HTTPError as exc:
+            raise RemoteError(f"server {self.client.base_url} cannot be reached: {exc}", EXIT_UNAVAILABLE) from exc
+        body: dict[str, Any] = resp.json() if resp.content else {}
+        if resp.status_code >= 400:
+            error = body.get("error", {}) if isinstance(body, dict) else {}
+            retryable = bool(error.get("retryable")) or resp.status_code >= 500
+            message = f"{error.get('type', resp.status_code)}: {error.get('message', resp.text)}"
+            raise RemoteError(message, EXIT_UNAVAILABLE if retryable else EXIT_BAD_INPUT)
+        return body
+
+    @contextmanager
+    def _signals(self) -> Iterator[None]:
+        def handler(signum: int, _frame: FrameType | None) -> None:
+            self.signals.append(signal.Signals(signum).name)
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+    def execute(self) -> int:
+        """Submit, follow, report; the exit code.
+
+        Raises:
+            RemoteError: The submission was refused, or the server stopped answering.
+        """
+        body = {"path": self.path, "on_error": self.options.on_error, "prune": self.options.prune}
+        job = self._call("POST", f"/v1/collections/{self.name}/jobs", json=body)
+        self.note(f"job {job['id']} submitted to {self.client.base_url}")
+        last = -1
+        cancelled = False
+        with self._signals():
+            while job["state"] not in FINAL:
+                if self.signals and not cancelled:
+                    self.note(f"{self.signals[0]}: cancelling job {job['id']} after its batch in flight")
+                    self._call("DELETE", f"/v1/jobs/{job['id']}")
+                    cancelled = True
+                time.sleep(self.poll_s)
+                job = self._call("GET", f"/v1/jobs/{job['id']}")
+                done = job["counters"].get("done", 0)
+                if done != last:
+                    last = done
+                    self._progress(job)
+        return self._report(job)
+
+    def _progress(self, job: dict[str, Any]) -> None:
+        c = job["counters"]
+        fields = {"job": job["id"], "done": c.get("done", 0), "total": c.get("total", 0),
+                  "rate_docs_s": job.get("rate_docs_s"), "eta_s": job.get("eta_s")}
+        self.emit("progress", **fields)
+        if not self.options.as_json:
+            rate = job.get("rate_docs_s") or 0.0
+            eta = "?" if job.get("eta_s") is None else f"{job['eta_s']:.0f}s"
+            self.note(f"ingest {self.name} (job {job['id']}): {fields['done']}/{fields['total']} documents, "
+                          f"{rate:,.1f} docs/s, ETA {eta}")
+
+    def _report(self, job: dict[str, Any]) -> int:
+        state, c, error = job["state"], job["counters"], job.get("error") or ""
+        if state == "failed":
+            code = EXIT_UNAVAILABLE if error.split(":", 1)[0] in RETRYABLE_TYPES else EXIT_BAD_INPUT
+        else:
+            code = {"done": EXIT_OK, "partial": EXIT_PARTIAL, "cancelled": EXIT_INTERRUPTED}[state]
+        status = {EXIT_OK: "ok", EXIT_PARTIAL: "partial", EXIT_INTERRUPTED: "interrupted"}.get(code, "failed")
+        self.emit("report", job=job["id"], status=status, exit_code=code, state=state, error=error or None,
+                      errors=job.get("errors", []), signals=self.signals, **c)
+        if not self.options.as_json:
+            for e in job.get("errors", []):
+                self.note(f"skipped {e['path']}: {e['reason']}")
+            if state == "failed":
+                self.note(f"job {job['id']} failed: {error}")
+            self.out.print(
+                f"{state} {self.name} (job {job['id']}): {c.get('added', 0)} added, {c.get('updated', 0)} updated, "
+                f"{c.get('unchanged', 0)} unchanged; {c.get('embedded', 0)} chunks embedded; "
+                f"{c.get('skipped', 0)} files skipped", soft_wrap=True, highlight=False, markup=False,
+            )
+        return code
