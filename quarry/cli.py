@@ -24,7 +24,7 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from quarry.config_cli import app as config_app
-from quarry.errors import InvalidRequest, LLMNotConfigured, QuarryError
+from quarry.errors import ConfigError, InvalidRequest, LLMNotConfigured, QuarryError
 from quarry.keys_cli import audit_app, keys_app
 from quarry.settings import Settings, get_settings, unknown_env
 from quarry.triton_cli import app as triton_app
@@ -160,19 +160,17 @@ def ingest(
     from quarry.ingest_run import exit_code_of, fail_json
 
     name = collection or _default_name(path)
-    if server is not None:
-        if engine != "local":
-            err.print("[bold red]error[/] (InvalidRequest): --engine runs the ingest here; --server runs it there")
-            raise typer.Exit(2)
-        code = _ingest_remote(server, api_key, path, name, as_json=as_json, prune=prune, dry_run=dry_run)
-        if code:
-            raise typer.Exit(code)
-        return
     try:
-        ray = {"engine": engine, "address": address, "workers": workers, "gpus_per_worker": gpus_per_worker}
-        code = _ingest(
-            path, name, language, chunk_size, chunk_overlap, as_json=as_json, prune=prune, dry_run=dry_run, ray=ray
-        )
+        if server is not None:
+            if engine != "local":
+                raise InvalidRequest("--engine runs the ingest in this process; with --server the server runs it")
+            code = _ingest_remote(server, api_key, path, name, as_json=as_json, prune=prune, dry_run=dry_run)
+        else:
+            ray = {"engine": engine, "address": address, "workers": workers, "gpus_per_worker": gpus_per_worker}
+            code = _ingest(
+                path, name, language, chunk_size, chunk_overlap, as_json=as_json, prune=prune, dry_run=dry_run,
+                ray=ray,
+            )
     except QuarryError as exc:
         if as_json:
             fail_json(name, exc)
@@ -185,7 +183,10 @@ def ingest(
 def _ingest_remote(  # noqa: PLR0913 - the command's options
     server: str, api_key: str | None, path: Path, name: str, *, as_json: bool, prune: bool, dry_run: bool
 ) -> int:
-    import httpx
+    try:
+        import httpx
+    except ImportError:
+        raise ConfigError("quarry ingest --server needs an HTTP client: pip install 'quarry[client]'") from None
 
     from quarry.ingest_remote import RemoteError, RemoteIngest
     from quarry.ingest_run import Options
