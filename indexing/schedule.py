@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_INTERVAL = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd]?)$")
+_INTERVAL = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd]?)\Z")
 _UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
 TRIGGERS = ("schedule", "recall", "growth", "churn")
 

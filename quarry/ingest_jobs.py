@@ -152,8 +152,16 @@ class IngestJobs:
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Resume the jobs whose lease lapsed now, then keep renewing leases and looking for more."""
-        self.resume_lapsed()
+        """Resume the jobs whose lease lapsed now, then keep renewing leases and looking for more.
+
+        A docstore failure here does not stop the server from starting (searches may still be
+        answered): it is logged and the ticker tries again every ``lease_s / 3``.
+        """
+        try:
+            self.resume_lapsed()
+        except Exception:
+            log.exception("ingest jobs: looking for lapsed jobs at startup failed; trying again in %.0f s",
+                          self.lease_s / 3)
         self._ticker = threading.Thread(target=self._tick, name="ingest-jobs", daemon=True)
         self._ticker.start()
 
