@@ -248,14 +248,15 @@ def main() -> None:  # noqa: PLR0915 - one linear script
             for i in range(args.rounds):
                 order = (1, 2) if i % 2 == 0 else (2, 1)
                 row = {str(w): measure(*servers[w], queries, args.clients, args.seconds, loader) for w in order}
-                row["ratio"] = row["2"]["rps"] / row["1"]["rps"]
+                row["ratio"] = row["2"]["rps"] / row["1"]["rps"] if row["1"]["rps"] else float("nan")
                 results["rounds"].append(row)
                 console.print(f"round {i + 1}: " + "; ".join(
                     f"{w}w {row[w]['rps']:.1f} req/s p50 {row[w]['p50_ms']:.0f} p99 {row[w]['p99_ms']:.0f} ms, "
                     f"{row[w]['errors']} err, server {row[w]['server_cpu_ms_per_request']:.1f} ms CPU/req "
                     f"({row[w]['server_cores']:.2f} cores), machine {row[w]['machine_busy']:.0%} busy"
                     for w in ("1", "2")) + f"; 2w/1w {row['ratio']:.3f}")
-            results["median_ratio"] = statistics.median(r["ratio"] for r in results["rounds"])
+            ratios = [r["ratio"] for r in results["rounds"] if r["ratio"] == r["ratio"]]  # nan: 1w answered nothing
+            results["median_ratio"] = statistics.median(ratios) if ratios else float("nan")
             console.print(f"median 2w/1w throughput over {args.rounds} rounds: {results['median_ratio']:.3f}")
         finally:
             for proc, _ in servers.values():
