@@ -22,8 +22,10 @@ The ingest embeds with the torch MiniLM through the test suite's vector memo
 (``tests/embedding_cache.py``: rows computed once per machine), unless ``--no-memo``; the servers
 embed queries with ``--embedding-url`` (default: the default encoder, torch).
 
-Measured 2026-12-03 (2 cores shared with ~8 agents; pgvector + PostgreSQL docstore, full SciFact,
-5 rounds x 15 s, wrk): see docs/performance.md#workers.
+Measured 2026-12-03 (2 cores at load average 17-29; pgvector + PostgreSQL docstore, full SciFact,
+``--rounds 4 --seconds 20``, wrk, torch): 2w/1w 1.055, 0.649, 1.025 (median 1.025) with each worker's
+torch on all cores; 2.121, 1.572, 0.484, 0 (median 1.028; the 2-worker server answered nothing in
+the last round) with one torch thread per worker. Every round and the bound: docs/performance.md#workers.
 """
 
 from __future__ import annotations
