@@ -22,7 +22,8 @@ The ingest embeds with the torch MiniLM through the test suite's vector memo
 (``tests/embedding_cache.py``: rows computed once per machine), unless ``--no-memo``; the servers
 embed queries with ``--embedding-url`` (default: the default encoder, torch).
 
-Measured 2026-12-03 (2 cores at load average 17-29; pgvector + PostgreSQL docstore, full SciFact,
+Measured 2026-12-03 17:51 (load average ~6.5, ``--rounds 3 --seconds 15``, torch): 2w/1w 1.279,
+0.966, 1.293, median **1.279** (1w 32.1 / 39.4 / 32.4 req/s, 2w 41.0 / 38.0 / 41.9). Earlier (2 cores at load average 17-29; pgvector + PostgreSQL docstore, full SciFact,
 ``--rounds 4 --seconds 20``, wrk, torch): 2w/1w 1.055, 0.649, 1.025 (median 1.025) with each worker's
 torch on all cores; 2.121, 1.572, 0.484, 0 (median 1.028; the 2-worker server answered nothing in
 the last round) with one torch thread per worker. Every round and the bound: docs/performance.md#workers.
@@ -144,16 +145,24 @@ def ingest(env: dict[str, str], scifact: Path, collection: str, subset: int | No
 
 
 def start(workers: int, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
+    """A ``quarry serve --workers N`` on a free port, ready; its log goes to ``$QUARRY_DATA_DIR/serve.log``.
+
+    The log is a file, not a pipe: a pipe nobody reads fills (64 KiB of log lines) and then blocks
+    every worker in ``write`` (the first runs of this bench stalled so after ~30 s of load).
+    """
     port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "quarry.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--workers", str(workers)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-    )
+    log = Path(env["QUARRY_DATA_DIR"]) / "serve.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "quarry.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
+             "--workers", str(workers)],
+            env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+        )
     deadline = time.monotonic() + 400
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+            raise RuntimeError(f"server exited: {log.read_text(errors='replace')[-2000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
                 return proc, port
