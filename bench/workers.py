@@ -23,10 +23,12 @@ The ingest embeds with the torch MiniLM through the test suite's vector memo
 embed queries with ``--embedding-url`` (default: the default encoder, torch).
 
 Measured 2026-12-03 17:51 (load average ~6.5, ``--rounds 3 --seconds 15``, torch): 2w/1w 1.279,
-0.966, 1.293, median **1.279** (1w 32.1 / 39.4 / 32.4 req/s, 2w 41.0 / 38.0 / 41.9). Earlier (2 cores at load average 17-29; pgvector + PostgreSQL docstore, full SciFact,
+0.966, 1.293, median **1.279** (1w 32.1 / 39.4 / 32.4 req/s, 2w 41.0 / 38.0 / 41.9). Earlier
+(2 cores at load average 17-29; pgvector + PostgreSQL docstore, full SciFact,
 ``--rounds 4 --seconds 20``, wrk, torch): 2w/1w 1.055, 0.649, 1.025 (median 1.025) with each worker's
 torch on all cores; 2.121, 1.572, 0.484, 0 (median 1.028; the 2-worker server answered nothing in
-the last round) with one torch thread per worker. Every round and the bound: docs/performance.md#workers.
+the last round) with one torch thread per worker: those 0 rounds were this script's unread
+stderr pipe, since fixed. Every round and the bound: docs/performance.md#workers.
 """
 
 from __future__ import annotations
