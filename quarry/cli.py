@@ -9,6 +9,7 @@ that set nothing (a misspelling such as ``QUARRY_STORE_URL`` is otherwise ignore
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import tempfile
@@ -376,10 +377,11 @@ def _serve_workers(settings: Settings, host: str | None, port: int | None, worke
     import uvicorn
 
     from quarry.api.access import check_bind
-    from quarry.api.workers import check_shareable
+    from quarry.api.workers import check_shareable, share_cores
     from quarry.logs import uvicorn_log_config
 
     check_shareable(settings)
+    share_cores(workers, os.environ)  # each worker's torch: cores // N threads, not all of them
     service = _quarry(settings)  # fail here, as one error line, if the store or docstore cannot open
     try:
         check_bind(host or settings.api.host, service.docstore, settings.auth)

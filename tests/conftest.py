@@ -8,13 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from embedding import length_batches
 from embedding import sentence_transformers as st
 from indexing.chunking import chunk_text
 from indexing.pipeline import indexed_text
 from indexing.sources import read_documents
 from quarry.settings import IngestSettings
-from tests.embedding_cache import CachedEmbedder, cache_file, fingerprint, folder_files
+from tests.embedding_cache import CachedEmbedder, torch_vectors
 from tests.tiny_embedder import build_tiny_bi_encoder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -48,11 +47,7 @@ def minilm_vectors(minilm: st.SentenceTransformerEmbedder) -> Iterator[CachedEmb
     For tests that need its vectors as data: the reference other backends are compared with,
     the service's embedder in the pipeline, API and quality tests.
     """
-    digest = fingerprint(
-        folder_files(minilm._path), [st, length_batches],
-        ["torch", "sentence-transformers", "transformers", "tokenizers", "numpy"], device="cpu",
-    )
-    cached = CachedEmbedder(minilm, cache_file(minilm.model_id, digest))
+    cached = torch_vectors(minilm)
     yield cached
     cached.close()
 

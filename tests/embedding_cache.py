@@ -189,3 +189,43 @@ def cache_file(model_id: str, digest: str) -> Path | None:
     if folder is None:
         return None
     return folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', model_id)}-{digest[:32]}.sqlite"
+
+
+def torch_vectors(model: Embedder) -> CachedEmbedder:
+    """The memo of a :class:`~embedding.sentence_transformers.SentenceTransformerEmbedder`'s rows.
+
+    The key ``tests/conftest.py``'s ``minilm_vectors`` uses (the model folder's files, the code,
+    the libraries, CPU), so a bench and the tests share rows.
+    """
+    from embedding import length_batches
+    from embedding import sentence_transformers as st
+
+    assert isinstance(model, st.SentenceTransformerEmbedder)
+    model.warm_up()
+    digest = fingerprint(
+        folder_files(model._path), [st, length_batches],
+        ["torch", "sentence-transformers", "transformers", "tokenizers", "numpy"], device="cpu",
+    )
+    return CachedEmbedder(model, cache_file(model.model_id, digest))
+
+
+def onnx_vectors(embedder: Embedder) -> CachedEmbedder:
+    """The memo of an :class:`~embedding.onnx.OnnxEmbedder`'s rows (warmed up: its export exists).
+
+    Keyed by the exported ONNX file's bytes, the tokenizer and pooling files, the code that runs
+    them, ONNX Runtime's version and the settings that change a row (int8 rows depend slightly on
+    the other texts of their batch, so the batch size is part of the key).
+    """
+    from embedding import length_batches, onnx
+    from embedding.sentence_transformers import resolve_model_path
+
+    assert isinstance(embedder, onnx.OnnxEmbedder)
+    embedder.warm_up()
+    assert embedder.onnx_path is not None
+    files = {f"model/{k}": v for k, v in folder_files(resolve_model_path(embedder.model_id)).items()}
+    files["export.onnx"] = embedder.onnx_path
+    digest = fingerprint(
+        files, [onnx, length_batches], ["onnxruntime", "tokenizers", "numpy"],
+        quantize=embedder.quantize, batch_size=embedder._batch_size, threads=embedder._threads,
+    )
+    return CachedEmbedder(embedder, cache_file(f"{embedder.model_id}-onnx-{embedder.quantize}", digest))

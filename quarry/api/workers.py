@@ -8,6 +8,8 @@ belong to one process.
 
 from __future__ import annotations
 
+import os
+from collections.abc import MutableMapping
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI
@@ -35,6 +37,33 @@ def check_shareable(settings: Settings) -> None:
             "--workers > 1 needs a shared docstore: set QUARRY_DOCSTORE__URL=postgresql://user@host:5432/db "
             "(the default SQLite file serves one process)"
         )
+
+
+def share_cores(workers: int, environ: MutableMapping[str, str], cores: int | None = None) -> int:
+    """Give each worker's torch its share of the cores: ``OMP_NUM_THREADS`` unless already set.
+
+    torch sizes its intra-op pool from ``OMP_NUM_THREADS`` when a worker imports it (all cores
+    by default), and the sentence-transformers encoder gives a lone query that whole pool. N
+    workers with all cores each put N x cores spinning OpenMP threads on the cores: on 2 cores,
+    a query embedding cost 326-354 ms of CPU with 2 threads against 27-31 ms with 1 while the
+    machine was busy (2026-12-03, bench/workers.py's docs in docs/performance.md#workers).
+
+    Args:
+        workers: Worker processes about to start (they inherit ``environ``).
+        environ: The environment the workers inherit (``os.environ``).
+        cores: CPUs this process may run on (default: its affinity mask).
+
+    Returns:
+        The threads per worker now in ``environ`` (an existing value is kept).
+    """
+    if cores is None:
+        cores = len(os.sched_getaffinity(0))
+    current = environ.get("OMP_NUM_THREADS", "")
+    if current.isdigit() and int(current) > 0:
+        return int(current)
+    threads = max(1, cores // max(1, workers))
+    environ["OMP_NUM_THREADS"] = str(threads)
+    return threads
 
 
 def create_worker_app() -> FastAPI:

@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from embedding import length_batches, onnx
 from embedding.onnx import OnnxEmbedder
-from embedding.sentence_transformers import resolve_model_path
-from tests.embedding_cache import CachedEmbedder, cache_file, fingerprint, folder_files
+from tests.embedding_cache import CachedEmbedder, onnx_vectors
 
 
 def scifact_texts(shared_data: Path, limit: int | None = None) -> list[str]:
@@ -59,20 +57,8 @@ def int8(onnx_cache: Path) -> OnnxEmbedder:
 
 
 def _onnx_vectors(embedder: OnnxEmbedder) -> CachedEmbedder:
-    """The embedder's rows, each distinct text run once per machine (``tests/embedding_cache.py``).
-
-    Keyed by the exported ONNX file's bytes, the tokenizer and pooling files, the code that runs
-    them, ONNX Runtime's version and the settings that change a row (int8 rows depend slightly on
-    the other texts of their batch, so the batch size is part of the key).
-    """
-    assert embedder.onnx_path is not None
-    files = {f"model/{k}": v for k, v in folder_files(resolve_model_path("all-MiniLM-L6-v2")).items()}
-    files["export.onnx"] = embedder.onnx_path
-    digest = fingerprint(
-        files, [onnx, length_batches], ["onnxruntime", "tokenizers", "numpy"],
-        quantize=embedder.quantize, batch_size=embedder._batch_size, threads=embedder._threads,
-    )
-    return CachedEmbedder(embedder, cache_file(f"{embedder.model_id}-onnx-{embedder.quantize}", digest))
+    """The embedder's rows, each distinct text run once per machine (``tests/embedding_cache.py``)."""
+    return onnx_vectors(embedder)
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from quarry.api.workers import share_cores
 from tests.state.conftest import PG_URL, pg_schema
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,3 +108,22 @@ def _two_workers(tmp_path: Path, state_url: str) -> None:
             os.killpg(server.pid, signal.SIGKILL)
             out, _ = server.communicate()
     assert out.count("Application startup complete") == 2, out  # two workers served
+
+
+@pytest.mark.parametrize(("workers", "cores", "before", "after"), [
+    (2, 2, None, "1"), (1, 2, None, "2"), (3, 2, None, "1"), (2, 16, None, "8"), (2, 2, "2", "2"),
+])
+def test_each_worker_gets_its_share_of_the_cores(workers: int, cores: int, before: str | None, after: str) -> None:
+    """N workers with all cores each spin N x cores torch threads; an operator's own value stays."""
+    environ = {} if before is None else {"OMP_NUM_THREADS": before}
+    assert share_cores(workers, environ, cores=cores) == int(after)
+    assert environ == {"OMP_NUM_THREADS": after}
+
+
+def test_a_worker_process_starts_torch_with_its_share(tmp_path: Path) -> None:
+    environ = dict(os.environ)
+    environ.pop("OMP_NUM_THREADS", None)
+    share_cores(2, environ, cores=2)
+    code = "import torch; print(torch.get_num_threads())"
+    out = subprocess.run([sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
