@@ -179,9 +179,10 @@ def load_wrk(url: str, queries: list[str], clients: int, seconds: float) -> dict
     errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     degraded = int(re.search(r"Degraded responses: (\d+)", out).group(1))  # type: ignore[union-attr]
+    bad = int(non2xx.group(1)) if non2xx else 0
     return {
-        "clients": clients, "requests": total,
-        "errors": errors + (int(non2xx.group(1)) if non2xx else 0) + degraded,
+        "clients": clients, "requests": total, "errors": errors + bad + degraded,
+        "transport": errors, "non2xx": bad, "degraded": degraded,
         "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
         "p50_ms": _wrk_ms(re.search(r"50%\s+([\d.]+\w+)", out)),
         "p99_ms": _wrk_ms(re.search(r"99%\s+([\d.]+\w+)", out)),
