@@ -110,14 +110,20 @@ def main() -> None:
                 phases.append({"round": r + 1, "side": side, "rate": rates[side], **result})
             on, off = (next(p for p in phases[-2:] if p["side"] == s) for s in ("on", "off"))
             console.print(f"round {r + 1}: on {on['rps']:.1f} req/s, off {off['rps']:.1f} req/s, "
-                          f"ratio {on['rps'] / off['rps']:.3f}, errors {on['errors']}+{off['errors']}")
+                          f"ratio {on['rps'] / max(off['rps'], 1e-9):.3f}, errors {on['errors']}+{off['errors']}")
         figures = monitor_figures(bases["on"])
     finally:
         for proc in procs.values():
             proc.terminate()
-            proc.wait(timeout=30)
-    ratios = [a["rps"] / b["rps"] for a, b in zip(phases[0::2], phases[1::2], strict=True)]
-    ratios = [x if a["side"] == "on" else 1 / x for x, a in zip(ratios, phases[0::2], strict=True)]
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # a server that does not stop on SIGTERM is reported, not left behind
+                console.print(f"server {proc.pid} ignored SIGTERM for 30 s: killed")
+                proc.kill()
+                proc.wait(timeout=30)
+    by_round = {(p["round"], p["side"]): p["rps"] for p in phases}
+    ratios = [by_round[r, "on"] / max(by_round[r, "off"], 1e-9) for r in range(1, args.rounds + 1)]
     pooled = sum(p["rps"] for p in phases if p["side"] == "on") / sum(p["rps"] for p in phases if p["side"] == "off")
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     summary = {"median_ratio": statistics.median(ratios), "q1": quartiles[0], "q3": quartiles[2],
