@@ -90,14 +90,18 @@ def _free_port() -> int:
 
 
 def start_server(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    # stderr goes to a file, not a pipe: nobody reads a pipe while the load runs, and once its 64 KiB
+    # filled with access-log lines the server blocked in logging and answered nothing more
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen(
         [sys.executable, "-m", "quarry.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env=env, stdout=subprocess.DEVNULL, stderr=log,
     )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+            log.seek(0)
+            raise RuntimeError(f"server exited: {log.read().decode(errors='replace')[-2000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
                 return proc
