@@ -14,6 +14,17 @@ phase, and the "on" server's monitor figures at the end (``GET .../recall``: sam
 
 SciFact's first ``--docs`` documents are ingested into ``QUARRY_DATA_DIR`` (default a temporary
 folder) first; other ``QUARRY_*`` settings are inherited (e.g. ``QUARRY_STORE__URL`` for pgvector).
+
+Measured 2026-12-03 (shared 2-core machine, load average 3-7 and bench/reindex_load.py running
+beside it; torch MiniLM, Milvus Lite, 600 docs / 854 chunks)::
+
+    QUARRY_DATA_DIR=DIR python bench/monitor.py --docs 600 --collection h22load --skip-ingest \
+        --seconds 6 --rounds 12
+
+rounds on/off: 0.838 0.565 1.643 1.180 1.534 1.565 0.962 0.782 0.876 0.943 1.075 1.535; median
+1.018 (target >= 0.95), quartiles 0.848-1.535, min 0.565, max 1.643, pooled 1.055; 0 errors;
+the "on" server measured 13 samples (recall 1.0, 0 dropped). The spread is the machine's, not
+the monitor's (the phases range 14.6-38.5 req/s on both sides).
 """
 
 from __future__ import annotations
