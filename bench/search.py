@@ -90,14 +90,18 @@ def _free_port() -> int:
 
 
 def start_server(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    # stderr goes to a file, not a pipe: nobody reads a pipe while the load runs, and once its 64 KiB
+    # filled with access-log lines the server blocked in logging and answered nothing more
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
     proc = subprocess.Popen(
         [sys.executable, "-m", "quarry.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env=env, stdout=subprocess.DEVNULL, stderr=log,
     )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
+            log.seek(0)
+            raise RuntimeError(f"server exited: {log.read().decode(errors='replace')[-2000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
                 return proc
@@ -179,9 +183,10 @@ def load_wrk(url: str, queries: list[str], clients: int, seconds: float) -> dict
     errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     degraded = int(re.search(r"Degraded responses: (\d+)", out).group(1))  # type: ignore[union-attr]
+    bad = int(non2xx.group(1)) if non2xx else 0
     return {
-        "clients": clients, "requests": total,
-        "errors": errors + (int(non2xx.group(1)) if non2xx else 0) + degraded,
+        "clients": clients, "requests": total, "errors": errors + bad + degraded,
+        "transport": errors, "non2xx": bad, "degraded": degraded,
         "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
         "p50_ms": _wrk_ms(re.search(r"50%\s+([\d.]+\w+)", out)),
         "p99_ms": _wrk_ms(re.search(r"99%\s+([\d.]+\w+)", out)),
