@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from indexing.reindex import lease_name
 from indexing.sources import SourceDocument
 from quarry.errors import ReindexFailed, ReindexRunning
 from quarry.service import Quarry
@@ -360,7 +361,7 @@ def test_processes_sharing_pgvector_reindex_once_and_a_killed_one_leaves_the_liv
     assert _top(service, filled, "hybrid", query) == before
 
     # SIGKILL mid-build: the live version serves unchanged; the lease lapses; a re-run completes
-    killed = _cli(["reindex", filled, "--model", model], tmp_path / "k", QUARRY_REINDEX__LEASE_TTL_S="3",
+    killed = _cli(["reindex", filled, "--model", model], tmp_path / "k", QUARRY_REINDEX__LEASE_TTL_S="8",
                   QUARRY_REINDEX__BATCH_SIZE="16")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -371,12 +372,16 @@ def test_processes_sharing_pgvector_reindex_once_and_a_killed_one_leaves_the_liv
         time.sleep(0.2)
     killed.send_signal(signal.SIGKILL)
     killed.wait(timeout=60)
+    # the dead holder's lease holds until it lapses: checked first, at once (a CI run spent over the
+    # old 3 s lease on the checks below, so a refusal could no longer be expected)
+    lease = service.docstore.get_lease(lease_name(filled))
+    assert lease is not None and lease.expires_at > time.time()
+    with pytest.raises(ReindexRunning):
+        service.reindex(filled)
     assert [v.state for v in service.docstore.list_versions(filled)][-1] == "building"
     assert service.live_version(filled).version == 1
     assert _top(service, filled, "hybrid", query) == before
-    with pytest.raises(ReindexRunning):
-        service.reindex(filled)
-    time.sleep(3.5)
+    time.sleep(max(0.0, lease.expires_at - time.time()) + 0.5)
     report = service.reindex(filled)
     assert service.live_version(filled).version == report.version
     assert _top(service, filled, "hybrid", query) == before
