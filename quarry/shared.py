@@ -152,9 +152,14 @@ class ScopedQuarry(Quarry):
             log.error("shared collection hit outside tenant %s's scope dropped", self.tenant_id)
             return None
         meta = {k: v for k, v in hit.metadata.items() if k != TENANT_FIELD}
+        explain = {  # each channel's chunk id too: the caller's ids everywhere, never the stored T/ ones
+            k: {**v, "chunk_id": v["chunk_id"].removeprefix(self.prefix)}
+            if isinstance(v, dict) and isinstance(v.get("chunk_id"), str) else v
+            for k, v in hit.explain.items()
+        }
         return dataclasses.replace(
             hit, document_id=hit.document_id.removeprefix(self.prefix),
-            chunk_id=hit.chunk_id.removeprefix(self.prefix), metadata=meta,
+            chunk_id=hit.chunk_id.removeprefix(self.prefix), metadata=meta, explain=explain,
         )
 
     def _result(self, result: SearchResult) -> SearchResult:
