@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from quarry.errors import Forbidden
+from quarry.errors import Forbidden, InvalidRequest
 from quarry.ingest_jobs import confine
 
 
@@ -34,3 +34,17 @@ def test_a_beir_folder_whose_corpus_links_out_of_the_roots_is_refused(tmp_path: 
     (root / "linked" / "corpus.jsonl").symlink_to(root / "ok" / "corpus.jsonl")
     assert confine("ok", [root]) == (root / "ok").resolve()
     assert confine("linked", [root]) == (root / "linked").resolve()
+
+
+def test_a_source_path_the_os_cannot_look_up_is_a_400_not_a_500(tmp_path: Path) -> None:
+    """A path segment over NAME_MAX (255 bytes) made ``Path.exists`` raise ``OSError`` (ENAMETOOLONG).
+
+    ``POST /v1/collections/{name}/jobs {"path": "a" * 300}`` answered 500 ``InternalError``: any
+    ``write`` key could fill the server log with tracebacks. Now 400 ``InvalidRequest``.
+    """
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    with pytest.raises(InvalidRequest, match="cannot be looked up"):
+        confine("a" * 300, [root])
+    with pytest.raises(InvalidRequest, match="cannot be looked up"):
+        confine("sub/" + "b" * 1000 + "/x.jsonl", [root])
