@@ -5,13 +5,22 @@ No model and no vector store where the hole does not need one: these run in well
 
 from __future__ import annotations
 
+import asyncio
 import json
+import secrets
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from starlette.requests import Request
 
-from quarry.errors import Forbidden, InvalidRequest
+from indexing.docstore import open_docstore
+from quarry.api import access, keys
+from quarry.api.keys import KeyVerifier, new_key
+from quarry.errors import Forbidden, InvalidRequest, RateLimited, Unauthenticated
 from quarry.ingest_jobs import confine
+from quarry.settings import AuthSettings
 
 
 def test_a_beir_folder_whose_corpus_links_out_of_the_roots_is_refused(tmp_path: Path) -> None:
@@ -48,3 +57,74 @@ def test_a_source_path_the_os_cannot_look_up_is_a_400_not_a_500(tmp_path: Path) 
         confine("a" * 300, [root])
     with pytest.raises(InvalidRequest, match="cannot be looked up"):
         confine("sub/" + "b" * 1000 + "/x.jsonl", [root])
+
+
+def _wrong(key: str) -> str:
+    """The key with another random secret (same id): what a client that saw the id can send."""
+    return key[:16] + secrets.token_urlsafe(32)
+
+
+def test_wrong_secrets_for_a_known_key_id_cost_at_most_5_scrypts_a_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each new wrong secret for a real key id ran scrypt (~50 ms of CPU); nothing bounded them.
+
+    A key id is no secret (error messages, logs, the audit name it): any client could make the
+    server hash without end. Now at most 5 wrong secrets per id and second are checked; more
+    are 429 without hashing, and the key verified before is still recognised from its memo.
+    """
+    state = open_docstore("", tmp_path)
+    try:
+        key, record = new_key("default", ["read"])
+        state.insert_api_key(record)
+        now = [1000.0]
+        verifier = KeyVerifier(state, clock=lambda: now[0])
+        assert verifier.verify(key).key_id == record.id
+        hashed = []
+        real = keys.check_secret
+        monkeypatch.setattr(keys, "check_secret", lambda secret, stored: hashed.append(1) or real(secret, stored))
+        outcomes = []
+        for _ in range(20):
+            try:
+                verifier.verify(_wrong(key))
+            except (Unauthenticated, RateLimited) as exc:
+                outcomes.append(type(exc).__name__)
+        assert len(hashed) == 5 and outcomes == ["Unauthenticated"] * 5 + ["RateLimited"] * 15, (hashed, outcomes)
+        state.create_tenant("acme", "acme")  # a commit: the key's record is read again, its secret from the memo
+        assert verifier.verify(key).key_id == record.id and len(hashed) == 5
+        now[0] += 1.5  # the window moved on: a wrong secret is checked (and refused) again
+        with pytest.raises(Unauthenticated, match="wrong secret"):
+            verifier.verify(_wrong(key))
+        assert len(hashed) == 6
+    finally:
+        state.close()
+
+
+def test_a_key_verification_runs_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``authorize`` verified a new key on the event loop: scrypt held every other request ~50 ms.
+
+    Here the secret check waits (5 s at most) for a callback the event loop runs 10 ms later:
+    it runs only if the check is not on the loop (on main: it timed out, and the key was refused).
+    """
+    state = open_docstore("", tmp_path)
+    try:
+        key, record = new_key("default", ["read"])
+        state.insert_api_key(record)
+        layer = access.Access(state, AuthSettings())
+        loop_ran = threading.Event()
+        real = keys.check_secret
+        monkeypatch.setattr(keys, "check_secret", lambda secret, stored: loop_ran.wait(5) and real(secret, stored))
+        scope = {
+            "type": "http", "method": "GET", "path": "/v1/collections", "query_string": b"",
+            "headers": [(b"authorization", f"Bearer {key}".encode())], "path_params": {},
+            "app": SimpleNamespace(state=SimpleNamespace(access=layer)),
+            "route": SimpleNamespace(path="/v1/collections"),
+        }
+
+        async def scenario() -> str | None:
+            asyncio.get_running_loop().call_later(0.01, loop_ran.set)
+            return (await access.authorize(Request(scope))).key_id
+
+        assert asyncio.run(scenario()) == record.id
+    finally:
+        state.close()
