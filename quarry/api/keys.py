@@ -42,7 +42,10 @@ from quarry.errors import InvalidRequest, RateLimited, Unauthenticated, clip
 
 SCOPES = ("read", "write", "admin")
 PRIORITIES = {"low": -1, "normal": 0, "high": 1}
-TENANT = re.compile(r"[a-z][a-z0-9_]{0,31}")
+# no "__": a tenant's vector-store names are t_<tenant>__<collection>, and collection names may hold
+# "__", so tenant "acme" collection "corp__docs" and tenant "acme__corp" collection "docs" were one
+# physical collection (the second 409, and listed as the other's); found 2026-12-03 (h-attack)
+TENANT = re.compile(r"(?!.*__)[a-z][a-z0-9_]{0,31}")
 _KEY = re.compile(r"qk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1}
 _RATE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*")
@@ -151,10 +154,12 @@ def new_key(  # noqa: PLR0913 - the key's attributes
     """A new key and the record to store (the key is in the first item only).
 
     Raises:
-        InvalidRequest: Unknown scope or priority, bad tenant id, no scope.
+        InvalidRequest: Unknown scope or priority, bad tenant id (``__`` included: see :data:`TENANT`), no scope.
     """
     if not TENANT.fullmatch(tenant_id):
-        raise InvalidRequest(f"tenant id {clip(tenant_id)}: lower-case letter first; a-z, 0-9 and '_'; at most 32")
+        raise InvalidRequest(
+            f"tenant id {clip(tenant_id)}: lower-case letter first; a-z, 0-9 and '_' (never '__'); at most 32"
+        )
     unknown = sorted(set(scopes) - set(SCOPES))
     if unknown or not scopes:
         raise InvalidRequest(f"scopes {clip(scopes)}: give one or more of {', '.join(SCOPES)}")

@@ -128,3 +128,18 @@ def test_a_key_verification_runs_off_the_event_loop(tmp_path: Path, monkeypatch:
         assert asyncio.run(scenario()) == record.id
     finally:
         state.close()
+
+
+def test_a_tenant_id_holding_a_double_underscore_is_refused() -> None:
+    """Vector-store names are ``t_<tenant>__<collection>`` and collection names may hold ``__``.
+
+    So tenant ``acme``'s ``corp__docs`` and tenant ``acme__corp``'s ``docs`` were the same
+    physical collection ``t_acme__corp__docs``: whichever came second got 409 (a name squatted
+    across tenants, and the first's collection listed by the second's store view). A tenant id
+    with ``__`` is now refused when its key is made (the only way a tenant is created).
+    """
+    for bad in ("acme__corp", "a__", "x__y__z"):
+        with pytest.raises(InvalidRequest, match="never '__'"):
+            new_key(bad, ["read"])
+    for good in ("acme", "acme_corp", "a_b_c", "t1_"):
+        assert new_key(good, ["read"])[1].tenant_id == good
