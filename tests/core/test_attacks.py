@@ -20,7 +20,9 @@ from quarry.api import access, keys
 from quarry.api.keys import KeyVerifier, new_key
 from quarry.errors import Forbidden, InvalidRequest, RateLimited, Unauthenticated
 from quarry.ingest_jobs import confine
-from quarry.settings import AuthSettings
+from quarry.service import Quarry
+from quarry.settings import AuthSettings, Settings
+from tests.core.conftest import CountingEmbedder
 
 
 def test_a_beir_folder_whose_corpus_links_out_of_the_roots_is_refused(tmp_path: Path) -> None:
@@ -143,3 +145,38 @@ def test_a_tenant_id_holding_a_double_underscore_is_refused() -> None:
             new_key(bad, ["read"])
     for good in ("acme", "acme_corp", "a_b_c", "t1_"):
         assert new_key(good, ["read"])[1].tenant_id == good
+
+
+def test_describe_of_a_shared_collection_reads_its_own_key_range_only(
+    tmp_path: Path, counting: CountingEmbedder,
+) -> None:
+    """``ScopedQuarry._own_ids`` read every id after the tenant's prefix, the later tenants' too.
+
+    A ``read`` key of tenant ``aa`` describing a shared collection holding 3,000 documents of
+    ``tb`` (and none of its own) read all 3,000 ids: each describe cost O(every later tenant's
+    documents). Now it pages and stops at the first id past its range.
+    """
+    quarry = Quarry(Settings(data_dir=tmp_path), embedder=counting)
+    try:
+        for tenant in ("aa", "tb"):
+            quarry.docstore.create_tenant(tenant, tenant)
+        quarry.create_collection("kb", shared=True)
+        shared = quarry.shared_view()
+        shared.docstore.write_batch("kb", [(f"tb/d{i:05d}", "h") for i in range(3000)], [], [])
+        shared.docstore.write_batch("kb", [("aa/x", "h")], [], [])
+        scoped = quarry.for_tenant("aa").for_collection("kb")
+        read: list[int] = []
+        real = scoped.docstore.document_ids
+
+        def counted(name: str, **kw: object) -> list[str]:
+            ids = real(name, **kw)  # type: ignore[arg-type]
+            read.append(len(ids))
+            return ids
+
+        scoped.docstore.document_ids = counted  # type: ignore[method-assign]
+        assert scoped.describe("kb")["documents"] == 1
+        assert sum(read) <= 1000, read
+        tb = quarry.for_tenant("tb").for_collection("kb")
+        assert tb.describe("kb")["documents"] == 3000  # a range longer than one page is read whole
+    finally:
+        quarry.close()
