@@ -110,11 +110,14 @@ def confine(path_text: str, roots: list[Path]) -> Path:
 
     A relative path is taken relative to the first root. ``..`` segments and links are resolved
     before the check, so neither escapes a root; the check comes before any look at whether the
-    path exists (no probing of the rest of the disk).
+    path exists (no probing of the rest of the disk). A BEIR folder's ``corpus.jsonl`` (the file
+    actually read) is checked the same way: a link in the folder to a file outside is refused.
 
     Raises:
-        Forbidden: No roots are configured, or the path resolves outside all of them (403).
-        InvalidRequest: The path is empty or holds a NUL byte, or does not exist (400).
+        Forbidden: No roots are configured, or the path (or a BEIR folder's ``corpus.jsonl``)
+            resolves outside all of them (403).
+        InvalidRequest: The path is empty or holds a NUL byte, does not exist, or cannot be looked up
+            (a name too long, a folder the server may not search: 400, never a 500).
     """
     if not roots:
         raise Forbidden(
@@ -124,12 +127,19 @@ def confine(path_text: str, roots: list[Path]) -> Path:
     if not path_text or "\x00" in path_text:
         raise InvalidRequest("source path must be a non-empty path without NUL bytes")
     resolved_roots = [Path(r).resolve() for r in roots]
-    path = Path(path_text)
-    path = (path if path.is_absolute() else resolved_roots[0] / path).resolve()
-    if not is_inside(path, resolved_roots):
-        raise Forbidden(f"source {clip(path_text)} is outside the server's ingest roots", reason="ingest_root")
-    if not path.exists():
-        raise InvalidRequest(f"source {clip(path_text)} does not exist under the ingest roots")
+    try:
+        path = Path(path_text)
+        path = (path if path.is_absolute() else resolved_roots[0] / path).resolve()
+        if not is_inside(path, resolved_roots):
+            raise Forbidden(f"source {clip(path_text)} is outside the server's ingest roots", reason="ingest_root")
+        if not path.exists():
+            raise InvalidRequest(f"source {clip(path_text)} does not exist under the ingest roots")
+        corpus = path / "corpus.jsonl"  # a BEIR folder is read through this file: it must not link out
+        if path.is_dir() and corpus.exists() and not is_inside(corpus.resolve(), resolved_roots):
+            raise Forbidden(f"source {clip(path_text)}: its corpus.jsonl links outside the server's ingest roots",
+                            reason="ingest_root")
+    except OSError as exc:  # a name over NAME_MAX, a folder it may not search: the client's bad path, not a 500
+        raise InvalidRequest(f"source {clip(path_text)} cannot be looked up: {exc.strerror or exc}") from exc
     return path
 
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
+from fastapi.concurrency import run_in_threadpool
 from limits import RateLimitItem, RateLimitItemPerMinute, RateLimitItemPerSecond
 from limits.storage import storage_from_string
 from limits.strategies import MovingWindowRateLimiter
@@ -210,6 +211,23 @@ class Access:
             )
         return self.verifier.verify(key)
 
+    async def principal_async(self, request: Request) -> Principal:
+        """:meth:`principal`, a key not verified before checked in a worker thread.
+
+        A verification that is not a memo hit reads the key's record and may run scrypt (~50 ms
+        of CPU, by design): on the event loop, each new wrong secret for a known key id held
+        every other request for that long (h-attack, 2026-12-03).
+
+        Raises:
+            Unauthenticated: See :meth:`principal`.
+            RateLimited: See :meth:`~quarry.api.keys.KeyVerifier.verify`.
+        """
+        if not self.keys_required():
+            return OPEN
+        key = _presented_key(request)
+        who = None if key is None else self.verifier.cached(key)
+        return who if who is not None else await run_in_threadpool(self.principal, request)
+
 
 def _presented_key(request: Request | None, headers: Headers | None = None) -> str | None:
     headers = request.headers if request is not None else headers
@@ -260,7 +278,7 @@ async def authorize(request: Request) -> Principal:
     Raises:
         Unauthenticated: 401, see :meth:`Access.principal`.
         Forbidden: 403, the key lacks the route's scope or the ``{name}`` collection.
-        RateLimited: 429, the key's rate is spent.
+        RateLimited: 429, the key's rate is spent, or its id got too many wrong secrets.
     """
     route = request.scope.get("route")
     template = getattr(route, "path", request.url.path)
@@ -270,7 +288,7 @@ async def authorize(request: Request) -> Principal:
     access: Access = request.app.state.access
     any_of = (needed,) if isinstance(needed, str) else needed
     try:
-        who = access.principal(request)
+        who = await access.principal_async(request)
         if not who.scopes & set(any_of):
             raise Forbidden(
                 f"{_who(who)} has scopes {','.join(sorted(who.scopes))}; {request.method} {template} needs "

@@ -17,6 +17,12 @@ data_version``, which moves on any commit of any process, ~20 µs) the verifier 
 principal of each verified key, under the SHA-256 of the presented key, with the token read before
 its record was: while the token is unchanged nothing was revoked, and the first request after any
 commit reads the record again. Without a token (PostgreSQL) the record is read on every request.
+
+A key id is no secret (messages, logs and the audit name it), and each *new* wrong secret for a
+real id costs one scrypt: so at most ``wrong_per_s`` (default 5) wrong secrets per key id and
+second are checked; more are 429 ``RateLimited`` without hashing (a key verified before is still
+recognised from its memo). The access layer runs a verification that is not a memo hit in a
+worker thread, off the event loop (:func:`quarry.api.access.authorize`).
 """
 
 from __future__ import annotations
@@ -27,16 +33,19 @@ import re
 import secrets
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from indexing.docstore import DEFAULT_TENANT, ApiKeyRecord, StateStore
-from quarry.errors import InvalidRequest, Unauthenticated, clip
+from quarry.errors import InvalidRequest, RateLimited, Unauthenticated, clip
 
 SCOPES = ("read", "write", "admin")
 PRIORITIES = {"low": -1, "normal": 0, "high": 1}
-TENANT = re.compile(r"[a-z][a-z0-9_]{0,31}")
+# no "__": a tenant's vector-store names are t_<tenant>__<collection>, and collection names may hold
+# "__", so tenant "acme" collection "corp__docs" and tenant "acme__corp" collection "docs" were one
+# physical collection (the second 409, and listed as the other's); found 2026-12-03 (h-attack)
+TENANT = re.compile(r"(?!.*__)[a-z][a-z0-9_]{0,31}")
 _KEY = re.compile(r"qk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1}
 _RATE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*")
@@ -145,10 +154,12 @@ def new_key(  # noqa: PLR0913 - the key's attributes
     """A new key and the record to store (the key is in the first item only).
 
     Raises:
-        InvalidRequest: Unknown scope or priority, bad tenant id, no scope.
+        InvalidRequest: Unknown scope or priority, bad tenant id (``__`` included: see :data:`TENANT`), no scope.
     """
     if not TENANT.fullmatch(tenant_id):
-        raise InvalidRequest(f"tenant id {clip(tenant_id)}: lower-case letter first; a-z, 0-9 and '_'; at most 32")
+        raise InvalidRequest(
+            f"tenant id {clip(tenant_id)}: lower-case letter first; a-z, 0-9 and '_' (never '__'); at most 32"
+        )
     unknown = sorted(set(scopes) - set(SCOPES))
     if unknown or not scopes:
         raise InvalidRequest(f"scopes {clip(scopes)}: give one or more of {', '.join(SCOPES)}")
@@ -170,10 +181,17 @@ class KeyVerifier:
     Thread-safe. ``clock`` is Unix seconds (expiry is compared with it).
     """
 
-    def __init__(self, state: StateStore, *, memo_size: int = 4096, clock: Callable[[], float] = time.time) -> None:
-        """Check keys against ``state``'s ``api_keys``; remember up to ``memo_size`` verified digests."""
+    def __init__(
+        self, state: StateStore, *, memo_size: int = 4096, clock: Callable[[], float] = time.time, wrong_per_s: int = 5,
+    ) -> None:
+        """Check keys against ``state``'s ``api_keys``; remember up to ``memo_size`` verified digests.
+
+        ``wrong_per_s``: wrong secrets checked (scrypt) per key id and second; more are 429.
+        """
         self.state = state
         self._now = clock
+        self._wrong_per_s = wrong_per_s
+        self._wrong: dict[str, deque[float]] = {}  # key id (of a stored record) -> recent wrong-secret times
         self._good: OrderedDict[tuple[str, str], bytes] = OrderedDict()  # (id, stored hash) -> sha256(secret)
         self._bad: OrderedDict[bytes, None] = OrderedDict()
         # sha256(presented key) -> (change token before its record was read, expires_at, principal)
@@ -187,6 +205,8 @@ class KeyVerifier:
         Raises:
             Unauthenticated: Malformed, unknown, wrong secret, revoked or expired (the message says
                 which, with the key's id where it parsed, never its secret).
+            RateLimited: More than ``wrong_per_s`` wrong secrets for this key id in the last second
+                (this secret was not checked).
         """
         token = self._token()
         seen = hashlib.sha256(key.encode()).digest()
@@ -241,6 +261,7 @@ class KeyVerifier:
                 return True
             if seen in self._bad:
                 return False
+            self._throttle(record.id)
         ok = check_secret(secret, record.hash)
         with self._lock:
             memo: OrderedDict[tuple[str, str], bytes] | OrderedDict[bytes, None]
@@ -249,10 +270,32 @@ class KeyVerifier:
                 memo = self._good
             else:
                 self._bad[seen] = None
+                self._wrong.setdefault(record.id, deque()).append(self._now())
                 memo = self._bad
             while len(memo) > self._size:
                 memo.popitem(last=False)
         return ok
+
+
+    def _throttle(self, key_id: str) -> None:
+        """Refuse to hash another secret for ``key_id`` while its wrong ones fill the last second (under the lock).
+
+        Raises:
+            RateLimited: ``wrong_per_s`` wrong secrets in the last second.
+        """
+        wrong = self._wrong.get(key_id)
+        if wrong is None:
+            return
+        now = self._now()
+        while wrong and wrong[0] <= now - 1.0:
+            wrong.popleft()
+        if not wrong:
+            del self._wrong[key_id]  # bounded by the stored keys, and emptied as they calm down
+        elif len(wrong) >= self._wrong_per_s:
+            raise RateLimited(
+                f"API key qk_{key_id}_… got {len(wrong)} wrong secrets in the last second; retry in 1 s",
+                retry_after_s=max(1.0, wrong[0] + 1.0 - now),
+            )
 
 
 def _iso(at: float) -> str:

@@ -189,6 +189,32 @@ def test_a_key_of_an_unknown_tenant_fails_closed(client: tuple[TestClient, dict[
     assert "not known" in resp.json()["error"]["message"]
 
 
+def test_a_shared_collection_hit_explains_with_the_caller_ids(client: tuple[TestClient, dict[str, str], str]) -> None:
+    """A hit's ``explain`` named each channel's chunk by its stored id (``T/d1:0:…``), unlike the hit itself.
+
+    Found 2026-12-03 (h-attack): ``ScopedQuarry._hit`` took the tenant prefix off ``document_id`` and
+    ``chunk_id`` but not off ``explain.dense.chunk_id``/``explain.bm25.chunk_id``, so a hybrid hit
+    showed the storage scheme (``ta…/d1:0:…``) the docs say a tenant never sees.
+    """
+    c, keys, name = client
+    a, op = _h(keys["ta"]), _h(keys["op"])
+    shared = f"explain_{name.removeprefix('docs_')}"
+    url = f"/v1/collections/{shared}"
+    assert c.post("/v1/collections", json={"name": shared, "tenancy": "shared"}, headers=op).status_code == 201
+    try:
+        resp = c.post(f"{url}/documents", json={"documents": [{"id": "d1", "text": A_TEXT}]}, headers=a)
+        assert resp.status_code == 200, resp.text
+        for mode in ("bm25", "dense", "hybrid"):
+            body = {"query": "apple orchard harvests", "mode": mode}
+            hits = c.post(f"{url}/search", json=body, headers=a).json()["hits"]
+            assert hits and hits[0]["document_id"] == "d1", (mode, hits)
+            channels = {k: v for k, v in hits[0]["explain"].items() if isinstance(v, dict) and "chunk_id" in v}
+            assert channels and {v["chunk_id"] for v in channels.values()} == {hits[0]["chunk_id"]}, (mode, hits[0])
+            assert hits[0]["chunk_id"].startswith("d1:"), hits[0]
+    finally:
+        c.delete(url, headers=op)
+
+
 def _recalls(c: TestClient, url: str, headers: dict[str, str]) -> list[float]:
     """The mean recall of each selectivity bucket with samples, once the monitor's queue is empty."""
     deadline = time.monotonic() + 60

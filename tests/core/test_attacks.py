@@ -1,0 +1,182 @@
+"""Attacks a hostile client or tenant would try, each a regression test of a hole found (and closed) on 2026-12-03.
+
+No model and no vector store where the hole does not need one: these run in well under a second each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from starlette.requests import Request
+
+from indexing.docstore import open_docstore
+from quarry.api import access, keys
+from quarry.api.keys import KeyVerifier, new_key
+from quarry.errors import Forbidden, InvalidRequest, RateLimited, Unauthenticated
+from quarry.ingest_jobs import confine
+from quarry.service import Quarry
+from quarry.settings import AuthSettings, Settings
+from tests.core.conftest import CountingEmbedder
+
+
+def test_a_beir_folder_whose_corpus_links_out_of_the_roots_is_refused(tmp_path: Path) -> None:
+    """A BEIR folder inside the root is read through its ``corpus.jsonl``: a link there to a file outside escaped.
+
+    ``confine`` checked the folder only, and ``Source`` reads ``<folder>/corpus.jsonl`` without the
+    per-file check a plain folder gets: a job over ``beir/`` ingested ``outside/corpus.jsonl``.
+    """
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "beir").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "corpus.jsonl").write_text(json.dumps({"_id": "s1", "text": "a secret beyond the root"}) + "\n")
+    (root / "beir" / "corpus.jsonl").symlink_to(outside / "corpus.jsonl")
+    with pytest.raises(Forbidden, match="corpus.jsonl links outside"):
+        confine("beir", [root])
+    # a BEIR folder whose corpus is its own (or links within the roots) is still a source
+    (root / "ok").mkdir()
+    (root / "ok" / "corpus.jsonl").write_text(json.dumps({"_id": "d1", "text": "inside"}) + "\n")
+    (root / "linked").mkdir()
+    (root / "linked" / "corpus.jsonl").symlink_to(root / "ok" / "corpus.jsonl")
+    assert confine("ok", [root]) == (root / "ok").resolve()
+    assert confine("linked", [root]) == (root / "linked").resolve()
+
+
+def test_a_source_path_the_os_cannot_look_up_is_a_400_not_a_500(tmp_path: Path) -> None:
+    """A path segment over NAME_MAX (255 bytes) made ``Path.exists`` raise ``OSError`` (ENAMETOOLONG).
+
+    ``POST /v1/collections/{name}/jobs {"path": "a" * 300}`` answered 500 ``InternalError``: any
+    ``write`` key could fill the server log with tracebacks. Now 400 ``InvalidRequest``.
+    """
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    with pytest.raises(InvalidRequest, match="cannot be looked up"):
+        confine("a" * 300, [root])
+    with pytest.raises(InvalidRequest, match="cannot be looked up"):
+        confine("sub/" + "b" * 1000 + "/x.jsonl", [root])
+
+
+def _wrong(key: str) -> str:
+    """The key with another random secret (same id): what a client that saw the id can send."""
+    return key[:16] + secrets.token_urlsafe(32)
+
+
+def test_wrong_secrets_for_a_known_key_id_cost_at_most_5_scrypts_a_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each new wrong secret for a real key id ran scrypt (~50 ms of CPU); nothing bounded them.
+
+    A key id is no secret (error messages, logs, the audit name it): any client could make the
+    server hash without end. Now at most 5 wrong secrets per id and second are checked; more
+    are 429 without hashing, and the key verified before is still recognised from its memo.
+    """
+    state = open_docstore("", tmp_path)
+    try:
+        key, record = new_key("default", ["read"])
+        state.insert_api_key(record)
+        now = [1000.0]
+        verifier = KeyVerifier(state, clock=lambda: now[0])
+        assert verifier.verify(key).key_id == record.id
+        hashed = []
+        real = keys.check_secret
+        monkeypatch.setattr(keys, "check_secret", lambda secret, stored: hashed.append(1) or real(secret, stored))
+        outcomes = []
+        for _ in range(20):
+            try:
+                verifier.verify(_wrong(key))
+            except (Unauthenticated, RateLimited) as exc:
+                outcomes.append(type(exc).__name__)
+        assert len(hashed) == 5 and outcomes == ["Unauthenticated"] * 5 + ["RateLimited"] * 15, (hashed, outcomes)
+        state.create_tenant("acme", "acme")  # a commit: the key's record is read again, its secret from the memo
+        assert verifier.verify(key).key_id == record.id and len(hashed) == 5
+        now[0] += 1.5  # the window moved on: a wrong secret is checked (and refused) again
+        with pytest.raises(Unauthenticated, match="wrong secret"):
+            verifier.verify(_wrong(key))
+        assert len(hashed) == 6
+    finally:
+        state.close()
+
+
+def test_a_key_verification_runs_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``authorize`` verified a new key on the event loop: scrypt held every other request ~50 ms.
+
+    Here the secret check waits (5 s at most) for a callback the event loop runs 10 ms later:
+    it runs only if the check is not on the loop (on main: it timed out, and the key was refused).
+    """
+    state = open_docstore("", tmp_path)
+    try:
+        key, record = new_key("default", ["read"])
+        state.insert_api_key(record)
+        layer = access.Access(state, AuthSettings())
+        loop_ran = threading.Event()
+        real = keys.check_secret
+        monkeypatch.setattr(keys, "check_secret", lambda secret, stored: loop_ran.wait(5) and real(secret, stored))
+        scope = {
+            "type": "http", "method": "GET", "path": "/v1/collections", "query_string": b"",
+            "headers": [(b"authorization", f"Bearer {key}".encode())], "path_params": {},
+            "app": SimpleNamespace(state=SimpleNamespace(access=layer)),
+            "route": SimpleNamespace(path="/v1/collections"),
+        }
+
+        async def scenario() -> str | None:
+            asyncio.get_running_loop().call_later(0.01, loop_ran.set)
+            return (await access.authorize(Request(scope))).key_id
+
+        assert asyncio.run(scenario()) == record.id
+    finally:
+        state.close()
+
+
+def test_a_tenant_id_holding_a_double_underscore_is_refused() -> None:
+    """Vector-store names are ``t_<tenant>__<collection>`` and collection names may hold ``__``.
+
+    So tenant ``acme``'s ``corp__docs`` and tenant ``acme__corp``'s ``docs`` were the same
+    physical collection ``t_acme__corp__docs``: whichever came second got 409 (a name squatted
+    across tenants, and the first's collection listed by the second's store view). A tenant id
+    with ``__`` is now refused when its key is made (the only way a tenant is created).
+    """
+    for bad in ("acme__corp", "a__", "x__y__z"):
+        with pytest.raises(InvalidRequest, match="never '__'"):
+            new_key(bad, ["read"])
+    for good in ("acme", "acme_corp", "a_b_c", "t1_"):
+        assert new_key(good, ["read"])[1].tenant_id == good
+
+
+def test_describe_of_a_shared_collection_reads_its_own_key_range_only(
+    tmp_path: Path, counting: CountingEmbedder,
+) -> None:
+    """``ScopedQuarry._own_ids`` read every id after the tenant's prefix, the later tenants' too.
+
+    A ``read`` key of tenant ``aa`` describing a shared collection holding 3,000 documents of
+    ``tb`` (and none of its own) read all 3,000 ids: each describe cost O(every later tenant's
+    documents). Now it pages and stops at the first id past its range.
+    """
+    quarry = Quarry(Settings(data_dir=tmp_path), embedder=counting)
+    try:
+        for tenant in ("aa", "tb"):
+            quarry.docstore.create_tenant(tenant, tenant)
+        quarry.create_collection("kb", shared=True)
+        shared = quarry.shared_view()
+        shared.docstore.write_batch("kb", [(f"tb/d{i:05d}", "h") for i in range(3000)], [], [])
+        shared.docstore.write_batch("kb", [("aa/x", "h")], [], [])
+        scoped = quarry.for_tenant("aa").for_collection("kb")
+        read: list[int] = []
+        real = scoped.docstore.document_ids
+
+        def counted(name: str, **kw: object) -> list[str]:
+            ids = real(name, **kw)  # type: ignore[arg-type]
+            read.append(len(ids))
+            return ids
+
+        scoped.docstore.document_ids = counted  # type: ignore[method-assign]
+        assert scoped.describe("kb")["documents"] == 1
+        assert sum(read) <= 1000, read
+        tb = quarry.for_tenant("tb").for_collection("kb")
+        assert tb.describe("kb")["documents"] == 3000  # a range longer than one page is read whole
+    finally:
+        quarry.close()
