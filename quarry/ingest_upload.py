@@ -21,7 +21,7 @@ from pathlib import Path
 
 import anyio
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from quarry.errors import InvalidRequest, PayloadTooLarge, clip
 
@@ -79,7 +79,7 @@ async def spool(request: Request, folder: Path, job_id: str, limit: int) -> tupl
 
     Raises:
         PayloadTooLarge: The body passed ``limit`` bytes (the partial file is removed).
-        starlette.requests.ClientDisconnect: The client went away mid-body (removed too).
+        InvalidRequest: The client went away mid-body (removed too).
     """
     await anyio.to_thread.run_sync(lambda: folder.mkdir(parents=True, exist_ok=True))
     part = folder / f"{job_id}.part"
@@ -97,6 +97,10 @@ async def spool(request: Request, folder: Path, job_id: str, limit: int) -> tupl
             if exc.status_code == 413:
                 raise upload_too_large(limit) from exc
             raise
+        except ClientDisconnect as exc:  # the client's own failure (its reader failed, it was stopped): no 500
+            raise InvalidRequest(
+                f"the upload ended after {size:,} bytes, before its body did (the client went away); nothing was kept"
+            ) from exc
         await anyio.to_thread.run_sync(fh.close)
     except BaseException:
         fh.close()
