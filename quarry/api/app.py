@@ -347,11 +347,13 @@ def _ingest_job_body(raw: bytes, content_type: str | None) -> IngestJobIn:
     Raises:
         RequestValidationError: Not the schema, or not JSON (422, in the error envelope).
     """
+    if not errors.is_json(content_type or ""):  # as FastAPI: such a body is not read as JSON (curl -d: a form)
+        raise RequestValidationError([{"type": "dict_type", "loc": ("body",), "msg": "not JSON", "input": None}])
     try:
         return IngestJobIn.model_validate_json(raw or b"null")
     except ValidationError as exc:
-        errors = [{**err, "loc": ("body", *err.get("loc", ()))} for err in exc.errors()]
-        raise RequestValidationError(errors, body=raw.decode("utf-8", "replace")) from exc
+        found = [{**err, "loc": ("body", *err.get("loc", ()))} for err in exc.errors()]
+        raise RequestValidationError(found, body=raw.decode("utf-8", "replace")) from exc
 
 
 @router.delete(

@@ -134,6 +134,21 @@ def test_source_confinement_fails_closed(env: dict[str, Any]) -> None:
         confine(str(root / "seven.jsonl"), [])
 
 
+def test_a_path_jobs_body_is_validated_as_a_declared_json_body(env: dict[str, Any]) -> None:
+    """The route reads its body itself (an upload is streamed): a JSON body still gets FastAPI's 422s."""
+    client = env["client"]
+    name = _collection(client)
+    url = f"/v1/collections/{name}/jobs"
+    form = client.post(url, content=b'{"path": "x.jsonl"}', headers={"content-type": "text/plain"})
+    assert form.status_code == 422 and "Content-Type: application/json" in form.json()["error"]["message"]
+    broken = client.post(url, content=b'{"path": ', headers={"content-type": "application/json"})
+    assert broken.status_code == 422 and "not valid JSON" in broken.json()["error"]["message"], broken.text
+    for body, said in (({}, "path: Field required"), ({"path": "x", "prune": 1}, "prune: Input should be a valid"),
+                       ({"path": "x", "extra": 1}, "extra: Extra inputs")):
+        resp = client.post(url, json=body)
+        assert resp.status_code == 422 and said in resp.json()["error"]["message"], resp.text
+
+
 def test_a_folder_job_names_skipped_files_and_links_out(env: dict[str, Any]) -> None:
     client, root, outside = env["client"], env["root"], env["outside"]
     name = _collection(client)
