@@ -46,9 +46,9 @@ NDJSON = "application/x-ndjson"
 def ndjson_body(source: Source, chunk_bytes: int = 1 << 16) -> Iterator[bytes]:
     """The source's documents as NDJSON lines, in chunks of about ``chunk_bytes`` (an upload's body).
 
-    Each line is ``{"id", "text", "title"?, "metadata"?}``, as a ``.jsonl`` source's. A
-    document's section boundaries (PDF pages, DOCX headings: ``SourceDocument.sections``) do not
-    travel: the server chunks the text as one section.
+    Each line is ``{"id", "text", "title"?, "metadata"?, "sections"?}``, as a ``.jsonl``
+    source's; ``sections`` carries a PDF's pages and a DOCX's headings (their offsets and
+    ``page``/``section``), so the server chunks and hashes the document as a local run does.
 
     Raises:
         InvalidDocument: Under ``on_error="fail"``, a file that cannot be read (the upload stops).
@@ -60,6 +60,8 @@ def ndjson_body(source: Source, chunk_bytes: int = 1 << 16) -> Iterator[bytes]:
             line["title"] = doc.title
         if doc.metadata:
             line["metadata"] = doc.metadata
+        if doc.sections:
+            line["sections"] = [{"start": sec.start, "metadata": sec.metadata} for sec in doc.sections]
         buf += json.dumps(line, ensure_ascii=False).encode("utf-8") + b"\n"
         if len(buf) >= chunk_bytes:
             yield bytes(buf)

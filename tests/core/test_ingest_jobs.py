@@ -29,7 +29,7 @@ from indexing.docstore import open_docstore
 from indexing.sources import Source, parse_document
 from quarry.api import create_app
 from quarry.api.keys import new_key
-from quarry.errors import Forbidden
+from quarry.errors import Forbidden, InvalidDocument
 from quarry.ingest_jobs import Checkpoint, confine
 from quarry.ingest_remote import RemoteError, RemoteIngest
 from quarry.ingest_run import EXIT_BAD_INPUT, EXIT_OK, EXIT_PARTIAL, Options
@@ -410,6 +410,45 @@ def test_remote_ingest_uploads_a_local_source(env: dict[str, Any], tmp_path: Pat
     again = RemoteIngest(client, name, str(jsonl), Options(), **consoles, poll_s=0.05, upload=Source(jsonl))
     assert again.execute() == EXIT_OK
     assert client.get(f"/v1/collections/{name}").json()["documents"] == 5
+
+
+def test_an_uploaded_folder_of_formats_keeps_pages_and_matches_a_path_job(env: dict[str, Any]) -> None:
+    """PDF pages and DOCX headings travel as ``sections``: the same chunk ids, hashes and payloads (``page``)."""
+    pytest.importorskip("fpdf")
+    pytest.importorskip("docx")
+    from tests.core.test_ingest_formats import make_sources
+
+    client, quarry, root = env["client"], env["quarry"], env["root"]
+    by_path, by_upload = _collection(client), _collection(client)
+    folder = make_sources(root / f"formats_{by_path}")
+    path_job = _wait(client, client.post(f"/v1/collections/{by_path}/jobs", json={"path": folder.name}).json()["id"])
+    out, err = io.StringIO(), io.StringIO()
+    consoles = {"out": Console(file=out, width=300), "err": Console(file=err, width=300)}
+    run = RemoteIngest(client, by_upload, str(folder), Options(), **consoles, poll_s=0.05, upload=Source(folder))
+    assert run.execute() == EXIT_PARTIAL == {"partial": EXIT_PARTIAL}[path_job["state"]]  # the same files skipped
+    docs = {name: {d.document_id: d.content_hash for d in quarry.docstore.list_documents(name)}
+            for name in (by_path, by_upload)}
+    assert docs[by_upload] == docs[by_path] and "guide.pdf" in docs[by_path]
+    owned = quarry.docstore.chunk_ids_of(by_upload, list(docs[by_upload]))
+    assert owned == quarry.docstore.chunk_ids_of(by_path, list(docs[by_path]))
+    ids = [c for cs in owned.values() for c in cs]
+    payloads = {name: {c: (s.text, s.payload) for c, s in quarry.docstore.get_chunks(name, ids).items()}
+                for name in (by_path, by_upload)}
+    assert payloads[by_upload] == payloads[by_path]
+    pages = [p["page"] for c, (_, p) in payloads[by_upload].items() if c in owned["guide.pdf"]]
+    assert sorted(pages) == [1, 2, 3], pages
+
+
+def test_a_lines_sections_are_checked() -> None:
+    text = "first page text. second page text."
+    doc = parse_document({"id": "s", "text": text, "sections": [{"start": 0, "metadata": {"page": 1}},
+                                                                {"start": 17, "metadata": {"page": 2}}]})
+    assert [(s.start, s.metadata) for s in doc.sections] == [(0, {"page": 1}), (17, {"page": 2})]
+    assert parse_document({"id": "s", "text": text}).sections == ()
+    for bad in ([{"start": 3}], [{"start": 0}, {"start": 0}], [{"start": 0}, {"start": len(text)}],
+                [{"start": 0, "page": 1}], ["0"], {"start": 0}, [{"start": True}]):
+        with pytest.raises(InvalidDocument, match="'sections'"):
+            parse_document({"id": "s", "text": text, "sections": bad})
 
 
 def test_checkpoint_round_trip() -> None:
