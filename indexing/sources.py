@@ -10,8 +10,11 @@ and named in the :class:`SourceReport`, never silently passed over.
 
 JSONL lines are objects ``{"id" | "_id": str, "text": str, "title"?: str, "metadata"?: {...}}``
 (BEIR's ``corpus.jsonl`` is the same with ``_id``); any other top-level field is kept as
-metadata. Metadata values are flat: string, number, boolean, or a list of strings; field names
-are identifiers. A Markdown file's YAML front matter (between ``---`` lines) becomes metadata.
+metadata, but ``sections``: ``[{"start": offset, "metadata": {...}}, ...]`` (the first at 0,
+ascending) gives the document's sections (:class:`SourceDocument`), as a PDF's pages are read
+here: how ``quarry ingest --server`` uploads a PDF without losing its pages. Metadata values
+are flat: string, number, boolean, or a list of strings; field names are identifiers. A
+Markdown file's YAML front matter (between ``---`` lines) becomes metadata.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ MAX_METADATA_BYTES = 32 * 1024  # a document's metadata as UTF-8 JSON; Milvus's 
 DOT_SEGMENTS = frozenset({".", ".."})  # refused as an id or a '/'-separated part of one
 TEXT_SUFFIXES = (".txt", ".md")
 READ_SUFFIXES = TEXT_SUFFIXES + FORMAT_SUFFIXES
-DOCUMENT_KEYS = frozenset({"id", "_id", "text", "title", "metadata"})
+DOCUMENT_KEYS = frozenset({"id", "_id", "text", "title", "metadata", "sections"})
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(?:\r?\n|\Z)", re.DOTALL)
 
 
@@ -430,7 +433,31 @@ def parse_document(raw: Any) -> SourceDocument:
                     f"document {doc_id[:40]!r}: {where} holds a NUL character (\\u0000) at character "
                     f"{field_value.index(chr(0))}; remove it"
                 )
-    return SourceDocument(doc_id, text, title, metadata)
+    return SourceDocument(doc_id, text, title, metadata, _sections(raw.get("sections"), doc_id, len(text)))
+
+
+def _sections(value: Any, doc_id: str, length: int) -> tuple[Section, ...]:
+    """A line's ``sections``: ``[{"start", "metadata"?}]``, starts from 0, strictly ascending, inside the text.
+
+    Raises:
+        InvalidDocument: Not that shape, or a start out of order or past the text; bad metadata.
+    """
+    if value is None:
+        return ()
+    where = f"document {doc_id[:40]!r}: 'sections'"
+    if not isinstance(value, list) or not all(isinstance(s, dict) and set(s) <= {"start", "metadata"} for s in value):
+        raise InvalidDocument(f"{where} must be a list of {{\"start\": offset, \"metadata\": {{...}}}} objects")
+    out: list[Section] = []
+    for i, raw in enumerate(value):
+        start = raw.get("start")
+        low = out[-1].start + 1 if out else 0
+        if not isinstance(start, int) or isinstance(start, bool) or not low <= start < max(length, 1) or (
+            not out and start != 0
+        ):
+            raise InvalidDocument(f"{where}[{i}].start must be an integer offset into the text, the first 0, "
+                                  f"ascending; got {clip(str(start))}")
+        out.append(Section(start, check_metadata(raw.get("metadata") or {}, doc_id)))
+    return tuple(out)
 
 
 def _with_extra_fields(raw: dict[str, Any], doc_id: str) -> Any:

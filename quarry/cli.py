@@ -146,10 +146,18 @@ def ingest(
     server: Annotated[
         str | None,
         typer.Option(
-            help="Submit an ingest job to this running server (http://host:port) and follow it; PATH is then the "
-            "server's, under its QUARRY_INGEST__ROOTS. Same output and exit codes; SIGINT cancels the job."
+            help="Submit an ingest job to this running server (http://host:port) and follow it: PATH is read here "
+            "and its documents streamed to the server (no server stop needed). Same output and exit codes; "
+            "SIGINT cancels the job."
         ),
     ] = None,
+    server_path: Annotated[
+        bool,
+        typer.Option(
+            "--server-path",
+            help="With --server: PATH is on the server's disk, under its QUARRY_INGEST__ROOTS (the server reads it).",
+        ),
+    ] = False,
     api_key: Annotated[str | None, typer.Option(help="With --server: the API key (write scope).")] = None,
 ) -> None:
     """Ingest documents (idempotent: unchanged documents are skipped without embedding).
@@ -165,7 +173,9 @@ def ingest(
         if server is not None:
             if engine != "local":
                 raise InvalidRequest("--engine runs the ingest in this process; with --server the server runs it")
-            code = _ingest_remote(server, api_key, path, name, as_json=as_json, prune=prune, dry_run=dry_run)
+            code = _ingest_remote(
+                server, api_key, path, name, as_json=as_json, prune=prune, dry_run=dry_run, server_path=server_path
+            )
         else:
             ray = {"engine": engine, "address": address, "workers": workers, "gpus_per_worker": gpus_per_worker}
             code = _ingest(
@@ -182,7 +192,8 @@ def ingest(
 
 
 def _ingest_remote(  # noqa: PLR0913 - the command's options
-    server: str, api_key: str | None, path: Path, name: str, *, as_json: bool, prune: bool, dry_run: bool
+    server: str, api_key: str | None, path: Path, name: str, *, as_json: bool, prune: bool, dry_run: bool,
+    server_path: bool,
 ) -> int:
     try:
         import httpx
@@ -194,11 +205,21 @@ def _ingest_remote(  # noqa: PLR0913 - the command's options
 
     if dry_run:
         raise InvalidRequest("--dry-run reads the source in this process: it does not go with --server")
-    options = Options(as_json=as_json, prune=prune, on_error=get_settings().ingest.on_error)
+    settings = get_settings().ingest
+    options = Options(as_json=as_json, prune=prune, on_error=settings.on_error)
+    upload = None
+    if not server_path:
+        from indexing.sources import Source
+
+        if not path.exists():
+            raise InvalidRequest(f"{path} does not exist here; with --server PATH is read here and uploaded "
+                                 "(add --server-path for a path on the server's disk, under its QUARRY_INGEST__ROOTS)")
+        upload = Source(path, on_error=settings.on_error, max_document_chars=settings.max_document_chars,
+                        max_token_chars=settings.max_token_chars)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(base_url=server, headers=headers, timeout=60) as client:
         try:
-            return RemoteIngest(client, name, str(path), options, out, err).execute()
+            return RemoteIngest(client, name, str(path), options, out, err, upload=upload).execute()
         except RemoteError as exc:
             if as_json:
                 line = {"event": "error", "collection": name, "message": str(exc), "exit_code": exc.code}

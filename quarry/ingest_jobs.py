@@ -22,6 +22,13 @@ server (this one restarted, or a replica) finds the lease lapsed, at startup or 
 scan, claims it (compare-and-set: one winner) and resumes. A server stopped cleanly finishes the
 batch in flight and releases its leases, so a restart resumes at once.
 
+**Uploads.** With ``Content-Type: application/x-ndjson`` the request's body is the source: it
+is spooled to ``<data_dir>/jobs/<job_id>.jsonl`` (:mod:`quarry.ingest_upload`, bounded by
+``QUARRY_INGEST__MAX_UPLOAD_BYTES``) and read as a ``.jsonl`` file, checkpoints and resume
+included. The spool stays until the job ends (done, partial, failed or cancelled) and is then
+removed; a server that resumes the job without seeing it (a replica with another data dir)
+fails the job, saying so.
+
 **Scope.** A job belongs to the tenant of the key that submitted it (``Quarry.get_job`` answers
 404 to any other); it runs on that tenant's view of the service.
 """
@@ -167,6 +174,7 @@ class IngestJobs:
         A docstore failure here does not stop the server from starting (searches may still be
         answered): it is logged and the ticker tries again every ``lease_s / 3``.
         """
+        self._sweep_parts()
         try:
             self.resume_lapsed()
         except Exception:
@@ -174,6 +182,16 @@ class IngestJobs:
                           self.lease_s / 3)
         self._ticker = threading.Thread(target=self._tick, name="ingest-jobs", daemon=True)
         self._ticker.start()
+
+    def _sweep_parts(self, age_s: float = 3600.0) -> None:
+        """Remove uploads a killed server left half-spooled (``*.part`` untouched for ``age_s``)."""
+        cutoff = time.time() - age_s
+        for part in self.spool_dir.glob("*.part") if self.spool_dir.is_dir() else ():
+            try:
+                if part.stat().st_mtime < cutoff:
+                    part.unlink()
+            except OSError:  # another replica's sweep got there first
+                continue
 
     def close(self, timeout_s: float = 60.0) -> None:
         """Stop after the batches in flight; their jobs stay resumable and their leases are released."""
@@ -221,14 +239,12 @@ class IngestJobs:
         return started
 
     # --- the REST verbs ------------------------------------------------------------------------
-    def submit(self, view: Quarry, name: str, path_text: str, *, on_error: str | None, prune: bool) -> Job:
-        """Record an ingest job of ``view``'s collection ``name`` and start it here.
+    def admit(self, view: Quarry, name: str) -> None:
+        """Check that ``view`` may start an ingest job of its collection ``name`` now.
 
         Raises:
             CollectionNotFound: No such collection (a job does not create one).
-            Forbidden: The path is outside the ingest roots, or none are configured; or the
-                collection is shared (a job's resume would not keep the tenant's scope).
-            InvalidRequest: The path does not exist.
+            Forbidden: The collection is shared (a job's resume would not keep the tenant's scope).
             Conflict: Another ingest job of this collection is unfinished (409).
         """
         view.get_collection(name)
@@ -239,14 +255,56 @@ class IngestJobs:
                 f"collection {clip(name)} is shared: ingest jobs write a tenant's own collections; "
                 "send a shared collection's documents to POST /v1/collections/{name}/documents"
             )
-        path = confine(path_text, view.settings.ingest.roots)
         for state in RESUMABLE:
             for other in view.docstore.list_jobs(collection=name, state=state, limit=1000):
                 if other.kind == KIND:
                     raise Conflict(f"ingest job {other.id} of collection {clip(name)} is {state}; "
                                    "wait for it or cancel it (DELETE /v1/jobs/{id})")
+
+    def submit(self, view: Quarry, name: str, path_text: str, *, on_error: str | None, prune: bool) -> Job:
+        """Record an ingest job of ``view``'s collection ``name`` and start it here.
+
+        Raises:
+            CollectionNotFound: No such collection (a job does not create one).
+            Forbidden: The path is outside the ingest roots, or none are configured; or the
+                collection is shared (a job's resume would not keep the tenant's scope).
+            InvalidRequest: The path does not exist.
+            Conflict: Another ingest job of this collection is unfinished (409).
+        """
+        self.admit(view, name)
+        path = confine(path_text, view.settings.ingest.roots)
         params = {"path": str(path), "on_error": on_error or view.settings.ingest.on_error, "prune": prune}
-        job = view.docstore.create_job(KIND, collection=name, params=params)
+        return self._start(view, view.docstore.create_job(KIND, collection=name, params=params))
+
+    @property
+    def spool_dir(self) -> Path:
+        """Where upload jobs' bodies are spooled: ``<data_dir>/jobs``."""
+        return Path(self.quarry.settings.data_dir) / "jobs"
+
+    def submit_upload(  # noqa: PLR0913 - the upload's parts
+        self, view: Quarry, name: str, job_id: str, part: Path, size: int, *, on_error: str | None, prune: bool,
+    ) -> Job:
+        """Record an upload job whose body is spooled at ``part`` (``<job_id>.part``) and start it here.
+
+        The spool becomes ``<job_id>.jsonl`` and stays until the job ends (done, partial,
+        failed, cancelled); a server that resumes the job without it fails the job.
+
+        Raises:
+            CollectionNotFound, Forbidden, Conflict: As :meth:`admit` (the spool is removed).
+        """
+        try:
+            self.admit(view, name)  # again: another job may have started while the body streamed in
+        except BaseException:
+            part.unlink(missing_ok=True)
+            raise
+        spooled = part.with_suffix(".jsonl")
+        params = {"upload": str(spooled), "upload_bytes": size, "on_error": on_error or view.settings.ingest.on_error,
+                  "prune": prune}
+        job = view.docstore.create_job(KIND, collection=name, params=params, job_id=job_id)
+        part.replace(spooled)
+        return self._start(view, job)
+
+    def _start(self, view: Quarry, job: Job) -> Job:
         owner = new_owner()
         view.docstore.claim_job(job.id, owner, self.lease_s)
         self._launch(view, job, owner)
@@ -265,6 +323,7 @@ class IngestJobs:
         if job.state not in RESUMABLE:
             raise Conflict(f"job {clip(job_id)} has finished ({job.state})")
         if job.state == "queued" and job.id not in self._held and view.docstore.claim_job(job.id, new_owner(), 1.0):
+            drop_spool(job)
             return view.docstore.update_job(job.id, state="cancelled")
         return view.docstore.update_job(job.id, state="cancelling")
 
@@ -288,19 +347,19 @@ class IngestJobs:
         finally:
             with self._guard:
                 self._held.pop(job.id, None)
+            lost = job.id in self._lost
             self._lost.discard(job.id)
             view.docstore.release_job(job.id, owner)
+            current = None if lost else view.docstore.get_job(job.id)
+            if current is not None and current.state not in RESUMABLE:  # ended: an upload's spool goes
+                drop_spool(current)
 
     def _run(self, view: Quarry, job: Job) -> None:
         """Run (or resume) one job to its end, a cancel, a lost lease or this server's stop."""
         name = job.collection or ""
         params = job.params
         settings = view.settings.ingest
-        path = confine(params["path"], settings.roots)  # again: the roots may have changed since
-        roots = [Path(r).resolve() for r in settings.roots]
-        source = Source(path, on_error=params.get("on_error", settings.on_error),
-                        max_document_chars=settings.max_document_chars, max_token_chars=settings.max_token_chars,
-                        confine=roots)
+        source = self._source(view, job)
         cp = Checkpoint.parse(job.cursor)
         cp.run_started, cp.run_position = time.time(), cp.position
         counters = {**job.counters, "total": source.total, "resumed": job.counters.get("resumed", 0) + bool(job.cursor)}
@@ -325,6 +384,31 @@ class IngestJobs:
         if self._should_stop(view, job.id):
             return
         self._finish(view, job, source, cp, counters, seen, wrote)
+
+    @staticmethod
+    def _source(view: Quarry, job: Job) -> Source:
+        """The job's source: its path (confined to the roots again) or its upload's spool.
+
+        Raises:
+            InvalidRequest: The path left the roots or is gone; the spool is not on this
+                server's disk (another replica's data dir); a malformed line (numbered).
+        """
+        params, settings = job.params, view.settings.ingest
+        limits = {"on_error": params.get("on_error", settings.on_error),
+                  "max_document_chars": settings.max_document_chars, "max_token_chars": settings.max_token_chars}
+        if "upload" not in params:
+            path = confine(params["path"], settings.roots)  # again: the roots may have changed since
+            return Source(path, **limits, confine=[Path(r).resolve() for r in settings.roots])
+        spooled = Path(params["upload"])
+        if not spooled.is_file():
+            raise InvalidRequest(
+                f"the uploaded source of job {job.id} is not on this server's disk ({spooled} is missing): it was "
+                "spooled by another server whose data dir this one does not share, or removed; upload it again"
+            )
+        try:
+            return Source(spooled, **limits)
+        except InvalidRequest as exc:  # the line number stays; the spool's path is the server's business
+            raise type(exc)(exc.message.replace(str(spooled), "uploaded body")) from exc
 
     def _finish(  # noqa: PLR0913 - the run's state
         self, view: Quarry, job: Job, source: Source, cp: Checkpoint, counters: dict[str, int],
@@ -372,6 +456,13 @@ class IngestJobs:
 def _batches(docs: Iterator[SourceDocument], size: int) -> Iterator[list[SourceDocument]]:
     while batch := list(islice(docs, size)):
         yield batch
+
+
+def drop_spool(job: Job) -> None:
+    """Remove an upload job's spool (nothing for a path job, or a spool already gone)."""
+    upload = job.params.get("upload")
+    if upload:
+        Path(upload).unlink(missing_ok=True)
 
 
 def job_or_404(view: Quarry, job_id: str, collections: frozenset[str] | None) -> Job:

@@ -1,12 +1,17 @@
 """``quarry ingest --server URL``: submit an ingest job to a running server and follow it.
 
-The path is the server's (under its ``QUARRY_INGEST__ROOTS``; a relative one is taken from its
-first root): the server reads the source, so a nightly run needs no downtime on the embedded
-default. The job is followed by polling ``GET /v1/jobs/{id}``; output and exit codes are those of
-a local run (:mod:`quarry.ingest_run`): progress lines (``--json``: progress events, then a
-report), 0 done, 2 bad input (the server's 4xx), 3 unavailable (server unreachable, 503, or a job
-failed on an unavailable dependency), 4 partial (files skipped), 130 interrupted (SIGINT or
-SIGTERM cancels the job after its batch in flight; what was written stays).
+By default PATH is read here, with the same :class:`~indexing.sources.Source` as a local run (a
+``.jsonl`` file, a BEIR folder, a folder of files in any format read locally), and its documents
+are streamed to the server as NDJSON (``POST /v1/collections/{name}/jobs``, ``Content-Type:
+application/x-ndjson``; a generator, so memory holds one chunk): a nightly run needs no downtime
+on the embedded default. Files skipped here are named in the report and make the run partial.
+With ``--server-path`` the path is the server's (under its ``QUARRY_INGEST__ROOTS``; a relative
+one is taken from its first root) and the server reads it. The job is followed by polling
+``GET /v1/jobs/{id}``; output and exit codes are those of a local run
+(:mod:`quarry.ingest_run`): progress lines (``--json``: progress events, then a report), 0 done,
+2 bad input (the server's 4xx), 3 unavailable (server unreachable, 503, or a job failed on an
+unavailable dependency), 4 partial (files skipped), 130 interrupted (SIGINT or SIGTERM cancels
+the job after its batch in flight; what was written stays).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 import httpx
 from rich.console import Console
 
+from indexing.sources import Source
 from quarry.ingest_run import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -34,6 +40,34 @@ from quarry.ingest_run import (
 
 RETRYABLE_TYPES = ("StoreUnavailable", "StoreTimeout", "EmbeddingUnavailable", "Overloaded", "RateLimited")
 FINAL = ("done", "partial", "failed", "cancelled")
+NDJSON = "application/x-ndjson"
+
+
+def ndjson_body(source: Source, chunk_bytes: int = 1 << 16) -> Iterator[bytes]:
+    """The source's documents as NDJSON lines, in chunks of about ``chunk_bytes`` (an upload's body).
+
+    Each line is ``{"id", "text", "title"?, "metadata"?, "sections"?}``, as a ``.jsonl``
+    source's; ``sections`` carries a PDF's pages and a DOCX's headings (their offsets and
+    ``page``/``section``), so the server chunks and hashes the document as a local run does.
+
+    Raises:
+        InvalidDocument: Under ``on_error="fail"``, a file that cannot be read (the upload stops).
+    """
+    buf = bytearray()
+    for doc in source:
+        line: dict[str, Any] = {"id": doc.id, "text": doc.text}
+        if doc.title:
+            line["title"] = doc.title
+        if doc.metadata:
+            line["metadata"] = doc.metadata
+        if doc.sections:
+            line["sections"] = [{"start": sec.start, "metadata": sec.metadata} for sec in doc.sections]
+        buf += json.dumps(line, ensure_ascii=False).encode("utf-8") + b"\n"
+        if len(buf) >= chunk_bytes:
+            yield bytes(buf)
+            buf.clear()
+    if buf:
+        yield bytes(buf)
 
 
 class RemoteError(Exception):
@@ -49,10 +83,15 @@ class RemoteIngest:
 
     def __init__(  # noqa: PLR0913 - the run's parts
         self, client: httpx.Client, name: str, path: str, options: Options, out: Console, err: Console,
-        poll_s: float = 1.0,
+        poll_s: float = 1.0, upload: Source | None = None,
     ) -> None:
-        """Bind the parts; nothing is sent until :meth:`execute`."""
+        """Bind the parts; nothing is sent until :meth:`execute`.
+
+        ``upload``: a local source whose documents are streamed to the server (``path`` is then
+        only named in messages); ``None``: ``path`` is the server's.
+        """
         self.client, self.name, self.path, self.options = client, name, path, options
+        self.upload = upload
         self.out, self.err = out, err
         self.poll_s = poll_s
         self.signals: list[str] = []
@@ -99,8 +138,15 @@ class RemoteIngest:
         Raises:
             RemoteError: The submission was refused, or the server stopped answering.
         """
-        body = {"path": self.path, "on_error": self.options.on_error, "prune": self.options.prune}
-        job = self._call("POST", f"/v1/collections/{self.name}/jobs", json=body)
+        url = f"/v1/collections/{self.name}/jobs"
+        if self.upload is None:
+            body = {"path": self.path, "on_error": self.options.on_error, "prune": self.options.prune}
+            job = self._call("POST", url, json=body)
+        else:
+            params = {"on_error": self.options.on_error, "prune": str(self.options.prune).lower()}
+            self.note(f"uploading {self.upload.total} documents of {self.path} to {self.client.base_url}")
+            job = self._call("POST", url, params=params, headers={"Content-Type": NDJSON},
+                             content=ndjson_body(self.upload))
         self.note(f"job {job['id']} submitted to {self.client.base_url}")
         last = -1
         cancelled = False
@@ -130,7 +176,12 @@ class RemoteIngest:
                           f"{rate:,.1f} docs/s, ETA {eta}")
 
     def _report(self, job: dict[str, Any]) -> int:
-        state, c, error = job["state"], job["counters"], job.get("error") or ""
+        state, c, error = job["state"], dict(job["counters"]), job.get("error") or ""
+        local = [] if self.upload is None else [{"path": p, "reason": r} for p, r in self.upload.report.errors]
+        if local:  # files skipped here, before the upload: the run is partial
+            job = {**job, "errors": local + list(job.get("errors", []))}
+            c["skipped"] = c.get("skipped", 0) + len(local)
+            state = "partial" if state == "done" else state
         if state == "failed":
             code = EXIT_UNAVAILABLE if error.split(":", 1)[0] in RETRYABLE_TYPES else EXIT_BAD_INPUT
         else:
@@ -149,3 +200,4 @@ class RemoteIngest:
                 f"{c.get('skipped', 0)} files skipped", soft_wrap=True, highlight=False, markup=False,
             )
         return code
+

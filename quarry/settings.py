@@ -193,6 +193,11 @@ class IngestSettings(BaseModel):
             every third of it). A server killed mid-job leaves the job to the next server that
             finds the lease lapsed (a restarted one looks at startup and then every
             ``job_lease_s / 3`` seconds), which resumes it from its last checkpoint.
+        max_upload_bytes: Largest NDJSON body of an upload job (``POST /v1/collections/{name}/jobs``
+            with ``Content-Type: application/x-ndjson``), in bytes; 1 GiB by default. The body is
+            spooled to ``<data_dir>/jobs/`` as it streams in (never held in memory); past the
+            limit the request is a 413 and the partial spool is removed. This limit, not
+            ``QUARRY_API__MAX_BODY_BYTES``, applies to such a body.
     """
 
     chunk_size: int = Field(256, ge=8)
@@ -203,6 +208,7 @@ class IngestSettings(BaseModel):
     on_error: Literal["skip", "fail"] = "skip"
     roots: list[Path] = Field(default_factory=list)
     job_lease_s: float = Field(30.0, ge=1.0)
+    max_upload_bytes: int = Field(1 << 30, ge=1)
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> IngestSettings:

@@ -20,8 +20,10 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import ValidationError
 
 from indexing.collections import CollectionConfig
 from indexing.schedule import ReindexScheduler
@@ -57,6 +59,7 @@ from quarry.api.observe import ObserveMiddleware
 from quarry.api.probe import StoreProbe
 from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, QuarryError, clip
 from quarry.ingest_jobs import IngestJobs, job_or_404, progress_of
+from quarry.ingest_upload import is_upload_type, new_job_id, spool, upload_options
 from quarry.service import Quarry
 from retrieval.search import RerankOptions
 
@@ -298,20 +301,59 @@ def get_job(job_id: str, request: Request, q: Service) -> dict[str, Any]:
 
 @router.post(
     "/v1/collections/{name}/jobs", status_code=202, tags=["documents"], response_model=JobOut,
-    responses=error_responses(e.InvalidRequest, e.Forbidden, e.CollectionNotFound, e.Conflict, *_STORE, body=True),
+    responses=error_responses(
+        e.InvalidRequest, e.Forbidden, e.CollectionNotFound, e.Conflict, e.PayloadTooLarge, *_STORE, body=True
+    ),
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": IngestJobIn.model_json_schema()},
+        "application/x-ndjson": {"schema": {"type": "string", "format": "binary", "description": (
+            "The documents, one JSON object per line as in a .jsonl file; options as query parameters "
+            "on_error=skip|fail and prune=true|false.")}},
+    }}},
 )
-def submit_ingest_job(name: str, body: IngestJobIn, request: Request, q: Service) -> dict[str, Any]:
-    """Ingest a source on the server's disk in the background (202 with the job; follow it at ``/v1/jobs/{id}``).
+async def submit_ingest_job(name: str, request: Request, q: Service) -> dict[str, Any]:
+    """Ingest a source in the background (202 with the job; follow it at ``/v1/jobs/{id}``).
 
-    The source must lie under one of the server's ``QUARRY_INGEST__ROOTS`` (403 otherwise, and
-    when none is set). The job writes batch by batch and records a checkpoint after each; a
-    server killed mid-job resumes it from there when it (or a replica) finds its lease lapsed.
-    One unfinished ingest job per collection (409).
+    The source is either a path on the server's disk (a JSON body ``{"path": ...}``), under one
+    of its ``QUARRY_INGEST__ROOTS`` (403 otherwise, and when none is set), or the body itself:
+    NDJSON documents sent with ``Content-Type: application/x-ndjson`` (or ``application/jsonl``),
+    spooled to the server's disk as they stream in, up to ``QUARRY_INGEST__MAX_UPLOAD_BYTES``
+    (413 past it), with ``on_error`` and ``prune`` as query parameters. The job writes batch by
+    batch and records a checkpoint after each; a server killed mid-job resumes it from there when
+    it (or a replica) finds its lease lapsed. One unfinished ingest job per collection (409).
     """
     jobs: IngestJobs = request.app.state.ingest_jobs
-    job = jobs.submit(q, name, body.path, on_error=body.on_error, prune=body.prune)
-    access.audit(request, "ingest.submit", name, job=job.id, path=job.params["path"])
-    return _job(q.get_job(job.id))
+    if is_upload_type(request.headers.get("content-type")):
+        on_error, prune = upload_options(request.query_params)
+        await run_in_threadpool(jobs.admit, q, name)  # refused before a byte is spooled
+        job_id = new_job_id()
+        part, size = await spool(request, jobs.spool_dir, job_id, q.settings.ingest.max_upload_bytes)
+        job = await run_in_threadpool(
+            partial(jobs.submit_upload, q, name, job_id, part, size, on_error=on_error, prune=prune)
+        )
+        access.audit(request, "ingest.submit", name, job=job.id, upload_bytes=size)
+    else:
+        body = _ingest_job_body(await request.body(), request.headers.get("content-type"))
+        job = await run_in_threadpool(
+            partial(jobs.submit, q, name, body.path, on_error=body.on_error, prune=body.prune)
+        )
+        access.audit(request, "ingest.submit", name, job=job.id, path=job.params["path"])
+    return _job(await run_in_threadpool(q.get_job, job.id))
+
+
+def _ingest_job_body(raw: bytes, content_type: str | None) -> IngestJobIn:
+    """The JSON body of a path job, validated as FastAPI validates a declared body.
+
+    Raises:
+        RequestValidationError: Not the schema, or not JSON (422, in the error envelope).
+    """
+    if not errors.is_json(content_type or ""):  # as FastAPI: such a body is not read as JSON (curl -d: a form)
+        raise RequestValidationError([{"type": "dict_type", "loc": ("body",), "msg": "not JSON", "input": None}])
+    try:
+        return IngestJobIn.model_validate_json(raw or b"null")
+    except ValidationError as exc:
+        found = [{**err, "loc": ("body", *err.get("loc", ()))} for err in exc.errors()]
+        raise RequestValidationError(found, body=raw.decode("utf-8", "replace")) from exc
 
 
 @router.delete(

@@ -137,7 +137,7 @@ async def validation_error(request: Request, exc: Exception) -> JSONResponse:
     """
     assert isinstance(exc, RequestValidationError)
     kind = request.headers.get("content-type", "")
-    if request.method in ("POST", "PUT", "PATCH") and not _is_json(kind):
+    if request.method in ("POST", "PUT", "PATCH") and not is_json(kind):
         message = f"the request body must be JSON sent with Content-Type: application/json, got {e.clip(kind)}"
         return JSONResponse(error_body("InvalidRequest", message), status_code=422)
     parts = []
@@ -151,7 +151,7 @@ async def validation_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(error_body("InvalidRequest", "; ".join(parts)), status_code=422)
 
 
-def _is_json(content_type: str) -> bool:
+def is_json(content_type: str) -> bool:
     """Whether FastAPI reads a body of this ``Content-Type`` as JSON (none, ``*/json``, ``*/*+json``)."""
     media = content_type.split(";", 1)[0].strip().lower()
     subtype = media.rpartition("/")[2]

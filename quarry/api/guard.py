@@ -10,6 +10,8 @@ r"""What every request passes before it is routed: a clean path and a bounded bo
   ``Content-Length`` says so (nothing is read), else as soon as the bytes streamed in pass the
   limit (Starlette's :class:`~starlette.middleware.body_limit.RequestBodyLimitResponder`
   counts them; the handler stops reading there, so a body is never buffered past the limit).
+  An upload job's NDJSON body (:mod:`quarry.ingest_upload`) is bounded by
+  ``QUARRY_INGEST__MAX_UPLOAD_BYTES`` instead.
 * ``HEAD`` is answered as ``GET`` without the body (RFC 9110, 9.3.2): FastAPI's routes take GET
   only, so ``HEAD /healthz`` (what some load balancers and monitors send) was a 405.
 
@@ -30,10 +32,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from quarry.api.errors import error_body
 from quarry.errors import InvalidRequest, PayloadTooLarge
-from quarry.settings import ApiSettings
+from quarry.ingest_upload import is_upload_request, upload_too_large
+from quarry.settings import ApiSettings, IngestSettings
 
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _DEFAULT_MAX_BODY_BYTES = ApiSettings.model_fields["max_body_bytes"].default
+_DEFAULT_MAX_UPLOAD_BYTES = IngestSettings.model_fields["max_upload_bytes"].default
 
 
 class WholeConvertor(Convertor[str]):
@@ -90,9 +94,13 @@ class RequestGuard:
             )
             await _reply(error, 400, scope, receive, send)
             return
-        length = Headers(scope=scope).get("content-length")
+        headers = Headers(scope=scope)
+        upload = is_upload_request(scope["method"], scope["path"], headers.get("content-type"))
+        if upload:  # an upload job's NDJSON body: spooled to disk, bounded by its own setting
+            limit = _max_upload_bytes(scope)
+        length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            await _reply(body_too_large(limit), 413, scope, receive, send)
+            await _reply(upload_too_large(limit) if upload else body_too_large(limit), 413, scope, receive, send)
             return
         if scope["method"] == "HEAD":  # FastAPI routes GET only; HEAD is GET without the body
             scope, send = {**scope, "method": "GET"}, _without_body(send)
@@ -108,6 +116,12 @@ def _without_body(send: Send) -> Send:
         await send(message)
 
     return send_head
+
+
+def _max_upload_bytes(scope: Scope) -> int:
+    service = getattr(getattr(scope.get("app"), "state", None), "quarry", None)
+    settings = getattr(service, "settings", None)
+    return int(settings.ingest.max_upload_bytes) if settings is not None else _DEFAULT_MAX_UPLOAD_BYTES
 
 
 def _max_body_bytes(scope: Scope) -> int:

@@ -257,6 +257,9 @@ def test_a_shared_collection_scopes_every_path_to_the_key_tenant(  # noqa: C901,
     _error(c.post(f"{url}/documents", json={"documents": forged}, headers=a), 400, "InvalidDocument")
     # an ingest job (resumed by any server, later) would not keep the tenant's scope: refused
     assert "is shared" in _error(c.post(f"{url}/jobs", json={"path": "/tmp"}, headers=a), 403, "Forbidden")
+    upload = c.post(f"{url}/jobs", content=b'{"id": "d7", "text": "x"}\n',
+                    headers={**a, "Content-Type": "application/x-ndjson"})
+    assert "is shared" in _error(upload, 403, "Forbidden")  # an upload job too, before a byte is spooled
 
     # list and describe: both see it, each counts its own documents, chunks and vectors
     for headers in (a, b):
