@@ -44,11 +44,13 @@ Figures (2026-12-03, the shared 2-core machine, load average 25-30; every round 
   <= 0.5 ms). Before the rate limiter and key cache fixes: 0.299 and +6.64 ms.
 * shedding (in-flight 4), before the cheap-route merge (low bm25 searches were all refused early),
   low clients ignoring Retry-After: high p99 saturated/idle median 4.46 (16.16 3.17 5.09 2.16 4.46).
-* shedding, ``python bench/access.py shedding --docs 512 --rounds 5 --seconds 6 --shed-low reject``
-  (load average 7-8): high p99 saturated/idle, low clients honouring Retry-After: median 0.68
-  (0.14 3.08 0.68 0.09 3.43; met); ignoring it: median 3.76 (1.09 5.25 3.76 0.13 8.64; missed).
-  Low requests 0 bad in both (all 200 or 503 + Retry-After). With ``--shed-low cheapest`` (the
-  default) nothing is shed: median 14.73 ignoring, 12.47 honouring (0 of ~37,000 low requests 503).
+* shedding, ``python bench/access.py shedding --docs 512 --rounds 5 --seconds 6 --shed-low reject
+  [--shed-in-flight 2]`` (load average 7-8), high p99 saturated/idle medians: in-flight 2, low
+  clients honouring Retry-After 1.31 (1.44 0.98 0.64 1.31 1.73; met), ignoring it 4.00 (6.75 4.00
+  2.03 4.43 3.33; missed). In-flight 4: honouring 0.68, 1.84 and 2.77 in three runs (not
+  reliably met), ignoring 3.76, 7.27, 4.14. Low requests 0 bad in every run (all 200 or 503 +
+  Retry-After). With ``--shed-low cheapest`` (the default) nothing is shed: median 14.73
+  ignoring, 12.47 honouring (0 of ~37,000 low requests 503).
 """
 
 from __future__ import annotations
