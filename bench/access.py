@@ -15,20 +15,26 @@ every request sends ``Authorization: Bearer qk_…``. Each round drives off then
 odd rounds) with 32 connections, then 1 connection, for ``--seconds`` each. Targets: the on/off
 32-client throughput ratio >= 0.95 and 1-client p50(on) - p50(off) <= 0.5 ms, as medians.
 
-``shedding``: one server with ``QUARRY_AUTH__SHED_IN_FLIGHT=--shed-in-flight``, a ``high`` and a
-``low`` priority key. Each round measures the high key alone (1 connection, closed loop: "idle"),
-then again while 32 connections of the low key hammer the server in a closed loop that does not
-wait out ``Retry-After`` (the worst case: every 503 is followed by a new request at once),
-alternating the order each round. Targets: the high key's p99 when saturated <= 2x its idle p99
-(medians over rounds), and every low request is a 200, or a 503 carrying ``Retry-After``: no
+``shedding``: one server with ``QUARRY_AUTH__SHED_IN_FLIGHT=--shed-in-flight`` and
+``QUARRY_AUTH__SHED_LOW=--shed-low`` (``reject`` by default: the 503 path acceptance 4 names; under
+the default ``cheapest`` a plain ``bm25`` search has no cheaper answer and is served in full, so
+nothing is shed), a ``high`` and a ``low`` priority key. Each round measures the high key alone (1
+connection, closed loop: "idle"), then again while 32 connections of the low key hammer the server
+in a closed loop, once per ``--low`` mode: ``ignore`` (a 503 is followed by the next request at
+once: the worst case) and ``honour`` (each connection waits out the 503's ``Retry-After`` before
+its next request, as the openai client and well-behaved SDKs do; one wrk thread per connection),
+the phases' order rotating each round. Targets: the high key's p99 when saturated <= 2x its idle
+p99 (medians over rounds), and every low request is a 200, or a 503 carrying ``Retry-After``: no
 timeouts, transport errors or other statuses.
 
     python bench/access.py overhead [--rounds 6] [--seconds 8] [--mode bm25]
-    python bench/access.py shedding [--rounds 6] [--seconds 8] [--shed-in-flight 4]
+    python bench/access.py shedding [--rounds 6] [--seconds 8] [--shed-in-flight 4] [--shed-low reject]
+        [--low ignore|honour|both]
     python bench/access.py all --json /tmp/access.json
 
 Options: ``--work DIR`` (default ``/tmp/quarry-bench-access``; the ingested base is reused),
-``--scifact DIR`` (default ``../shared/data/scifact``), ``--docs N`` (1,000).
+``--scifact DIR`` (default ``../shared/data/scifact``), ``--docs N`` (1,000), ``--server-path DIR``
+(put first on the servers' ``PYTHONPATH``: e.g. a ``pip install --target`` folder with uvloop).
 
 Figures (2026-12-03, the shared 2-core machine, load average 25-30; every round in docs/access.md,
 "Measured"), ``python bench/access.py all --docs 512 --rounds 5 --seconds 6``:
@@ -36,9 +42,15 @@ Figures (2026-12-03, the shared 2-core machine, load average 25-30; every round 
 * overhead: 32-client req/s on/off, median 1.085 (rounds 0.794 1.085 1.075 1.715 1.369; target
   >= 0.95); 1-client p50 on - off, median +0.07 ms (-0.02 +0.07 -2.08 +0.14 +0.09; target
   <= 0.5 ms). Before the rate limiter and key cache fixes: 0.299 and +6.64 ms.
-* shedding (in-flight 4): low requests 0 bad (all 200 or 503 + Retry-After); high p99
-  saturated/idle median 4.46 (16.16 3.17 5.09 2.16 4.46; target <= 2: missed, see the doc).
-  Before the fixes: nothing shed, median 7.10.
+* shedding (in-flight 4), before the cheap-route merge (low bm25 searches were all refused early),
+  low clients ignoring Retry-After: high p99 saturated/idle median 4.46 (16.16 3.17 5.09 2.16 4.46).
+* shedding, ``python bench/access.py shedding --docs 512 --rounds 5 --seconds 6 --shed-low reject
+  [--shed-in-flight 2]`` (load average 7-8), high p99 saturated/idle medians: in-flight 2, low
+  clients honouring Retry-After 1.31 (1.44 0.98 0.64 1.31 1.73; met), ignoring it 4.00 (6.75 4.00
+  2.03 4.43 3.33; missed). In-flight 4: honouring 0.68, 1.84 and 2.77 in three runs (not
+  reliably met), ignoring 3.76, 7.27, 4.14. Low requests 0 bad in every run (all 200 or 503 +
+  Retry-After). With ``--shed-low cheapest`` (the default) nothing is shed: median 14.73
+  ignoring, 12.47 honouring (0 of ~37,000 low requests 503).
 """
 
 from __future__ import annotations
@@ -67,6 +79,7 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 console = Console()
 COLLECTION = "sf"
+SERVER_PATH: list[str] = []  # --server-path: put before the repo on the servers' PYTHONPATH
 
 # One wrk thread's Lua: cycles the bodies, adds the key, counts the answers by kind.
 _LUA = """
@@ -76,6 +89,17 @@ local headers = {["Content-Type"] = "application/json"}
 local key = "%(key)s"
 if key ~= "" then headers["Authorization"] = "Bearer " .. key end
 local counter = %(offset)d
+-- A client that honours Retry-After waits it out before its next request (one connection per
+-- wrk thread then, so that this state is the connection's own).
+local honour = %(honour)s
+wait_ms = 0
+waited_ms = 0
+delay = function()
+  local d = wait_ms
+  wait_ms = 0
+  return d
+end
+if not honour then delay = nil end
 request = function()
   counter = counter + 1
   return wrk.format("POST", nil, headers, bodies[(counter %% #bodies) + 1])
@@ -88,18 +112,23 @@ response = function(status, hdrs, body)
     ok = ok + 1
     if not string.find(body, '"degraded":[]', 1, true) then degraded = degraded + 1 end
   elseif status == 503 then
-    if hdrs["retry-after"] or hdrs["Retry-After"] then shed = shed + 1 else shed_bare = shed_bare + 1 end
+    local ra = hdrs["retry-after"] or hdrs["Retry-After"]
+    if ra then shed = shed + 1 else shed_bare = shed_bare + 1 end
+    if honour and ra then
+      wait_ms = math.floor(tonumber(ra) * 1000)
+      waited_ms = waited_ms + wait_ms
+    end
   else
     other = other + 1
   end
 end
 done = function(summary, latency, requests)
-  local t = {ok = 0, shed = 0, shed_bare = 0, degraded = 0, other = 0}
+  local t = {ok = 0, shed = 0, shed_bare = 0, degraded = 0, other = 0, waited_ms = 0}
   for _, thread in ipairs(threads) do
     for name, _ in pairs(t) do t[name] = t[name] + thread:get(name) end
   end
-  io.write(string.format("COUNTS ok=%%d shed=%%d shed_bare=%%d degraded=%%d other=%%d\\n",
-    t.ok, t.shed, t.shed_bare, t.degraded, t.other))
+  io.write(string.format("COUNTS ok=%%d shed=%%d shed_bare=%%d degraded=%%d other=%%d waited_ms=%%d\\n",
+    t.ok, t.shed, t.shed_bare, t.degraded, t.other, t.waited_ms))
   io.write(string.format("P50US %%d\\nP99US %%d\\n", latency:percentile(50), latency:percentile(99)))
 end
 """
@@ -114,7 +143,8 @@ def _free_port() -> int:
 def _env(data_dir: Path, **settings: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUARRY_")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONPATH=str(REPO), QUARRY_DATA_DIR=str(data_dir), QUARRY_MONITOR__SAMPLE_RATE="0", **settings)
+               PYTHONPATH=os.pathsep.join([*SERVER_PATH, str(REPO)]), QUARRY_DATA_DIR=str(data_dir),
+               QUARRY_MONITOR__SAMPLE_RATE="0", **settings)
     return env
 
 
@@ -176,13 +206,18 @@ def server(env: dict[str, str]) -> Iterator[str]:
         log.close()
 
 
-def wrk(url: str, bodies: Path, *, key: str = "", clients: int, seconds: float, offset: int = 0,
-        timeout_s: float = 10.0) -> dict[str, Any]:
-    """One wrk run against the search route; throughput, p50/p99 (ms) and answers by kind."""
+def wrk(url: str, bodies: Path, *, key: str = "", clients: int, seconds: float, offset: int = 0,  # noqa: PLR0913
+        timeout_s: float = 10.0, honour: bool = False) -> dict[str, Any]:
+    """One wrk run against the search route; throughput, p50/p99 (ms) and answers by kind.
+
+    ``honour``: each connection waits out a 503's ``Retry-After`` before its next request (one
+    wrk thread per connection, so that each has its own Lua state); else it sends the next at once.
+    """
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
-        script.write(_LUA % {"bodies": bodies, "key": key, "offset": offset})
+        script.write(_LUA % {"bodies": bodies, "key": key, "offset": offset, "honour": "true" if honour else "false"})
     try:
-        cmd = ["wrk", "-t1", f"-c{clients}", f"-d{seconds:g}s", "--timeout", f"{timeout_s:g}s", "-s", script.name,
+        cmd = ["wrk", f"-t{clients if honour else 1}", f"-c{clients}", f"-d{seconds:g}s", "--timeout",
+               f"{timeout_s:g}s", "-s", script.name,
                f"{url}/v1/collections/{COLLECTION}/search"]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     finally:
@@ -242,51 +277,66 @@ def bench_overhead(work: Path, base: Path, bodies: Path, rounds: int, seconds: f
             "median_p50_delta_ms": statistics.median(r["p50_delta_ms"] for r in rows), "failures": failures}
 
 
+LOW_CLIENTS = {"ignore": False, "honour": True}  # the low clients' mode: honour Retry-After?
+
+
 def bench_shedding(  # noqa: PLR0913 - the knobs of one run
-    work: Path, base: Path, bodies: Path, rounds: int, seconds: float, shed_in_flight: int
+    work: Path, base: Path, bodies: Path, rounds: int, seconds: float, shed_in_flight: int,
+    low_modes: tuple[str, ...] = ("ignore", "honour"), shed_low: str = "reject",
 ) -> dict[str, Any]:
-    env = _env(copy_data(base, work / "shed"), QUARRY_AUTH__SHED_IN_FLIGHT=str(shed_in_flight))
+    env = _env(copy_data(base, work / "shed"), QUARRY_AUTH__SHED_IN_FLIGHT=str(shed_in_flight),
+               QUARRY_AUTH__SHED_LOW=shed_low)
     high = _quarry(env, "keys", "create", "--scopes", "read", "--priority", "high", "--name", "high").strip()
     low = _quarry(env, "keys", "create", "--scopes", "read", "--priority", "low", "--name", "low").strip()
+    phases = ["idle", *low_modes]
     rows = []
     with server(env) as url:
         _warm(url, bodies, high)
         for r in range(rounds):
             row: dict[str, Any] = {"round": r + 1}
-            for phase in ("idle", "saturated") if r % 2 == 0 else ("saturated", "idle"):
+            for phase in phases[r % len(phases):] + phases[: r % len(phases)]:  # each phase in each place
                 if phase == "idle":
                     row["idle"] = wrk(url, bodies, key=high, clients=1, seconds=seconds, offset=r * 37)
                     continue
                 lead = 1.0
-                low_cmd = _Background(url, bodies, low, clients=32, seconds=seconds + 2 * lead)
+                low_cmd = _Background(url, bodies, low, clients=32, seconds=seconds + 2 * lead,
+                                      honour=LOW_CLIENTS[phase])
                 time.sleep(lead)  # the low clients saturate the server first
-                row["saturated"] = wrk(url, bodies, key=high, clients=1, seconds=seconds, offset=r * 37)
-                row["low"] = low_cmd.result()
-            row["p99_ratio"] = row["saturated"]["p99_ms"] / row["idle"]["p99_ms"]
-            low_r = row["low"]
-            row["low_bad"] = low_r["other"] + low_r["shed_bare"] + sum(low_r["socket_errors"].values())
+                row[phase] = {"high": wrk(url, bodies, key=high, clients=1, seconds=seconds, offset=r * 37),
+                              "low": low_cmd.result()}
+            line = [f"round {r + 1}: high p99 idle {row['idle']['p99_ms']:.2f} ms, p50 {row['idle']['p50_ms']:.2f} ms"]
+            for mode in low_modes:
+                x = row[mode]
+                x["p99_ratio"] = x["high"]["p99_ms"] / row["idle"]["p99_ms"]
+                low_r = x["low"]
+                x["low_bad"] = low_r["other"] + low_r["shed_bare"] + sum(low_r["socket_errors"].values())
+                line.append(
+                    f"  low clients {mode} Retry-After: high p99 {x['high']['p99_ms']:.2f} ms (ratio "
+                    f"{x['p99_ratio']:.2f}), p50 {x['high']['p50_ms']:.2f} ms; low: {low_r['ok']} ok, "
+                    f"{low_r['shed']} 503+Retry-After, {x['low_bad']} bad ({low_r['socket_errors']}, "
+                    f"other {low_r['other']})"
+                )
             rows.append(row)
-            console.print(
-                f"round {r + 1}: high p99 idle {row['idle']['p99_ms']:.2f} / saturated {row['saturated']['p99_ms']:.2f}"
-                f" ms (ratio {row['p99_ratio']:.2f}), p50 {row['idle']['p50_ms']:.2f} / "
-                f"{row['saturated']['p50_ms']:.2f} ms; low: {low_r['ok']} ok, {low_r['shed']} 503+Retry-After, "
-                f"{row['low_bad']} bad ({low_r['socket_errors']}, other {low_r['other']})"
-            )
-    return {"rounds": rows, "median_p99_ratio": statistics.median(r["p99_ratio"] for r in rows),
-            "low_bad": sum(r["low_bad"] for r in rows), "high_bad": sum(
-                r[p]["other"] + r[p]["shed"] + r[p]["shed_bare"] + sum(r[p]["socket_errors"].values())
-                for r in rows for p in ("idle", "saturated"))}
+            console.print("\n".join(line))
+    out: dict[str, Any] = {"rounds": rows}
+    for mode in low_modes:
+        out[mode] = {"median_p99_ratio": statistics.median(r[mode]["p99_ratio"] for r in rows),
+                     "low_bad": sum(r[mode]["low_bad"] for r in rows)}
+    highs = [r["idle"] for r in rows] + [r[m]["high"] for r in rows for m in low_modes]
+    out["high_bad"] = sum(h["other"] + h["shed"] + h["shed_bare"] + sum(h["socket_errors"].values()) for h in highs)
+    return out
 
 
 class _Background:
     """A wrk run in a thread (the low-priority load), joined by :meth:`result`."""
 
-    def __init__(self, url: str, bodies: Path, key: str, *, clients: int, seconds: float) -> None:
+    def __init__(self, url: str, bodies: Path, key: str, *, clients: int, seconds: float,  # noqa: PLR0913
+                 honour: bool = False) -> None:
         import threading
 
         self._out: dict[str, Any] = {}
-        self._thread = threading.Thread(
-            target=lambda: self._out.update(wrk(url, bodies, key=key, clients=clients, seconds=seconds, offset=11)))
+        self._thread = threading.Thread(target=lambda: self._out.update(
+            wrk(url, bodies, key=key, clients=clients, seconds=seconds, offset=11, honour=honour)))
         self._thread.start()
 
     def result(self) -> dict[str, Any]:
@@ -304,8 +354,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seconds", type=float, default=8.0, help="duration of each load phase")
     parser.add_argument("--shed-in-flight", type=int, default=4, help="QUARRY_AUTH__SHED_IN_FLIGHT of shedding")
+    parser.add_argument("--shed-low", default="reject", choices=["reject", "cheapest", "off"],
+                        help="shedding: QUARRY_AUTH__SHED_LOW (under cheapest a bm25 search is answered in full)")
+    parser.add_argument("--low", default="both", choices=["ignore", "honour", "both"],
+                        help="shedding: whether the low clients honour Retry-After (both: each round measures both)")
+    parser.add_argument("--server-path", default="", help="a folder put first on the servers' PYTHONPATH "
+                        "(e.g. a pip --target folder holding uvloop, which uvicorn then runs its loop on)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    SERVER_PATH[:] = [args.server_path] if args.server_path else []
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (apt-get install -y wrk)")
     args.work.mkdir(parents=True, exist_ok=True)
@@ -320,12 +377,14 @@ def main() -> None:
         table.add_row("6: 1-client p50 on - off", f"{o['median_p50_delta_ms']:+.2f} ms", "<= 0.5 ms",
                       " ".join(f"{r['p50_delta_ms']:+.2f}" for r in o["rounds"]))
     if args.what in ("shedding", "all"):
+        modes = ("ignore", "honour") if args.low == "both" else (args.low,)
         s = results["shedding"] = bench_shedding(args.work, base, bodies, args.rounds, args.seconds,
-                                                 args.shed_in_flight)
-        table.add_row("4: high p99 saturated/idle", f"{s['median_p99_ratio']:.2f}", "<= 2",
-                      " ".join(f"{r['p99_ratio']:.2f}" for r in s["rounds"]))
-        table.add_row("4: low requests not 200/503+RA", str(s["low_bad"]), "0",
-                      " ".join(str(r["low_bad"]) for r in s["rounds"]))
+                                                 args.shed_in_flight, modes, args.shed_low)
+        for mode in modes:
+            table.add_row(f"4: high p99 saturated/idle (low {mode} RA)", f"{s[mode]['median_p99_ratio']:.2f}", "<= 2",
+                          " ".join(f"{r[mode]['p99_ratio']:.2f}" for r in s["rounds"]))
+            table.add_row(f"4: low not 200/503+RA ({mode} RA)", str(s[mode]["low_bad"]), "0",
+                          " ".join(str(r[mode]["low_bad"]) for r in s["rounds"]))
     console.print(table)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -13,6 +13,7 @@ increment per route template and status; with tracing on
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from typing import Any
@@ -25,9 +26,10 @@ from quarry import tracing
 from quarry.api.access import shed_early
 from quarry.api.errors import error_body
 from quarry.errors import Overloaded
-from quarry.logs import REQUEST_ID, request_id
+from quarry.logs import REQUEST_ID, SHED_REPLY, request_id
 from quarry.metrics import IN_FLIGHT, LATENCY, REQUESTS
 
+log = logging.getLogger(__name__)
 HEADER = b"x-request-id"
 # Labelled children by route template (and status): bounded sets, looked up without the metric's lock.
 _LATENCY: dict[str, Any] = {}
@@ -120,10 +122,28 @@ def _shed_early(scope: Scope, headers: Headers) -> Overloaded | None:
     return None if access is None else shed_early(access, scope["method"], scope["path"], headers)
 
 
+SHED_LOG_EVERY_S = 10.0  # at most one WARNING line per this many seconds while requests are shed
+_shed_log = {"since": time.monotonic(), "count": 0}
+
+
 async def _reply_shed(error: Overloaded, scope: Scope, receive: Receive, send: Send) -> None:
+    """The 503 with ``Retry-After``, without uvicorn's access line (:class:`quarry.logs.ShedAccessFilter`).
+
+    One WARNING line counts the shed requests, at most every :data:`SHED_LOG_EVERY_S` seconds.
+    """
     body = error_body(type(error).__name__, error.message, error.retryable)
     retry = str(max(1, math.ceil(error.retry_after_s or 1)))
-    await JSONResponse(body, status_code=503, headers={"Retry-After": retry})(scope, receive, send)
+    _shed_log["count"] += 1
+    now = time.monotonic()
+    if now - _shed_log["since"] >= SHED_LOG_EVERY_S:
+        log.warning("load shedding: %d requests refused (503 + Retry-After) in the last %.0f s",
+                    _shed_log["count"], now - _shed_log["since"])
+        _shed_log.update(since=now, count=0)
+    token = SHED_REPLY.set(True)
+    try:
+        await JSONResponse(body, status_code=503, headers={"Retry-After": retry})(scope, receive, send)
+    finally:
+        SHED_REPLY.reset(token)
 
 
 def _server_span(scope: Scope, headers: Headers, rid: str) -> Any:
