@@ -456,19 +456,16 @@ async def search(name: str, body: SearchIn, request: Request, q: Service) -> Res
     started = time.perf_counter()
     rerank = _rerank_options(q, body)
     shed = access.shed(request)
-    if shed is not None:  # saturated: BM25 alone, or the 503 for a dense-only search
-        if body.mode == "dense":
-            raise shed.refuse()
+    if shed is not None:  # saturated: BM25 alone where it is cheaper than what was asked, else the 503
+        if body.mode == "dense" or (body.mode == "bm25" and rerank is None):
+            raise shed.refuse()  # nothing cheaper than a dense-only or a plain BM25 search
         result = await q.search_async(
             name, body.query, top_k=body.top_k, mode="bm25", filters=body.filters, offset=body.offset,
             group=body.group_by_document, min_score=body.min_score,
         )
-        result.mode = body.mode
-        if body.mode == "hybrid" or rerank is not None:  # a plain BM25 search got its full answer
-            result.degraded.append(
-                f"shed: the server is saturated and answers {shed.priority}-priority keys by BM25 alone"
-            )
-            metrics.DEGRADED.labels("shed").inc()
+        result.mode = body.mode  # a hybrid search by BM25 alone, or a BM25 search without its rerank
+        result.degraded.append(f"shed: the server is saturated and answers {shed.priority}-priority keys by BM25 alone")
+        metrics.DEGRADED.labels("shed").inc()
         result.reranked, result.rerank_reason = (None, None) if rerank is None else (False, "shed")
     elif rerank is None:
         result = await q.search_async(

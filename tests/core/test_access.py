@@ -374,8 +374,10 @@ def test_shed_low_priority_gets_the_cheapest_honest_answer(
     assert [h["document_id"] for h in out["hits"]] == ["a"] and "ann" not in out["timings_ms"]
     assert out["degraded"] and out["degraded"][0].startswith("shed:") and out["rerank_reason"] == "shed"
     assert _sample("quarry_degraded_answers_total", reason="shed") == degraded + 1
-    plain = client.post(url, json={**hybrid, "mode": "bm25"}, headers=_bearer(low)).json()  # its full answer
-    assert plain["degraded"] == [] and [h["document_id"] for h in plain["hits"]] == ["a"]
+    # a BM25 search with a rerank: BM25 alone, the rerank skipped; a plain one has nothing cheaper: 503
+    cut = client.post(url, json={**hybrid, "mode": "bm25", "rerank": {"top_n": 5}}, headers=_bearer(low)).json()
+    assert cut["degraded"] and cut["rerank_reason"] == "shed" and [h["document_id"] for h in cut["hits"]] == ["a"]
+    _error(client.post(url, json={**hybrid, "mode": "bm25"}, headers=_bearer(low)), 503, "Overloaded", "sheds")
     # no cheap answer: a dense-only search, an answer with no cache entry (no LLM here), other routes: 503
     for method, path, body in (
         ("post", url, {**hybrid, "mode": "dense"}),
@@ -385,7 +387,7 @@ def test_shed_low_priority_gets_the_cheapest_honest_answer(
         resp = getattr(client, method)(path, headers=_bearer(low), **({} if body is None else {"json": body}))
         _error(resp, 503, "Overloaded", "sheds low-priority keys first")
         assert resp.headers["retry-after"] == "1"
-    assert _sample("quarry_shed_total", priority="low") == shed + 3
+    assert _sample("quarry_shed_total", priority="low") == shed + 4
     # a normal key is served in full (QUARRY_AUTH__SHED_NORMAL=off, the default)
     assert client.post(url, json=hybrid, headers=_bearer(normal)).json()["degraded"] == []
 
