@@ -26,7 +26,7 @@ from starlette.requests import ClientDisconnect, Request
 from quarry.errors import InvalidRequest, PayloadTooLarge, clip
 
 UPLOAD_TYPES = frozenset({"application/x-ndjson", "application/ndjson", "application/jsonl", "application/x-jsonl"})
-JOBS_ROUTE = re.compile(r"^/v1/collections/[^/]+/jobs$")
+JOBS_ROUTE = re.compile(r"/v1/collections/[^/]+/jobs")
 
 
 def is_upload_type(content_type: str | None) -> bool:
@@ -36,7 +36,7 @@ def is_upload_type(content_type: str | None) -> bool:
 
 def is_upload_request(method: str, path: str, content_type: str | None) -> bool:
     """Whether a request is an upload job's (its body limit is ``QUARRY_INGEST__MAX_UPLOAD_BYTES``)."""
-    return method == "POST" and JOBS_ROUTE.match(path) is not None and is_upload_type(content_type)
+    return method == "POST" and JOBS_ROUTE.fullmatch(path) is not None and is_upload_type(content_type)
 
 
 def upload_too_large(limit: int) -> PayloadTooLarge:
