@@ -1,13 +1,15 @@
 """``quarry ingest --engine ray``: the local pipeline's chunks and vectors, and a re-run embeds nothing.
 
 One local Ray (2 CPUs) per module. The subset is SciFact's first :data:`SUBSET` documents (the
-whole corpus takes minutes per run on 2 cores); the Ray workers open the real torch MiniLM.
+whole corpus takes minutes per run on 2 cores: ``QUARRY_TEST_RAY_DOCS=5183`` runs it whole);
+the Ray workers open the real torch MiniLM.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +28,7 @@ from tests.embedding_cache import CachedEmbedder
 
 ray = pytest.importorskip("ray", reason="the ray extra: pip install 'quarry[ray]'")
 
-SUBSET = 50
+SUBSET = int(os.environ.get("QUARRY_TEST_RAY_DOCS", "50"))
 
 
 @pytest.fixture(scope="module")
