@@ -36,6 +36,7 @@ from quarry.ingest_run import (
     EXIT_UNAVAILABLE,
     Options,
     _now,
+    emit_json,
 )
 
 RETRYABLE_TYPES = ("StoreUnavailable", "StoreTimeout", "EmbeddingUnavailable", "Overloaded", "RateLimited")
@@ -99,9 +100,7 @@ class RemoteIngest:
     def emit(self, event: str, **fields: Any) -> None:
         """One JSON line on stdout (``--json`` only)."""
         if self.options.as_json:
-            line = json.dumps({"event": event, "time": _now(), "collection": self.name, **fields}, ensure_ascii=False)
-            self.out.file.write(line + "\n")
-            self.out.file.flush()
+            emit_json(self.out, self.name, event, **fields)
 
     def note(self, text: str) -> None:
         """A timestamped plain line on stderr, never wrapped."""

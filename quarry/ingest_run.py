@@ -114,9 +114,7 @@ class Run:
     def emit(self, event: str, **fields: Any) -> None:
         """One JSON line on stdout (``--json`` only)."""
         if self.options.as_json:
-            line = json.dumps({"event": event, "time": _now(), "collection": self.name, **fields}, ensure_ascii=False)
-            self.out.file.write(line + "\n")
-            self.out.file.flush()
+            emit_json(self.out, self.name, event, **fields)
 
     def note(self, text: str) -> None:
         """A plain line on stderr, never wrapped."""
@@ -325,6 +323,13 @@ class Run:
             f"({report.truncated} truncated) in {report.elapsed_s:.1f}s; {len(body['errors'])} files skipped; "
             f"collection has {counts['documents']} documents, {counts['chunks']} chunks"
         )
+
+
+def emit_json(out: Console, collection: str, event: str, **fields: Any) -> None:
+    """One ``--json`` event line (``event``, ``time``, ``collection``, then ``fields``) on ``out``, flushed."""
+    line = json.dumps({"event": event, "time": _now(), "collection": collection, **fields}, ensure_ascii=False)
+    out.file.write(line + "\n")
+    out.file.flush()
 
 
 def exit_code_of(exc: QuarryError) -> int:
