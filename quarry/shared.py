@@ -283,6 +283,7 @@ class ScopedQuarry(Quarry):
     def _result(self, name: str, result: SearchResult) -> SearchResult:
         own = self._own_schema(name)
         result.hits = [h for h in (self._hit(hit, own) for hit in result.hits) if h is not None]
+        result.degraded = [self._own_text(reason) for reason in result.degraded]  # a channel's error, in its names
         return result
 
     def _owner(self, name: str, action: str) -> None:
@@ -319,11 +320,15 @@ class ScopedQuarry(Quarry):
 
     def search(self, name: str, query: str, **kwargs: Any) -> SearchResult:
         """:meth:`Quarry.search` within the tenant (see the module doc)."""
-        return self._result(name, super().search(name, query, **kwargs))
+        with self._own_messages():  # a store's filter errors name the stored keys
+            result = super().search(name, query, **kwargs)
+        return self._result(name, result)
 
     async def search_async(self, name: str, query: str, **kwargs: Any) -> SearchResult:
         """:meth:`Quarry.search_async` within the tenant."""
-        return self._result(name, await super().search_async(name, query, **kwargs))
+        with self._own_messages():
+            result = await super().search_async(name, query, **kwargs)
+        return self._result(name, result)
 
     def describe(self, name: str) -> dict[str, Any]:
         """Configuration (with this tenant's own schema) plus this tenant's document, chunk and vector counts."""

@@ -28,10 +28,10 @@ from indexing.docstore import DEFAULT_TENANT
 from indexing.formats import Section
 from indexing.sources import SourceDocument
 from quarry.api import create_app
-from quarry.errors import InvalidDocument
+from quarry.errors import InvalidDocument, InvalidFilter
 from quarry.service import Quarry
 from quarry.settings import DocstoreSettings, Settings, StoreSettings
-from quarry.shared import scoped, stored_field
+from quarry.shared import create_shared, scoped, stored_field
 from tests.core.conftest import CountingEmbedder
 from tests.core.test_tenant_isolation import _admin, _error, _h, _key
 
@@ -113,11 +113,11 @@ def test_each_tenant_has_its_own_metadata_schema(  # noqa: PLR0915 - one scenari
     # A's filter on B's field is the 400 of a field nobody wrote, in every mode and in a delete
     known = "known fields: document_id, price, secret_a"
     for mode in MODES:
-        theirs = c.post(f"{url}/search", json={"query": WORDS, "mode": mode, "filters": {"secret_b": "hush"}},
-                        headers=a)
+        foreign = c.post(f"{url}/search", json={"query": WORDS, "mode": mode, "filters": {"secret_b": "hush"}},
+                         headers=a)
         nobody = c.post(f"{url}/search", json={"query": WORDS, "mode": mode, "filters": {"secret_z": "hush"}},
                         headers=a)
-        message = _error(theirs, 400, "InvalidFilter")
+        message = _error(foreign, 400, "InvalidFilter")
         assert message == _error(nobody, 400, "InvalidFilter").replace("secret_z", "secret_b"), message
         assert known in message and tenant_b not in message
     deleted = c.post(f"{url}/documents/delete", json={"filters": {"secret_b": {"$exists": True}}}, headers=a)
@@ -161,9 +161,9 @@ def test_each_tenant_has_its_own_metadata_schema(  # noqa: PLR0915 - one scenari
     # a type conflict is A's own, named in A's words; B's string price does not enter it
     conflict = c.post(f"{url}/documents", json={"documents": [{"id": "d3", "text": "x", "metadata": {"price": "x"}}]},
                       headers=a)
-    message = _error(conflict, 400, "InvalidDocument")
-    assert "'price' holds int values" in message and "'d3'" in message, message
-    assert "__m_" not in message and f"ta{keys['suffix']}" not in message, message  # not 'ta…/d3', 'ta…__m_price'
+    said = _error(conflict, 400, "InvalidDocument")
+    assert "'price' holds int values" in said and "'d3'" in said, said
+    assert "__m_" not in said and f"ta{keys['suffix']}" not in said, said  # not 'ta…/d3', 'ta…__m_price'
     ok = c.post(f"{url}/documents", json={"documents": [{"id": "d3", "text": "x", "metadata": {"price": 3.5}}]},
                 headers=a)  # int widens to float, for A only
     assert ok.status_code == 200, ok.text
@@ -200,5 +200,46 @@ def test_section_fields_are_the_tenant_s_own_too(setup: tuple[TestClient, Quarry
     other = scoped(view, f"tb{keys['suffix']}")
     assert "page" not in other.describe(name)["schema"]
     with pytest.raises(InvalidDocument, match="the limit is"):  # stored keys are longer: still under Milvus's 64 KiB
-        many = {f"f{i}": 1 for i in range(3000)}
-        scope.upsert(name, [SourceDocument("big", "x", metadata=many)])
+        scope.upsert(name, [SourceDocument("big", "x", metadata={f"f{i}": 1 for i in range(3000)})])
+
+
+def test_a_shared_collection_made_before_keeps_one_schema(
+    setup: tuple[TestClient, Quarry, dict[str, str], str],
+) -> None:
+    """``tenant_schemas: false`` (a config stored without the field): plain keys, one schema, as before."""
+    _, quarry, keys, name = setup
+    old = f"{name}_old"
+    view = quarry.shared_view()
+
+    create_shared(quarry, old, language="auto", chunk_size=None, chunk_overlap=None, exist_ok=False, fusion=None)
+    try:
+        raw = view.docstore.collection_config(old)
+        assert raw is not None and raw["tenant_schemas"] is True
+        view.docstore.put_collection(old, {k: v for k, v in raw.items() if k != "tenant_schemas"})
+        a, b = scoped(view, f"ta{keys['suffix']}"), scoped(view, f"tb{keys['suffix']}")
+        a.upsert(old, [SourceDocument("d1", A_TEXT, metadata={"secret_a": 7})])
+        stored = view.docstore.list_documents(old, after="", limit=1)[0]
+        assert stored.metadata is not None and stored.metadata.get("secret_a") == 7  # the plain key
+        assert [h.text for h in a.search(old, WORDS, mode="bm25", filters={"secret_a": 7}).hits] == [A_TEXT]
+        assert "secret_a" in b.describe(old)["schema"]  # the limitation such a collection keeps
+        assert b.search(old, WORDS, mode="bm25", filters={"secret_a": 7}).hits == []
+    finally:
+        view.drop_collection(old)
+
+
+def test_stored_keys_never_collide_and_replay() -> None:
+    """Tenant ``a_``'s ``x`` and tenant ``a``'s ``_x`` are two keys; a recorded filter on a long key replays."""
+    from indexing.collections import CollectionConfig
+    from quarry.shared import tenant_schema
+    from stores.filters import Eq, parse_filter
+
+    assert stored_field("a_", "x") != stored_field("a", "_x")
+    cfg = CollectionConfig(name="s", embedding_model="m", dim=2, chunk_size=8, chunk_overlap=0, tenancy="shared",
+                           tenant_schemas=True, schema={"document_id": "str", stored_field("a_", "x"): "int",
+                                                        stored_field("a", "_x"): "str", stored_field("ab", "y"): "int"})
+    assert tenant_schema(cfg, "a") == {"document_id": "str", "_x": "str"}
+    assert tenant_schema(cfg, "a_") == {"document_id": "str", "x": "int"}
+    key = stored_field("t" * 32, "f" * 64)  # the longest: 100 characters
+    assert parse_filter({key: 1}, stored=True) == Eq(key, 1)  # the recall monitor's recorded filters
+    with pytest.raises(InvalidFilter, match="invalid field name"):
+        parse_filter({key: 1})  # a client's field name stays within 64
