@@ -2,7 +2,7 @@
 
 Two tenants write the same ids into one shared collection: A writes ``secret_a`` (int) and
 ``price`` as an int, B writes ``secret_b`` and ``price`` as a string. On the embedded default
-(Milvus Lite + SQLite) and on pgvector with the PostgreSQL docstore: A's describe, listing,
+(Milvus Lite + SQLite), on Qdrant edge and on pgvector with the PostgreSQL docstore: A's describe, listing,
 documents, hits and errors never show ``secret_b`` (nor B's tenant id or the stored keys); A's
 filter on ``secret_b`` is the same 400 as a filter on a field nobody wrote; ``price`` filters
 work for each with its own type; BM25, dense and hybrid answer each tenant its own documents.
@@ -43,7 +43,9 @@ WORDS = "bananas blueberries plantation apples orchard weather forecasts"
 MODES = ("bm25", "dense", "hybrid")
 
 
-@pytest.fixture(scope="module", params=["milvus-lite", pytest.param("pgvector", marks=pytest.mark.integration)])
+@pytest.fixture(scope="module", params=[
+    "milvus-lite", "qdrant-edge", pytest.param("pgvector", marks=pytest.mark.integration),
+])
 def setup(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, counting: CountingEmbedder,
 ) -> Iterator[tuple[TestClient, Quarry, dict[str, str], str]]:
@@ -54,6 +56,8 @@ def setup(
 
             settings = Settings(data_dir=data, store=StoreSettings(url=PG_URL),
                                 docstore=DocstoreSettings(url=stack.enter_context(pg_schema())))
+        elif request.param == "qdrant-edge":  # one payload index per stored key: T__m_price keyword, U__m_price float
+            settings = Settings(data_dir=data, store=StoreSettings(url=f"qdrant://{data}/qdrant"))
         else:
             settings = Settings(data_dir=data)
         quarry = Quarry(settings, embedder=counting)
