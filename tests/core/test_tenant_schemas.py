@@ -2,10 +2,11 @@
 
 Two tenants write the same ids into one shared collection: A writes ``secret_a`` (int) and
 ``price`` as an int, B writes ``secret_b`` and ``price`` as a string. On the embedded default
-(Milvus Lite + SQLite), on Qdrant edge and on pgvector with the PostgreSQL docstore: A's describe, listing,
-documents, hits and errors never show ``secret_b`` (nor B's tenant id or the stored keys); A's
-filter on ``secret_b`` is the same 400 as a filter on a field nobody wrote; ``price`` filters
-work for each with its own type; BM25, dense and hybrid answer each tenant its own documents.
+(Milvus Lite + SQLite), on Qdrant edge, on the Milvus server and on pgvector with the
+PostgreSQL docstore: A's describe, listing, documents, hits and errors never show ``secret_b``
+(nor B's tenant id or the stored keys); A's filter on ``secret_b`` is the same 400 as a filter
+on a field nobody wrote; ``price`` filters work for each with its own type; BM25, dense and
+hybrid answer each tenant its own documents.
 
 Before per-tenant schemas (found 2026-12-03, docs/access.md "Known limitation"), describe showed
 every tenant's field names, A's filter on ``secret_b`` was accepted, and B's first string
@@ -36,6 +37,7 @@ from tests.core.conftest import CountingEmbedder
 from tests.core.test_tenant_isolation import _admin, _error, _h, _key
 
 PG_URL = os.environ.get("QUARRY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5433/quarry")
+MILVUS_URL = os.environ.get("QUARRY_TEST_MILVUS_URL", "milvus://127.0.0.1:19530")
 A_TEXT = "Apples and apricots: the orchard report of tenant alpha about apple harvests."
 B_TEXT = "Bananas and blueberries: the plantation report of tenant beta about banana harvests."
 SAME = "A shared sentence about weather forecasts that both tenants stored under the same id."
@@ -45,6 +47,7 @@ MODES = ("bm25", "dense", "hybrid")
 
 @pytest.fixture(scope="module", params=[
     "milvus-lite", "qdrant-edge", pytest.param("pgvector", marks=pytest.mark.integration),
+    pytest.param("milvus-server", marks=pytest.mark.integration),
 ])
 def setup(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, counting: CountingEmbedder,
@@ -56,6 +59,8 @@ def setup(
 
             settings = Settings(data_dir=data, store=StoreSettings(url=PG_URL),
                                 docstore=DocstoreSettings(url=stack.enter_context(pg_schema())))
+        elif request.param == "milvus-server":
+            settings = Settings(data_dir=data, store=StoreSettings(url=MILVUS_URL))
         elif request.param == "qdrant-edge":  # one payload index per stored key: T__m_price keyword, U__m_price float
             settings = Settings(data_dir=data, store=StoreSettings(url=f"qdrant://{data}/qdrant"))
         else:
