@@ -79,6 +79,9 @@ class CollectionConfig(BaseModel):
         fusion: The collection's default hybrid fusion (``None``: the server's settings).
         tenancy: ``shared``: a collection of every tenant, each one's documents carrying its
             ``tenant_id`` (:mod:`quarry.shared`); ``tenant``: the tenant's own.
+        tenant_schemas: In a shared collection, whether ``schema_`` holds each tenant's fields
+            under its own keys (``<tenant>__m_<field>``, :func:`quarry.shared.stored_field`), so that
+            every tenant has a schema of its own; set when a shared collection is created.
     """
 
     name: str
@@ -95,6 +98,12 @@ class CollectionConfig(BaseModel):
     fusion: FusionConfig | None = Field(None, description="The collection's default hybrid fusion.")
     tenancy: Literal["tenant", "shared"] = Field(
         "tenant", description="tenant: one tenant's own; shared: every tenant's, each seeing its own documents."
+    )
+    tenant_schemas: bool = Field(
+        False,
+        description="shared only: each tenant has its own metadata schema (its fields are stored under keys of "
+        "its own, and the schema shown is the caller's); false in shared collections made before per-tenant "
+        "schemas, whose one schema every tenant sees.",
     )
 
     model_config = {"populate_by_name": True}

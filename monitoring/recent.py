@@ -118,7 +118,7 @@ class RecentQueries:
         return [
             RecordedQuery(
                 np.frombuffer(blob, dtype="<f4").astype(np.float32),
-                None if raw is None else parse_filter(json.loads(raw)),
+                None if raw is None else parse_filter(json.loads(raw), stored=True),
                 int(top_k),
             )
             for blob, raw, top_k in rows

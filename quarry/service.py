@@ -45,7 +45,7 @@ from retrieval.search import DenseTarget, Mode, RerankOptions, Searcher, SearchR
 from retrieval.text import LANGUAGES, Language
 from stores.base import IndexSpec, VectorStore, redact_url
 from stores.factory import open_store
-from stores.filters import Filter, FilterLimits, matches, parse_filter
+from stores.filters import FieldType, Filter, FilterLimits, matches, parse_filter
 from stores.routing import FilterRouter
 
 log = logging.getLogger(__name__)
@@ -420,7 +420,9 @@ class Quarry:
         if self.tenant_id == SHARED:
             return own
         shared = self.shared_view()
-        return own + [shared.get_collection(n) for n in shared.docstore.list_collections()]
+        from quarry.shared import tenant_view  # each tenant sees its own fields of a shared collection
+
+        return own + [tenant_view(shared.get_collection(n), self.tenant_id) for n in shared.docstore.list_collections()]
 
     def describe(self, name: str) -> dict[str, Any]:
         """Configuration plus document/chunk/vector counts."""
@@ -886,11 +888,21 @@ class Quarry:
         cfg = self.get_collection(name)
         search = self.settings.search
         limits = FilterLimits(search.max_filter_in_values, search.max_filter_values, search.max_filter_depth)
-        flt = parse_filter(filters, cfg.schema_, limits)
+        flt = parse_filter(filters, self._filter_schema(cfg), limits)
+        if flt is not None:
+            flt = self._stored_filter(cfg, flt)
         check = getattr(self.store, "check_filter", None)  # an engine's own limits (Milvus Lite's strings)
         if flt is not None and check is not None:
             check(flt)  # here, so that every mode, BM25 included, answers the same
         return cfg, flt
+
+    def _filter_schema(self, cfg: CollectionConfig) -> Mapping[str, FieldType]:
+        """The fields a filter may name: the collection's (a shared one's: the caller's own, :mod:`quarry.shared`)."""
+        return cfg.schema_
+
+    def _stored_filter(self, cfg: CollectionConfig, flt: Filter) -> Filter:
+        """``flt`` in the names the stores hold (a shared collection's: the caller's stored ids and keys)."""
+        return flt
 
 
 def _fingerprint(model: Embedder) -> str:

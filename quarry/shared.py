@@ -19,6 +19,17 @@ enforces the key's tenant ``T`` below the handlers, on every path:
   refused (403 ``Forbidden``): it can neither remove nor widen the scope. Hits, documents and
   listings show ids without ``T/`` and metadata without ``tenant_id``; describe counts the
   tenant's documents, chunks and vectors. The semantic cache keys entries by ``T``.
+* **Metadata schemas**: each tenant has its own (``tenant_schemas: true``, every shared
+  collection made since 2026-12-03). Tenant ``T``'s field ``price`` is stored under the payload
+  key ``T__m_price`` (:func:`stored_field`) in the docstore, the BM25 payloads and the vector
+  store, so the collection's one physical schema (``schema`` in its configuration) holds every
+  tenant's keys apart: two tenants' ``price`` may hold different types, and the first to write
+  a field fixes its type for itself only. ``T``'s filters are checked against ``T``'s own schema
+  (:func:`tenant_schema`: a field only another tenant wrote is unknown, the same 400 as in an
+  own collection, and the error lists ``T``'s fields only) and rewritten to the stored keys
+  before either channel compiles them; hits, documents, listings, describe and the errors of
+  a write show ``T``'s names. A shared collection made before (``tenant_schemas: false``)
+  keeps one schema for every tenant.
 * **By id**: get and delete address ``T/<id>`` only; another tenant's id is the same answer as a
   missing one (get: 404; delete: ``deleted: 0``), never a read or a delete of it.
 * **Admin**: drop, reindex, rollback and recall figures (aggregates of every tenant's searches)
@@ -30,23 +41,61 @@ Fails closed: a scope whose tenant is empty or malformed is a 403, never an unfi
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from indexing.collections import CollectionConfig, FusionConfig
+from indexing.collections import BUILTIN_FIELDS, CollectionConfig, FusionConfig
 from indexing.docstore import DEFAULT_TENANT
 from indexing.pipeline import IngestReport, Progress
 from indexing.sources import SourceDocument
 from indexing.versions import live_config
-from quarry.errors import CollectionNotFound, Conflict, Forbidden, InvalidDocument, NotFound, clip
+from quarry.errors import CollectionNotFound, Conflict, Forbidden, InvalidDocument, InvalidFilter, NotFound, clip
 from quarry.service import Quarry
 from quarry.tenancy import TENANT_FIELD, TENANT_ID
 from retrieval.search import Hit, SearchResult
 from retrieval.text import Language
-from stores.filters import And, Eq, Filter, In, Ne, Nin, Or, Prefix
+from stores.filters import And, Eq, FieldType, Filter, In, Ne, Nin, Or, Prefix
 
 log = logging.getLogger(__name__)
+
+MAX_STORED_METADATA_BYTES = 48 * 1024
+"""Most bytes of a chunk's metadata as stored, as JSON (clients may send 32 KiB: ``indexing.sources``)."""
+FIELD_MARK = "__m_"
+"""Between the tenant and the field name in a stored metadata key (:func:`stored_field`)."""
+
+
+def stored_field(tenant_id: str, field: str) -> str:
+    """The payload key of tenant ``tenant_id``'s metadata field ``field`` in a shared collection.
+
+    ``<tenant>__m_<field>`` (at most 32 + 4 + 64 characters: :data:`stores.filters.PAYLOAD_KEY`).
+    Two tenants' keys are never equal: a tenant id holds no ``__`` (``quarry.api.keys.TENANT``), so
+    the first ``__`` of a key ends its tenant; nor equal to a server field (``document_id``,
+    ``tenant_id``: no ``__``).
+    """
+    return f"{tenant_id}{FIELD_MARK}{field}"
+
+
+def tenant_schema(cfg: CollectionConfig, tenant_id: str) -> dict[str, FieldType]:
+    """The metadata schema tenant ``tenant_id`` sees of shared collection ``cfg``: its own fields only.
+
+    ``document_id`` plus every field this tenant wrote, by the name it wrote; a collection
+    without per-tenant schemas (``tenant_schemas: false``, made before them) has one schema for all.
+    """
+    if not cfg.tenant_schemas:
+        return dict(cfg.schema_)
+    mine = stored_field(tenant_id, "")
+    own = {key.removeprefix(mine): kind for key, kind in cfg.schema_.items() if key.startswith(mine)}
+    return {**BUILTIN_FIELDS, **own}
+
+
+def tenant_view(cfg: CollectionConfig, tenant_id: str) -> CollectionConfig:
+    """``cfg`` as tenant ``tenant_id`` sees it (:func:`tenant_schema`); any other collection unchanged."""
+    if cfg.tenancy != "shared" or not cfg.tenant_schemas:
+        return cfg
+    return cfg.model_copy(update={"schema_": tenant_schema(cfg, tenant_id)})
 
 
 def create_shared(  # noqa: PLR0913 - create_collection's fields
@@ -74,10 +123,11 @@ def create_shared(  # noqa: PLR0913 - create_collection's fields
             name, language=language, chunk_size=chunk_size, chunk_overlap=chunk_overlap, exist_ok=exist_ok,
             fusion=fusion,
         )
-        if cfg.tenancy != "shared":
+        if cfg.tenancy != "shared":  # made now (an existing one keeps its schemas as they are)
             cfg.tenancy = "shared"
+            cfg.tenant_schemas = True
             shared.docstore.put_collection(name, cfg.to_json())
-    return cfg
+    return tenant_view(cfg, q.tenant_id)
 
 
 def scoped(shared: Quarry, tenant_id: str) -> ScopedQuarry:
@@ -118,13 +168,15 @@ class ScopedQuarry(Quarry):
     """
 
     def __init__(self, shared: Quarry, tenant_id: str) -> None:  # noqa: D107 - see scoped()
-        if not tenant_id or not TENANT_ID.fullmatch(tenant_id):
+        if not tenant_id or not TENANT_ID.fullmatch(tenant_id) or "__" in tenant_id:  # see stored_field
             raise Forbidden(f"tenant {clip(tenant_id)} cannot be scoped: refusing an unscoped request",
                             reason="tenant")
         self.__dict__.update(shared.__dict__)
         self.tenant_id = tenant_id
         self.scope = Eq(TENANT_FIELD, tenant_id)
         self.prefix = f"{tenant_id}/"
+        self.fields = stored_field(tenant_id, "")
+        self._tenant_schemas: dict[str, bool] = {}  # this request's collections: per-tenant schemas or not
 
     # --- ids -----------------------------------------------------------------------------
     def _qualify(self, document_id: str) -> str:
@@ -152,20 +204,72 @@ class ScopedQuarry(Quarry):
             cursor = ids[-1]
         return found
 
-    def _document(self, doc: SourceDocument) -> SourceDocument:
+    def _own_schema(self, name: str) -> bool:
+        """Whether collection ``name`` keeps a schema per tenant (read once per request)."""
+        if name not in self._tenant_schemas:
+            self._tenant_schemas[name] = self.get_collection(name).tenant_schemas
+        return self._tenant_schemas[name]
+
+    def _document(self, doc: SourceDocument, own: bool) -> SourceDocument:
+        """``doc`` as stored: id ``T/<id>``, ``tenant_id: T``, and (``own``: per-tenant schemas) keys ``T__m_<f>``."""
         if TENANT_FIELD in doc.metadata:
             raise InvalidDocument(
                 f"document {clip(doc.id)}: metadata field {TENANT_FIELD!r} is set by the server in a shared "
                 "collection (from the API key's tenant); leave it out"
             )
-        meta = {**doc.metadata, TENANT_FIELD: self.tenant_id}
-        return dataclasses.replace(doc, id=self._qualify(doc.id), metadata=meta)
+        if not own:
+            meta = {**doc.metadata, TENANT_FIELD: self.tenant_id}
+            return dataclasses.replace(doc, id=self._qualify(doc.id), metadata=meta)
+        meta = {**self._stored(doc.metadata), TENANT_FIELD: self.tenant_id}
+        sections = tuple(dataclasses.replace(s, metadata=self._stored(s.metadata)) for s in doc.sections)
+        largest = max((_json_bytes({**meta, **s.metadata}) for s in sections), default=_json_bytes(meta))
+        if largest > MAX_STORED_METADATA_BYTES:  # each key grew by len(self.fields): Milvus holds 64 KiB of JSON
+            raise InvalidDocument(
+                f"document {clip(doc.id)}: its metadata is {largest:,} bytes as stored in a shared collection (each "
+                f"field name carries the tenant); the limit is {MAX_STORED_METADATA_BYTES:,}: use fewer fields"
+            )
+        return dataclasses.replace(doc, id=self._qualify(doc.id), metadata=meta, sections=sections)
 
-    def _hit(self, hit: Hit) -> Hit | None:
+    def _stored(self, meta: Mapping[str, Any]) -> dict[str, Any]:
+        return {self.fields + key: value for key, value in meta.items()}
+
+    def _shown(self, meta: Mapping[str, Any], own: bool) -> dict[str, Any]:
+        """Stored metadata as this tenant wrote it: its own keys by their names, no ``tenant_id``.
+
+        With per-tenant schemas (``own``), a key of another tenant (never in this tenant's
+        documents) is left out rather than shown.
+        """
+        if not own:
+            return {k: v for k, v in meta.items() if k != TENANT_FIELD}
+        shown = {}
+        for key, value in meta.items():
+            if key.startswith(self.fields):
+                shown[key.removeprefix(self.fields)] = value
+            elif FIELD_MARK not in key and key != TENANT_FIELD:  # the server's (document_id)
+                shown[key] = value
+        return shown
+
+    def _own_text(self, text: str) -> str:
+        """A message of the pipeline or the store in the caller's names (ids without ``T/``, keys without ``T__m_``)."""
+        for quote in ("'", '"'):
+            text = text.replace(quote + self.prefix, quote)
+        return text.replace(self.fields, "")
+
+    @contextmanager
+    def _own_messages(self) -> Iterator[None]:
+        """Errors about documents and filters raised inside, in the caller's names (:meth:`_own_text`)."""
+        try:
+            yield
+        except (InvalidDocument, InvalidFilter) as exc:
+            exc.message = self._own_text(exc.message)
+            exc.args = (exc.message,)
+            raise
+
+    def _hit(self, hit: Hit, own: bool) -> Hit | None:
         if not self._mine(hit.document_id) or hit.metadata.get(TENANT_FIELD) != self.tenant_id:
             log.error("shared collection hit outside tenant %s's scope dropped", self.tenant_id)
             return None
-        meta = {k: v for k, v in hit.metadata.items() if k != TENANT_FIELD}
+        meta = self._shown(hit.metadata, own)
         explain = {  # each channel's chunk id too: the caller's ids everywhere, never the stored T/ ones
             k: {**v, "chunk_id": v["chunk_id"].removeprefix(self.prefix)}
             if isinstance(v, dict) and isinstance(v.get("chunk_id"), str) else v
@@ -176,8 +280,10 @@ class ScopedQuarry(Quarry):
             chunk_id=hit.chunk_id.removeprefix(self.prefix), metadata=meta, explain=explain,
         )
 
-    def _result(self, result: SearchResult) -> SearchResult:
-        result.hits = [h for h in (self._hit(hit) for hit in result.hits) if h is not None]
+    def _result(self, name: str, result: SearchResult) -> SearchResult:
+        own = self._own_schema(name)
+        result.hits = [h for h in (self._hit(hit, own) for hit in result.hits) if h is not None]
+        result.degraded = [self._own_text(reason) for reason in result.degraded]  # a channel's error, in its names
         return result
 
     def _owner(self, name: str, action: str) -> None:
@@ -196,28 +302,42 @@ class ScopedQuarry(Quarry):
             Forbidden: The caller's filter names ``tenant_id``.
         """
         refuse_tenant_field(filters)
-        cfg, flt = super()._target(name, filters)
-        return cfg, self.scope if flt is None else And((self.scope, _qualified(flt, self.prefix)))
+        with self._own_messages():  # an engine's limits (Milvus Lite's strings) name the stored keys
+            cfg, flt = super()._target(name, filters)
+        self._tenant_schemas[name] = cfg.tenant_schemas
+        return cfg, self.scope if flt is None else And((self.scope, flt))
+
+    def _filter_schema(self, cfg: CollectionConfig) -> Mapping[str, FieldType]:
+        """This tenant's own fields (:func:`tenant_schema`): another tenant's field is an unknown one."""
+        return tenant_schema(cfg, self.tenant_id)
+
+    def _stored_filter(self, cfg: CollectionConfig, flt: Filter) -> Filter:
+        """``flt`` on the stored ids (``T/<id>``) and, with per-tenant schemas, the stored keys (``T__m_<f>``)."""
+        return _qualified(flt, self.prefix, self.fields if cfg.tenant_schemas else "")
 
     def _matching_ids(self, name: str, flt: Filter, prefix: str = "") -> list[str]:
         return super()._matching_ids(name, flt, self.prefix)  # this tenant's key range, whatever is asked
 
     def search(self, name: str, query: str, **kwargs: Any) -> SearchResult:
         """:meth:`Quarry.search` within the tenant (see the module doc)."""
-        return self._result(super().search(name, query, **kwargs))
+        with self._own_messages():  # a store's filter errors name the stored keys
+            result = super().search(name, query, **kwargs)
+        return self._result(name, result)
 
     async def search_async(self, name: str, query: str, **kwargs: Any) -> SearchResult:
         """:meth:`Quarry.search_async` within the tenant."""
-        return self._result(await super().search_async(name, query, **kwargs))
+        with self._own_messages():
+            result = await super().search_async(name, query, **kwargs)
+        return self._result(name, result)
 
     def describe(self, name: str) -> dict[str, Any]:
-        """Configuration plus this tenant's document, chunk and vector counts."""
+        """Configuration (with this tenant's own schema) plus this tenant's document, chunk and vector counts."""
         cfg = self.get_collection(name)
         live = self.live_version(name)
         ids = self._own_ids(name)
         chunks = sum(len(c) for c in self.docstore.chunk_ids_of(name, ids).values())
         return {
-            **live_config(cfg, live).to_json(), "documents": len(ids), "chunks": chunks,
+            **tenant_view(live_config(cfg, live), self.tenant_id).to_json(), "documents": len(ids), "chunks": chunks,
             "vectors": self.store.count(live.physical_name, self.scope), "live_version": live.version,
             "versions": [],  # the physical versions are the operator's business
         }
@@ -235,11 +355,12 @@ class ScopedQuarry(Quarry):
             raise
         except NotFound:  # its message names the stored id; this one the caller's
             raise NotFound(f"collection {clip(name)} has no document {clip(document_id)}") from None
+        own = self._own_schema(name)
         doc["id"] = document_id
-        doc["metadata"] = {k: v for k, v in doc["metadata"].items() if k != TENANT_FIELD}
+        doc["metadata"] = self._shown(doc["metadata"], own)
         for chunk in doc["chunks"]:
             chunk["id"] = chunk["id"].removeprefix(self.prefix)
-            chunk["metadata"] = {k: v for k, v in chunk["metadata"].items() if k != TENANT_FIELD}
+            chunk["metadata"] = self._shown(chunk["metadata"], own)
         return doc
 
     def list_documents(
@@ -248,12 +369,12 @@ class ScopedQuarry(Quarry):
         """A page of this tenant's documents in id order (cursors are its own ids)."""
         from indexing.documents import list_documents
 
-        self.get_collection(name)
+        own = self._own_schema(name)  # CollectionNotFound first
         page, nxt = list_documents(self.docstore, name, cursor=self._qualify(cursor or ""), limit=limit,
                                    prefix=self.prefix)
         for doc in page:
             doc["id"] = doc["id"].removeprefix(self.prefix)
-            doc["metadata"] = {k: v for k, v in doc["metadata"].items() if k != TENANT_FIELD}
+            doc["metadata"] = self._shown(doc["metadata"], own)
         return page, None if nxt is None else nxt.removeprefix(self.prefix)
 
     # --- writes --------------------------------------------------------------------------
@@ -263,9 +384,13 @@ class ScopedQuarry(Quarry):
         """:meth:`Quarry.upsert` of this tenant's documents (``tenant_id`` set from the key).
 
         Raises:
-            InvalidDocument: A document sets ``tenant_id`` (nothing of the batch is written).
+            InvalidDocument: A document sets ``tenant_id``, or a field's type conflicts with this
+                tenant's schema (nothing of the batch is written; the message in the caller's names).
         """
-        return super().upsert(name, [self._document(d) for d in docs], progress, atomic=atomic)
+        own = self._own_schema(name)
+        stored = [self._document(d, own) for d in docs]
+        with self._own_messages():
+            return super().upsert(name, stored, progress, atomic=atomic)
 
     def upsert_stream(
         self, name: str, docs: Iterable[SourceDocument], progress: Progress | None = None, *,
@@ -279,7 +404,9 @@ class ScopedQuarry(Quarry):
         """
         if vectors is not None:
             raise Forbidden("a shared collection takes documents, not vectors embedded elsewhere (--engine ray)")
-        return super().upsert_stream(name, (self._document(d) for d in docs), progress, stop=stop, seen=seen)
+        own = self._own_schema(name)
+        with self._own_messages():
+            return super().upsert_stream(name, (self._document(d, own) for d in docs), progress, stop=stop, seen=seen)
 
     def delete_documents(self, name: str, document_ids: Sequence[str]) -> IngestReport:
         """Delete this tenant's documents by id (another tenant's id deletes nothing: ``deleted: 0``)."""
@@ -317,12 +444,19 @@ class ScopedQuarry(Quarry):
         return super().check_recall(name, queries)
 
 
-def _qualified(flt: Filter, prefix: str) -> Filter:
-    """``flt`` with its ``document_id`` values as stored (``T/<id>``): a filter on ids works as in an own collection."""
+def _json_bytes(meta: Mapping[str, Any]) -> int:
+    return len(json.dumps(meta, ensure_ascii=False).encode())
+
+
+def _qualified(flt: Filter, prefix: str, fields: str = "") -> Filter:
+    """``flt`` as stored: ``document_id`` values ``T/<id>``, and other fields ``fields + name`` (``T__m_<f>``).
+
+    A filter on ids or fields then works as in an own collection; ``fields=""`` keeps the names.
+    """
     if isinstance(flt, And | Or):
-        return type(flt)(tuple(_qualified(sub, prefix) for sub in flt.items))
+        return type(flt)(tuple(_qualified(sub, prefix, fields) for sub in flt.items))
     if flt.field != "document_id":
-        return flt
+        return dataclasses.replace(flt, field=fields + flt.field) if fields else flt
     if isinstance(flt, Eq | Ne):
         return type(flt)(flt.field, prefix + flt.value if isinstance(flt.value, str) else flt.value)
     if isinstance(flt, In | Nin):

@@ -46,6 +46,10 @@ from quarry.errors import InvalidFilter, clip
 Scalar = str | int | float | bool
 FieldType = Literal["str", "int", "float", "bool"]
 FIELD_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
+"""A metadata field name as clients write it (documents and filters)."""
+PAYLOAD_KEY = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
+"""A payload key the stores take: a field name, or a shared collection's per-tenant key
+(``<tenant>__m_<field>``, :func:`quarry.shared.stored_field`), up to 32 + 4 + 64 characters."""
 
 
 @dataclass(frozen=True)
@@ -145,9 +149,10 @@ class FilterLimits:
 class _Parse:
     """One parse: the schema, the limits and the values counted so far."""
 
-    def __init__(self, schema: Mapping[str, FieldType] | None, limits: FilterLimits) -> None:
+    def __init__(self, schema: Mapping[str, FieldType] | None, limits: FilterLimits, names: re.Pattern[str]) -> None:
         self.schema = schema
         self.limits = limits
+        self.names = names
         self.values = 0
 
     def count(self, n: int) -> None:
@@ -163,6 +168,8 @@ def parse_filter(
     raw: Mapping[str, Any] | None,
     schema: Mapping[str, FieldType] | None = None,
     limits: FilterLimits | None = None,
+    *,
+    stored: bool = False,
 ) -> Filter | None:
     """Parse the JSON filter form into a typed tree, checking fields, types, values and size.
 
@@ -171,6 +178,9 @@ def parse_filter(
         schema: Known payload fields and their types. When given, an unknown field or a value
             of the wrong type is rejected.
         limits: Size limits (default :class:`FilterLimits`'s).
+        stored: The filter names stored payload keys (:data:`PAYLOAD_KEY`: the recall monitor's
+            recorded filters, whose shared-collection keys are ``<tenant>__m_<field>``), not
+            field names as clients write them (:data:`FIELD_NAME`).
 
     Returns:
         The typed filter, or ``None`` for an empty filter.
@@ -181,7 +191,7 @@ def parse_filter(
             string with a lone UTF-16 surrogate or a NUL; a number that is not finite; a filter
             past one of ``limits`` (the message names the setting).
     """
-    return _parse(raw, _Parse(schema, limits or FilterLimits()), 0)
+    return _parse(raw, _Parse(schema, limits or FilterLimits(), PAYLOAD_KEY if stored else FIELD_NAME), 0)
 
 
 def _parse(raw: Mapping[str, Any] | None, state: _Parse, depth: int) -> Filter | None:
@@ -211,7 +221,7 @@ def _parse_key(key: str, value: Any, state: _Parse, depth: int) -> Filter:
         return And(tuple(subs)) if key == "$and" else Or(tuple(subs))
     if key.startswith("$"):
         raise InvalidFilter(f"unknown filter operator {clip(key)}; use $and, $or or a field name")
-    _check_field(key, state.schema)
+    _check_field(key, state.schema, state.names)
     if not isinstance(value, Mapping):
         state.count(1)
         return Eq(key, _scalar(key, value, state.schema))
@@ -273,8 +283,8 @@ def _presence(key: str, op: str, arg: Any, schema: Mapping[str, FieldType] | Non
     return Prefix(key, arg)
 
 
-def _check_field(key: str, schema: Mapping[str, FieldType] | None) -> None:
-    if not FIELD_NAME.fullmatch(key):
+def _check_field(key: str, schema: Mapping[str, FieldType] | None, names: re.Pattern[str] = FIELD_NAME) -> None:
+    if not names.fullmatch(key):
         raise InvalidFilter(f"invalid field name {clip(key)}: use letters, digits and '_'")
     if schema is not None and key not in schema:
         known = ", ".join(sorted(schema)) or "(none)"

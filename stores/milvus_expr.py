@@ -3,7 +3,7 @@ r"""Compile typed filters (:mod:`stores.filters`) to Milvus boolean expressions,
 Milvus Lite 2.5.1 rejects expression templates (``filter_params``), so values are written as
 escaped literals; nothing of the caller's text reaches the expression unescaped:
 
-* field names must match :data:`stores.filters.FIELD_NAME` and are read as ``payload["f"]``;
+* field names must match :data:`stores.filters.PAYLOAD_KEY` and are read as ``payload["f"]``;
 * strings are double-quoted with ``\`` and ``"`` escaped. A line break cannot appear raw in a
   Milvus string literal: the server (Go parser) decodes ``\n``/``\r`` escapes, Milvus Lite does
   not, so on Lite a filter string containing a line break is rejected (``InvalidFilter``);
@@ -29,7 +29,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from quarry.errors import InvalidFilter
-from stores.filters import FIELD_NAME, And, Eq, Exists, Filter, In, Ne, Nin, Or, Prefix, Range, Scalar
+from stores.filters import PAYLOAD_KEY, And, Eq, Exists, Filter, In, Ne, Nin, Or, Prefix, Range, Scalar
 
 _ID_UNSAFE = re.compile(r"[%'\"\\\x00-\x1f\x7f]")
 _ID_ESCAPE = re.compile(r"%([0-9A-F]{2})")
@@ -134,7 +134,7 @@ def unsupported(flt: Filter, engine: str) -> str:
 
 
 def _field(name: str) -> str:
-    if not FIELD_NAME.fullmatch(name):
+    if not PAYLOAD_KEY.fullmatch(name):
         raise InvalidFilter(f"invalid field name {name!r}: use letters, digits and '_'")
     return f'payload["{name}"]'
 

@@ -35,7 +35,7 @@ from psycopg.types.json import Jsonb
 
 from quarry.errors import InvalidFilter, InvalidQuery, InvalidRequest, UnsupportedIndex
 from stores.base import IndexSpec, Metric
-from stores.filters import FIELD_NAME, And, Eq, Exists, Filter, In, Ne, Nin, Or, Prefix, Range
+from stores.filters import PAYLOAD_KEY, And, Eq, Exists, Filter, In, Ne, Nin, Or, Prefix, Range
 from stores.routing import exact_row_limit as exact_row_limit  # shared by every backend
 
 COLLECTION_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_-]{0,47}\Z")
@@ -154,7 +154,7 @@ def _compile(flt: Filter, params: list[Any]) -> sql.Composable:
             raise InvalidFilter("$and/$or need at least one sub-filter")
         joiner = sql.SQL(" AND " if isinstance(flt, And) else " OR ")
         return sql.SQL("({})").format(joiner.join(_compile(sub, params) for sub in flt.items))
-    if not FIELD_NAME.fullmatch(flt.field):
+    if not PAYLOAD_KEY.fullmatch(flt.field):
         raise InvalidFilter(f"invalid field name {flt.field!r}: use letters, digits and '_'")
     if isinstance(flt, Eq | In | Ne | Nin):
         values = (flt.value,) if isinstance(flt, Eq | Ne) else flt.values

@@ -42,7 +42,7 @@ import numpy as np
 
 from quarry.errors import InvalidFilter, InvalidRequest, UnsupportedIndex
 from stores.base import IndexSpec, Metric, Payload, ScoredId, VectorRecord
-from stores.filters import FIELD_NAME, And, Eq, Exists, Filter, Ne, Nin, Or, Prefix, Range, Scalar
+from stores.filters import PAYLOAD_KEY, And, Eq, Exists, Filter, Ne, Nin, Or, Prefix, Range, Scalar
 from stores.milvus_expr import unsupported
 from stores.routing import FilterRouter, scanned_ids
 
@@ -223,7 +223,7 @@ def index_fields(payload: Mapping[str, Any], bool_mirror: bool) -> dict[str, Fie
     """
     wanted: dict[str, FieldIndex] = {}
     for key, value in payload.items():
-        if not FIELD_NAME.fullmatch(key) or key in RESERVED_KEYS:
+        if not PAYLOAD_KEY.fullmatch(key) or key in RESERVED_KEYS:
             continue
         if isinstance(value, bool):
             if bool_mirror:

@@ -27,7 +27,7 @@ from quarry.service import Quarry
 from quarry.settings import BM25Settings
 from retrieval.bm25_live import LiveBM25
 from stores import milvus, pgvector_sql, qdrant_common
-from stores.filters import FIELD_NAME, parse_filter
+from stores.filters import FIELD_NAME, PAYLOAD_KEY, parse_filter
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("quarry", "indexing", "retrieval", "stores", "embedding", "rerank", "eval")
@@ -72,7 +72,7 @@ def test_no_pattern_in_the_packages_ends_in_a_bare_dollar() -> None:
 
 
 def test_every_name_check_refuses_a_trailing_newline() -> None:
-    patterns = (NAME, FIELD_NAME, qdrant_common.NAME, milvus._NAME, pgvector_sql.COLLECTION_NAME)
+    patterns = (NAME, FIELD_NAME, PAYLOAD_KEY, qdrant_common.NAME, milvus._NAME, pgvector_sql.COLLECTION_NAME)
     for pattern in patterns:
         assert pattern.match("docs") and not pattern.match("docs\n") and not pattern.search("docs\n"), pattern
     checks: tuple[Callable[[str], object], ...] = (

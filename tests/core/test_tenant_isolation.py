@@ -428,7 +428,7 @@ def test_answer_cache_hits_never_cross_tenants(
     assert resp.headers["retry-after"] == "1"
 
 
-@pytest.mark.parametrize("tenant", ["", "Acme", "a/b", SHARED, "x" * 40])
+@pytest.mark.parametrize("tenant", ["", "Acme", "a/b", SHARED, "x" * 40, "a__b"])  # a__b: quarry.shared.stored_field
 def test_a_shared_scope_without_a_valid_tenant_fails_closed(tenant: str) -> None:
     with pytest.raises(Forbidden, match="refusing an unscoped request"):
         scoped(cast(Quarry, None), tenant)  # refused before the shared view is even read
