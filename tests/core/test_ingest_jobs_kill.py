@@ -28,6 +28,7 @@ import numpy as np
 
 from indexing.docstore import open_docstore
 from stores.factory import open_store
+from tests.embedding_cache import MODEL_CACHE_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = 120  # SciFact documents (about 175 chunks): 12 batches of 10, some seconds of embedding each
@@ -47,7 +48,7 @@ class Server:
     def __init__(self, data_dir: Path, root: Path, log: Path) -> None:
         self.port = _free_port()
         env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("QUARRY_")},
+            **{k: v for k, v in os.environ.items() if not k.startswith("QUARRY_") or k == MODEL_CACHE_ENV},
             "QUARRY_DATA_DIR": str(data_dir), "QUARRY_INGEST__ROOTS": json.dumps([str(root)]),
             "QUARRY_INGEST__BATCH_SIZE": str(BATCH), "QUARRY_INGEST__JOB_LEASE_S": "3",
             "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false",
