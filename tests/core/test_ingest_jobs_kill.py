@@ -1,7 +1,7 @@
 """Issue 23, acceptance 2: a REST ingest job over SciFact survives a SIGKILL of ``quarry serve``.
 
 Two real servers (``python -m quarry.cli serve``: Milvus Lite, SQLite docstore, the packaged
-MiniLM), each on a data dir of its own, ingest the same SciFact subset through
+MiniLM in torch), each on a data dir of its own, ingest the same SciFact subset through
 ``POST /v1/collections/{name}/jobs``. The first runs uninterrupted. The second is killed with
 SIGKILL (its whole process group: the Milvus Lite server too, as a machine that dies) once its
 progress has moved past a few batches, then started again: it finds the job's lease lapsed,
@@ -52,6 +52,9 @@ class Server:
             "QUARRY_DATA_DIR": str(data_dir), "QUARRY_INGEST__ROOTS": json.dumps([str(root)]),
             "QUARRY_INGEST__BATCH_SIZE": str(BATCH), "QUARRY_INGEST__JOB_LEASE_S": "3",
             "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false",
+            # the torch encoder, not the (several times faster) ONNX int8 default: its batches take
+            # long enough for the kill to land mid-job on any machine
+            "QUARRY_EMBEDDING__URL": "torch://all-MiniLM-L6-v2",
         }
         self.log = log.open("a")
         self.proc = subprocess.Popen(  # noqa: S603 - our own CLI
