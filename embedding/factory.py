@@ -6,9 +6,9 @@ URL                                        backend
 ``torch://all-MiniLM-L6-v2``               sentence-transformers in process (packaged weights)
 ``torch:///path/to/model``                 sentence-transformers folder
 ``onnx://all-MiniLM-L6-v2?quantize=int8``  ONNX Runtime int8 (the default, ``&threads=1``)
+``onnx://all-MiniLM-L6-v2?quantize=none``  ONNX Runtime fp32
 ``triton+grpc://host:8001/<model>``        Triton Inference Server over gRPC
 ``triton+http://host:8000/<model>``        Triton Inference Server over HTTP
-``onnx://all-MiniLM-L6-v2?quantize=none``  ONNX Runtime fp32
 =========================================  ==============================================
 """
 
