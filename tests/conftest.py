@@ -13,12 +13,15 @@ from indexing.chunking import chunk_text
 from indexing.pipeline import indexed_text
 from indexing.sources import read_documents
 from quarry.settings import IngestSettings
-from tests.embedding_cache import CachedEmbedder, torch_vectors
+from tests.embedding_cache import MODEL_CACHE_ENV, CachedEmbedder, shared_model_cache, torch_vectors
 from tests.tiny_embedder import build_tiny_bi_encoder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The default encoder (ONNX int8) is exported once for the whole suite, not once per test's data
+# dir: every Settings() here and every child process that inherits the environment reads it.
+os.environ.setdefault(MODEL_CACHE_ENV, str(shared_model_cache()))
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -30,6 +30,7 @@ import numpy as np
 from embedding.base import Embedder, Embeddings
 
 CACHE_ENV = "QUARRY_TEST_EMBEDDING_CACHE"
+MODEL_CACHE_ENV = "QUARRY_EMBEDDING__CACHE_DIR"  # the setting every Quarry of the suite reads it from
 _file_digests: dict[tuple[Path, int, int], str] = {}
 
 
@@ -42,6 +43,25 @@ def cache_dir() -> Path | None:
         return Path(value)
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / "quarry-tests" / "embeddings"
+
+
+def shared_model_cache() -> Path:
+    """The one model cache (ONNX exports, file digests) of the test suite's Quarry instances.
+
+    The default encoder is exported to ONNX on first use (~20 s here): with each test's own
+    ``<data_dir>/models`` that export would run once per test (and per child process). Beside
+    the vector memo, keyed by the export's code and the libraries that run it, so the suite
+    exports once per machine; a temporary folder when the memo is ``off``.
+    """
+    memo = cache_dir()
+    if memo is None:
+        import tempfile
+
+        return Path(tempfile.mkdtemp(prefix="quarry-test-models-"))
+    from embedding import onnx_export
+
+    digest = fingerprint({}, [onnx_export], ["torch", "transformers", "onnx", "onnxruntime"])
+    return memo.parent / "models" / digest[:16]
 
 
 def _file_digest(path: Path) -> str:

@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 
 from quarry.settings import Settings, setting_fields, unknown_env
+from tests.embedding_cache import MODEL_CACHE_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,7 +21,7 @@ def _script(args: list[str], data_dir: Path, **extra_env: str) -> subprocess.Com
     module, function = entry.split(":")
     code = f"import sys; from {module} import {function}; sys.argv[0] = 'quarry'; sys.exit({function}())"
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("QUARRY_")},
+        **{k: v for k, v in os.environ.items() if not k.startswith("QUARRY_") or k == MODEL_CACHE_ENV},
         "QUARRY_DATA_DIR": str(data_dir), "HF_HUB_OFFLINE": "1", "COLUMNS": "80", **extra_env,
     }
     return subprocess.run(

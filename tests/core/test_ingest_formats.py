@@ -314,8 +314,10 @@ def test_a_second_signal_abandons_the_batch_in_flight_and_rolls_it_back(tmp_path
     # in 0.5 s, and both signals came after that batch was committed).
     docs = [{"id": f"d{i:05d}", "text": f"entry {i} about glaciers, fjords and moraines"} for i in range(8000)]
     corpus = write_jsonl(tmp_path / "many.jsonl", docs)
+    # The torch encoder: the ONNX int8 default, several times faster, may finish such a batch
+    # before the second signal (0.5 s in) on a fast machine.
     env = {**os.environ, "QUARRY_DATA_DIR": str(tmp_path / "data"), "HF_HUB_OFFLINE": "1",
-           "QUARRY_INGEST__BATCH_SIZE": "2000"}
+           "QUARRY_INGEST__BATCH_SIZE": "2000", "QUARRY_EMBEDDING__URL": "torch://all-MiniLM-L6-v2"}
     child = subprocess.Popen(
         [sys.executable, "-m", "quarry.cli", "ingest", str(corpus), "-c", "ice", "--json"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

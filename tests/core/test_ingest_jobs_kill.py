@@ -1,7 +1,7 @@
 """Issue 23, acceptance 2: a REST ingest job over SciFact survives a SIGKILL of ``quarry serve``.
 
 Two real servers (``python -m quarry.cli serve``: Milvus Lite, SQLite docstore, the packaged
-MiniLM), each on a data dir of its own, ingest the same SciFact subset through
+MiniLM in torch), each on a data dir of its own, ingest the same SciFact subset through
 ``POST /v1/collections/{name}/jobs``. The first runs uninterrupted. The second is killed with
 SIGKILL (its whole process group: the Milvus Lite server too, as a machine that dies) once its
 progress has moved past a few batches, then started again: it finds the job's lease lapsed,
@@ -28,6 +28,7 @@ import numpy as np
 
 from indexing.docstore import open_docstore
 from stores.factory import open_store
+from tests.embedding_cache import MODEL_CACHE_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = 120  # SciFact documents (about 175 chunks): 12 batches of 10, some seconds of embedding each
@@ -47,10 +48,13 @@ class Server:
     def __init__(self, data_dir: Path, root: Path, log: Path) -> None:
         self.port = _free_port()
         env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("QUARRY_")},
+            **{k: v for k, v in os.environ.items() if not k.startswith("QUARRY_") or k == MODEL_CACHE_ENV},
             "QUARRY_DATA_DIR": str(data_dir), "QUARRY_INGEST__ROOTS": json.dumps([str(root)]),
             "QUARRY_INGEST__BATCH_SIZE": str(BATCH), "QUARRY_INGEST__JOB_LEASE_S": "3",
             "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false",
+            # the torch encoder, not the (several times faster) ONNX int8 default: its batches take
+            # long enough for the kill to land mid-job on any machine
+            "QUARRY_EMBEDDING__URL": "torch://all-MiniLM-L6-v2",
         }
         self.log = log.open("a")
         self.proc = subprocess.Popen(  # noqa: S603 - our own CLI

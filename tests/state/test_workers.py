@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from quarry.api.workers import share_cores
+from tests.embedding_cache import MODEL_CACHE_ENV
 from tests.state.conftest import PG_URL, pg_schema
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _serve(args: list[str], data_dir: Path, **extra_env: str) -> subprocess.Popen[str]:
     code = "import sys; from quarry.cli import main; sys.argv[0] = 'quarry'; sys.exit(main())"
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("QUARRY_")},
+        **{k: v for k, v in os.environ.items() if not k.startswith("QUARRY_") or k == MODEL_CACHE_ENV},
         "QUARRY_DATA_DIR": str(data_dir), "HF_HUB_OFFLINE": "1", "COLUMNS": "80", "PYTHONPATH": str(REPO),
         **extra_env,
     }
