@@ -92,10 +92,21 @@ def tenant_schema(cfg: CollectionConfig, tenant_id: str) -> dict[str, FieldType]
 
 
 def tenant_view(cfg: CollectionConfig, tenant_id: str) -> CollectionConfig:
-    """``cfg`` as tenant ``tenant_id`` sees it (:func:`tenant_schema`); any other collection unchanged."""
-    if cfg.tenancy != "shared" or not cfg.tenant_schemas:
+    """``cfg`` as tenant ``tenant_id`` sees it; any other collection unchanged.
+
+    Its own schema (:func:`tenant_schema`), and, for any tenant but the operator's, no ``index``
+    record: the planner's plan is sized by every tenant's vectors (``reason: "3 vectors < 20,000"``,
+    ``planned_for_vectors``, ``estimated_bytes``, even the kind it chose), so it told a tenant how
+    much the others store.
+    """
+    if cfg.tenancy != "shared":
         return cfg
-    return cfg.model_copy(update={"schema_": tenant_schema(cfg, tenant_id)})
+    update: dict[str, Any] = {}
+    if cfg.tenant_schemas:
+        update["schema_"] = tenant_schema(cfg, tenant_id)
+    if tenant_id != DEFAULT_TENANT:
+        update["index"] = {}
+    return cfg.model_copy(update=update) if update else cfg
 
 
 def create_shared(  # noqa: PLR0913 - create_collection's fields
@@ -212,7 +223,9 @@ class ScopedQuarry(Quarry):
 
     def _document(self, doc: SourceDocument, own: bool) -> SourceDocument:
         """``doc`` as stored: id ``T/<id>``, ``tenant_id: T``, and (``own``: per-tenant schemas) keys ``T__m_<f>``."""
-        if TENANT_FIELD in doc.metadata:
+        if TENANT_FIELD in doc.metadata or any(TENANT_FIELD in s.metadata for s in doc.sections):
+            # a section's metadata overrides the document's in its chunks' payloads
+            # (indexing.pipeline.plan_chunks): in a collection of one schema its tenant_id was B's scope
             raise InvalidDocument(
                 f"document {clip(doc.id)}: metadata field {TENANT_FIELD!r} is set by the server in a shared "
                 "collection (from the API key's tenant); leave it out"

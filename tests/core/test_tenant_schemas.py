@@ -252,3 +252,62 @@ def test_stored_keys_never_collide_and_replay() -> None:
     assert parse_filter({key: 1}, stored=True) == Eq(key, 1)  # the recall monitor's recorded filters
     with pytest.raises(InvalidFilter, match="invalid field name"):
         parse_filter({key: 1})  # a client's field name stays within 64
+
+
+def test_a_tenant_sees_no_index_plan_sized_by_every_tenant(
+    setup: tuple[TestClient, Quarry, dict[str, str], str],
+) -> None:
+    """Describe, listing and create showed the planner's record, sized by every tenant's vectors.
+
+    Found 2026-12-03 (h-attack2): after B wrote 2 documents and A 1, A's describe said
+    ``index: {"reason": "3 vectors < 20,000: ...", "planned_for_vectors": 3, "estimated_bytes": ...}``:
+    B's count. A tenant now gets no index record; the operator's tenant still sees it.
+    """
+    c, _, keys, name = setup
+    a, b, op = _h(keys["ta"]), _h(keys["tb"]), _h(keys["op"])
+    plan = f"{name}_plan"
+    url = f"/v1/collections/{plan}"
+    assert c.post("/v1/collections", json={"name": plan, "tenancy": "shared"}, headers=op).status_code == 201
+    try:
+        docs = [{"id": f"d{i}", "text": f"{B_TEXT} number {i}"} for i in range(3)]
+        assert c.post(f"{url}/documents", json={"documents": docs}, headers=b).status_code == 200
+        assert c.post(f"{url}/documents", json={"documents": [{"id": "d1", "text": A_TEXT}]},
+                      headers=a).status_code == 200
+        described = c.get(url, headers=a).json()
+        assert described["vectors"] == 1 and described["documents"] == 1, described  # A's own counts
+        listed = [x for x in c.get("/v1/collections", headers=a).json()["collections"] if x["name"] == plan]
+        assert described["index"] == {} and [x["index"] for x in listed] == [{}], (described, listed)
+        assert c.get(url, headers=op).json()["index"]["planned_for_vectors"] == 4  # the operator's to plan
+    finally:
+        c.delete(url, headers=op)
+
+
+@pytest.mark.parametrize("per_tenant", [True, False])
+def test_a_section_cannot_set_the_tenant_field(
+    setup: tuple[TestClient, Quarry, dict[str, str], str], per_tenant: bool,
+) -> None:
+    """A section's metadata ``tenant_id`` is refused like the document's.
+
+    Found 2026-12-03 (h-attack2): only the document's metadata was checked, and a section's
+    overrides it in each chunk's payload; in a collection of one schema (``tenant_schemas:
+    false``) A's document with a section ``{"tenant_id": B}`` was written with B's scope: B's
+    describe counted A's vector (``vectors: 1, documents: 0``). Sections come from files (PDF pages)
+    or the Python API, not from REST.
+    """
+    _, quarry, keys, name = setup
+    view = quarry.shared_view()
+    coll = f"{name}_sec{int(per_tenant)}"
+    create_shared(quarry, coll, language="auto", chunk_size=None, chunk_overlap=None, exist_ok=False, fusion=None)
+    try:
+        if not per_tenant:
+            raw = view.docstore.collection_config(coll)
+            assert raw is not None
+            view.docstore.put_collection(coll, {k: v for k, v in raw.items() if k != "tenant_schemas"})
+        tenant_b = f"tb{keys['suffix']}"
+        a, b = scoped(view, f"ta{keys['suffix']}"), scoped(view, tenant_b)
+        doc = SourceDocument("inj", "Injected plums. " * 4, sections=(Section(0, {"tenant_id": tenant_b}),))
+        with pytest.raises(InvalidDocument, match="'tenant_id' is set by the server"):
+            a.upsert(coll, [doc])
+        assert b.describe(coll)["vectors"] == 0 and a.describe(coll)["vectors"] == 0
+    finally:
+        view.drop_collection(coll)
