@@ -328,6 +328,10 @@ class ScopedQuarry(Quarry):
         """``flt`` on the stored ids (``T/<id>``) and, with per-tenant schemas, the stored keys (``T__m_<f>``)."""
         return _qualified(flt, self.prefix, self.fields if cfg.tenant_schemas else "")
 
+    def _bm25_within(self) -> str:
+        """This tenant's rows (``T/<id>``): BM25's N, avgdl and df are its own, never moved by other tenants'."""
+        return self.prefix
+
     def _matching_ids(self, name: str, flt: Filter, prefix: str = "") -> list[str]:
         return super()._matching_ids(name, flt, self.prefix)  # this tenant's key range, whatever is asked
 

@@ -311,3 +311,47 @@ def test_a_section_cannot_set_the_tenant_field(
         assert b.describe(coll)["vectors"] == 0 and a.describe(coll)["vectors"] == 0
     finally:
         view.drop_collection(coll)
+
+
+def test_bm25_scores_never_move_with_another_tenant_s_documents(
+    setup: tuple[TestClient, Quarry, dict[str, str], str],
+) -> None:
+    """A tenant's BM25 scores are those of an index of its own documents, whatever others write.
+
+    Found 2026-12-03 (h-attack2): BM25's N, avgdl and df were the whole shared collection's, so
+    tenant A's score for its own document fell from 0.298 to 0.093 when B wrote five documents
+    holding ``xylophone``: A could test which words B's documents hold, and how many. Now equal
+    to the score in A's own collection of the same documents, before and after B writes.
+    """
+    c, _, keys, name = setup
+    a, b, op = _h(keys["ta"]), _h(keys["tb"]), _h(keys["op"])
+    coll, own = f"{name}_idf", f"own_{keys['suffix']}"
+    mine = [{"id": "d1", "text": "A xylophone in the orchard report about apples."},
+            {"id": "d2", "text": "Apricots, apples and pears of the orchard."}]
+    assert c.post("/v1/collections", json={"name": coll, "tenancy": "shared"}, headers=op).status_code == 201
+    assert c.post("/v1/collections", json={"name": own}, headers=a).status_code == 201
+    try:
+        for url in (f"/v1/collections/{coll}", f"/v1/collections/{own}"):
+            assert c.post(f"{url}/documents", json={"documents": mine}, headers=a).status_code == 200
+
+        def scores(url: str, headers: dict[str, str], query: str) -> dict[str, float]:
+            found = {}
+            for mode in ("bm25", "hybrid"):
+                for hit in _hits(c, url, headers, mode=mode, query=query):
+                    if "bm25" in hit["explain"]:  # a hybrid hit found by the dense channel alone has none
+                        found[f"{mode}:{hit['document_id']}"] = hit["explain"]["bm25"]["score"]
+            return found
+
+        query = "xylophone orchard apples"
+        alone = scores(f"/v1/collections/{own}", a, query)
+        before = scores(f"/v1/collections/{coll}", a, query)
+        assert before == pytest.approx(alone) and len(before) == 4, (before, alone)
+        theirs = [{"id": f"x{i}", "text": f"Xylophone number {i} of the plantation, with bananas and apples."}
+                  for i in range(5)]
+        assert c.post(f"/v1/collections/{coll}/documents", json={"documents": theirs}, headers=b).status_code == 200
+        assert scores(f"/v1/collections/{coll}", a, query) == pytest.approx(before)
+        assert set(scores(f"/v1/collections/{coll}", b, query)) == {f"{m}:x{i}" for m in ("bm25", "hybrid")
+                                                                     for i in range(5)}
+    finally:
+        c.delete(f"/v1/collections/{coll}", headers=op)
+        c.delete(f"/v1/collections/{own}", headers=a)
