@@ -15,10 +15,13 @@ enforces the key's tenant ``T`` below the handlers, on every path:
 * **Reads**: every search (BM25, dense, hybrid, rerank, the answer path) runs with
   ``tenant_id == T`` AND-ed to the caller's filter, inside both channels (the BM25 channel tests
   payloads, the store compiles it like any filter), and so do the recall monitor's exact re-runs
-  (they repeat the search's filter). A caller's filter that names ``tenant_id`` anywhere is
-  refused (403 ``Forbidden``): it can neither remove nor widen the scope. Hits, documents and
+  (they repeat the search's filter). BM25 scores with the tenant's own N, avgdl and df
+  (:meth:`_bm25_within`): another tenant's documents never move its scores. A caller's filter
+  that names ``tenant_id`` anywhere is refused (403 ``Forbidden``): it can neither remove nor
+  widen the scope. Hits, documents and
   listings show ids without ``T/`` and metadata without ``tenant_id``; describe counts the
-  tenant's documents, chunks and vectors. The semantic cache keys entries by ``T``.
+  tenant's documents, chunks and vectors, and shows no index plan (:func:`tenant_view`). The
+  semantic cache keys entries by ``T``.
 * **Metadata schemas**: each tenant has its own (``tenant_schemas: true``, every shared
   collection made since 2026-12-03). Tenant ``T``'s field ``price`` is stored under the payload
   key ``T__m_price`` (:func:`stored_field`) in the docstore, the BM25 payloads and the vector

@@ -45,6 +45,8 @@ from retrieval.bm25_formulas import idf, okapi_scale, tfc, tfc_absent
 
 Row = tuple[str, str, list[str], dict[str, Any]]  # (chunk_id, document_id, tokens, payload)
 
+WITHIN_KEPT = 16
+"""Most row masks (one per shared collection tenant asking) a view keeps (:meth:`LiveView.rows_within`)."""
 _ROWS = "rows.json"
 _POSTINGS = "postings.npz"
 
@@ -91,13 +93,17 @@ class LiveView:
         """Row -> whether it is live and its document id starts with ``prefix``, ``(n_rows,) bool``.
 
         Computed once per view and prefix (one pass over the rows' document ids; 1,000,000 rows:
-        about 0.1 s of Python, after each write to the collection).
+        about 0.1 s of Python, after each write to the collection); a view keeps at most
+        :data:`WITHIN_KEPT` masks (a byte per row each: a thousand tenants would hold a thousand).
         """
         mask = self._within.get(prefix)
         if mask is None:
             n = self.n_rows
             mine = np.fromiter((d.startswith(prefix) for d in self.document_ids[:n]), np.bool_, n)
-            mask = self._within[prefix] = mine & self.alive[:n]
+            mask = mine & self.alive[:n]
+            if len(self._within) >= WITHIN_KEPT:
+                self._within.clear()  # one call, safe beside other threads' reads (a pop of the oldest is not)
+            self._within[prefix] = mask
         return mask
 
     @property

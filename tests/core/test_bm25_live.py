@@ -9,7 +9,7 @@ import pytest
 from indexing.sources import iter_jsonl
 from quarry.settings import BM25Settings
 from retrieval.bm25 import BM25Index
-from retrieval.bm25_live import LiveBM25, Row
+from retrieval.bm25_live import WITHIN_KEPT, LiveBM25, Row
 from retrieval.text import tokenize
 
 
@@ -126,3 +126,6 @@ def test_scores_within_a_tenant_equal_an_index_of_its_rows_alone(scifact_tokens:
         for r, c in enumerate(view.chunk_ids[: view.n_rows]):
             if view.alive[r] and c.startswith("a/"):
                 assert ours[r] == pytest.approx(float(expected[row_of[c]]), rel=2e-5, abs=2e-5), (q, c)
+    for i in range(40):  # a mask per tenant asked, a bounded number kept
+        view.rows_within(f"t{i}/")
+    assert len(view._within) <= WITHIN_KEPT

@@ -29,7 +29,7 @@ from indexing.docstore import DEFAULT_TENANT
 from indexing.formats import Section
 from indexing.sources import SourceDocument
 from quarry.api import create_app
-from quarry.errors import InvalidDocument, InvalidFilter
+from quarry.errors import Forbidden, InvalidDocument, InvalidFilter
 from quarry.service import Quarry
 from quarry.settings import DocstoreSettings, Settings, StoreSettings
 from quarry.shared import create_shared, scoped, stored_field
@@ -232,6 +232,10 @@ def test_a_shared_collection_made_before_keeps_one_schema(
         assert [h.text for h in a.search(old, WORDS, mode="bm25", filters={"secret_a": 7}).hits] == [A_TEXT]
         assert "secret_a" in b.describe(old)["schema"]  # the limitation such a collection keeps
         assert b.search(old, WORDS, mode="bm25", filters={"secret_a": 7}).hits == []
+        widen = {"$or": [{"secret_a": 7}, {"tenant_id": {"$exists": False}}]}
+        for flt in ({"tenant_id": f"ta{keys['suffix']}"}, widen):
+            with pytest.raises(Forbidden, match="can narrow that scope"):  # as with per-tenant schemas
+                b.search(old, WORDS, mode="bm25", filters=flt)
     finally:
         view.drop_collection(old)
 
