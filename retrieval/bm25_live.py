@@ -157,17 +157,14 @@ class LiveView:
             avgdl = float(self.lengths[:n][mask].sum()) / n_live if n_live else 0.0
         known = [t for t in query_tokens if vocab.get(t, len(df)) < len(df) and df[vocab[t]] > 0]
         postings_of: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]] = {}
+        own_df: dict[int, int] = {}
         if mask is not None and known:  # the df of the rows within: a term only others' rows hold is unknown
-            own_df: dict[int, int] = {}
             for term in dict.fromkeys(vocab[t] for t in known):
                 rows_t, tf_t = self._postings(term)
                 keep = mask[rows_t]
                 postings_of[term] = (rows_t[keep], tf_t[keep])
                 own_df[term] = int(keep.sum())
             known = [t for t in known if own_df[vocab[t]] > 0]
-            df = np.zeros(len(self.df), np.int64)
-            for term, count in own_df.items():
-                df[term] = count
         if max_terms is not None and len(known) > max_terms:
             kept = set(list(dict.fromkeys(known))[:max_terms])
             known = [t for t in known if t in kept]
@@ -176,7 +173,8 @@ class LiveView:
         p = self.params
         counts = Counter(vocab[t] for t in known)
         terms = np.fromiter(counts, np.int64, len(counts))
-        weights = idf(p.method, df[terms].astype(np.float64), float(n_live)) * np.fromiter(
+        dfs = df[terms] if mask is None else np.fromiter((own_df[t] for t in counts), np.int64, len(counts))
+        weights = idf(p.method, dfs.astype(np.float64), float(n_live)) * np.fromiter(
             counts.values(), np.float64, len(counts)
         )
         postings = [postings_of[term] if term in postings_of else self._postings(term) for term in terms.tolist()]
