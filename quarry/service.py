@@ -832,6 +832,7 @@ class Quarry:
         return self.searcher.search(
             cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank,
             dense_timeout_s=dense_timeout_s, fusion=fusion, min_score=min_score, target=target,
+            within=self._bm25_within(),
         )
 
     async def search_async(  # noqa: PLR0913 - mirrors the request body
@@ -852,7 +853,7 @@ class Quarry:
         cfg, target = self._dense_target(cfg, mode)
         return await self.searcher.search_async(
             cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, fusion=fusion,
-            min_score=min_score, target=target,
+            min_score=min_score, target=target, within=self._bm25_within(),
         )
 
     # --- recall monitoring -------------------------------------------------------------
@@ -903,6 +904,10 @@ class Quarry:
     def _stored_filter(self, cfg: CollectionConfig, flt: Filter) -> Filter:
         """``flt`` in the names the stores hold (a shared collection's: the caller's stored ids and keys)."""
         return flt
+
+    def _bm25_within(self) -> str | None:
+        """The rows whose statistics BM25 scores with (a shared collection's: the caller's, :mod:`quarry.shared`)."""
+        return None
 
 
 def _fingerprint(model: Embedder) -> str:

@@ -15,10 +15,13 @@ enforces the key's tenant ``T`` below the handlers, on every path:
 * **Reads**: every search (BM25, dense, hybrid, rerank, the answer path) runs with
   ``tenant_id == T`` AND-ed to the caller's filter, inside both channels (the BM25 channel tests
   payloads, the store compiles it like any filter), and so do the recall monitor's exact re-runs
-  (they repeat the search's filter). A caller's filter that names ``tenant_id`` anywhere is
-  refused (403 ``Forbidden``): it can neither remove nor widen the scope. Hits, documents and
+  (they repeat the search's filter). BM25 scores with the tenant's own N, avgdl and df
+  (:meth:`_bm25_within`): another tenant's documents never move its scores. A caller's filter
+  that names ``tenant_id`` anywhere is refused (403 ``Forbidden``): it can neither remove nor
+  widen the scope. Hits, documents and
   listings show ids without ``T/`` and metadata without ``tenant_id``; describe counts the
-  tenant's documents, chunks and vectors. The semantic cache keys entries by ``T``.
+  tenant's documents, chunks and vectors, and shows no index plan (:func:`tenant_view`). The
+  semantic cache keys entries by ``T``.
 * **Metadata schemas**: each tenant has its own (``tenant_schemas: true``, every shared
   collection made since 2026-12-03). Tenant ``T``'s field ``price`` is stored under the payload
   key ``T__m_price`` (:func:`stored_field`) in the docstore, the BM25 payloads and the vector
@@ -92,10 +95,21 @@ def tenant_schema(cfg: CollectionConfig, tenant_id: str) -> dict[str, FieldType]
 
 
 def tenant_view(cfg: CollectionConfig, tenant_id: str) -> CollectionConfig:
-    """``cfg`` as tenant ``tenant_id`` sees it (:func:`tenant_schema`); any other collection unchanged."""
-    if cfg.tenancy != "shared" or not cfg.tenant_schemas:
+    """``cfg`` as tenant ``tenant_id`` sees it; any other collection unchanged.
+
+    Its own schema (:func:`tenant_schema`), and, for any tenant but the operator's, no ``index``
+    record: the planner's plan is sized by every tenant's vectors (``reason: "3 vectors < 20,000"``,
+    ``planned_for_vectors``, ``estimated_bytes``, even the kind it chose), so it told a tenant how
+    much the others store.
+    """
+    if cfg.tenancy != "shared":
         return cfg
-    return cfg.model_copy(update={"schema_": tenant_schema(cfg, tenant_id)})
+    update: dict[str, Any] = {}
+    if cfg.tenant_schemas:
+        update["schema_"] = tenant_schema(cfg, tenant_id)
+    if tenant_id != DEFAULT_TENANT:
+        update["index"] = {}
+    return cfg.model_copy(update=update) if update else cfg
 
 
 def create_shared(  # noqa: PLR0913 - create_collection's fields
@@ -212,7 +226,9 @@ class ScopedQuarry(Quarry):
 
     def _document(self, doc: SourceDocument, own: bool) -> SourceDocument:
         """``doc`` as stored: id ``T/<id>``, ``tenant_id: T``, and (``own``: per-tenant schemas) keys ``T__m_<f>``."""
-        if TENANT_FIELD in doc.metadata:
+        if TENANT_FIELD in doc.metadata or any(TENANT_FIELD in s.metadata for s in doc.sections):
+            # a section's metadata overrides the document's in its chunks' payloads
+            # (indexing.pipeline.plan_chunks): in a collection of one schema its tenant_id was B's scope
             raise InvalidDocument(
                 f"document {clip(doc.id)}: metadata field {TENANT_FIELD!r} is set by the server in a shared "
                 "collection (from the API key's tenant); leave it out"
@@ -314,6 +330,10 @@ class ScopedQuarry(Quarry):
     def _stored_filter(self, cfg: CollectionConfig, flt: Filter) -> Filter:
         """``flt`` on the stored ids (``T/<id>``) and, with per-tenant schemas, the stored keys (``T__m_<f>``)."""
         return _qualified(flt, self.prefix, self.fields if cfg.tenant_schemas else "")
+
+    def _bm25_within(self) -> str:
+        """This tenant's rows (``T/<id>``): BM25's N, avgdl and df are its own, never moved by other tenants'."""
+        return self.prefix
 
     def _matching_ids(self, name: str, flt: Filter, prefix: str = "") -> list[str]:
         return super()._matching_ids(name, flt, self.prefix)  # this tenant's key range, whatever is asked

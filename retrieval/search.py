@@ -263,6 +263,7 @@ class Searcher:
         fusion: FusionConfig | None = None,
         min_score: float | None = None,
         target: DenseTarget | None = None,
+        within: str | None = None,
     ) -> SearchResult:
         """Search one collection.
 
@@ -286,6 +287,9 @@ class Searcher:
                 with that channel's own score. ``None``: keep all.
             target: The live version's store collection and query model (default: ``cfg.name``
                 and the searcher's encoder).
+            within: A shared collection's tenant, as its document ids' prefix (``T/``): the BM25
+                channel's statistics (N, avgdl, df) are its rows' (:meth:`retrieval.bm25_live.LiveView.scores`),
+                never the other tenants'. ``None``: the collection's.
 
         Returns:
             The page of hits, ``total`` fused candidates, degradations and timings.
@@ -302,7 +306,8 @@ class Searcher:
         """
         deadline = None if dense_timeout_s is None else time.monotonic() + dense_timeout_s
         request = self._request(cfg, fusion, min_score)
-        return _resolve(self._steps(cfg, query, top_k, mode, flt, offset, group, rerank, request, target), deadline)
+        steps = self._steps(cfg, query, top_k, mode, flt, offset, group, rerank, request, target, within)
+        return _resolve(steps, deadline)
 
     async def search_async(  # noqa: PLR0913 - these are the request's fields
         self,
@@ -317,6 +322,7 @@ class Searcher:
         fusion: FusionConfig | None = None,
         min_score: float | None = None,
         target: DenseTarget | None = None,
+        within: str | None = None,
     ) -> SearchResult:
         """:meth:`search` (without rerank) for an event loop; same results and errors.
 
@@ -333,7 +339,7 @@ class Searcher:
         """
         deadline = time.monotonic() + self._settings.dense_timeout_s
         request = self._request(cfg, fusion, min_score)
-        steps = self._steps(cfg, query, top_k, mode, flt, offset, group, None, request, target)
+        steps = self._steps(cfg, query, top_k, mode, flt, offset, group, None, request, target, within)
         if mode != "dense" and (len(query) > LOOP_QUERY_CHARS or flt is not None):
             step = await asyncio.to_thread(_advance, steps, None)
         else:
@@ -357,6 +363,7 @@ class Searcher:
         rerank: RerankOptions | None,
         request: _Request,
         target: DenseTarget | None = None,
+        within: str | None = None,
     ) -> Generator[Future[Any], Any, SearchResult]:
         """The query as steps, each waiting on a future.
 
@@ -372,7 +379,7 @@ class Searcher:
         physical, encoder = (cfg.name, self._embedder) if target is None else (target.physical, target.encoder)
         pending = self._submit_query(query, encoder) if mode != "bm25" else None
         if mode in ("bm25", "hybrid"):
-            channels["bm25"] = self._timed(result, "bm25", lambda: self._bm25_channel(cfg, query, flt, group))
+            channels["bm25"] = self._timed(result, "bm25", lambda: self._bm25_channel(cfg, query, flt, group, within))
         if pending is not None:
             dense_started = time.perf_counter()
             embeddings: Embeddings | None = None
@@ -468,10 +475,13 @@ class Searcher:
                 "cross-encoder and fusion scores"
             )
 
-    def _bm25_channel(self, cfg: CollectionConfig, query: str, flt: Filter | None, group: bool) -> _Channel:
+    def _bm25_channel(
+        self, cfg: CollectionConfig, query: str, flt: Filter | None, group: bool, within: str | None = None,
+    ) -> _Channel:
         index = self._bm25.get(cfg.name)
         keep = None if flt is None else predicate(flt)
-        rows, scores = index.top(tokenize(query, cfg.language), self.depth, keep, self._settings.max_query_terms)
+        tokens = tokenize(query, cfg.language)
+        rows, scores = index.top(tokens, self.depth, keep, self._settings.max_query_terms, within)
         if group:  # each document's best row, in rank order
             _, first = np.unique(index.document_codes[rows], return_index=True)
             first.sort()

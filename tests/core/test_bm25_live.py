@@ -9,7 +9,7 @@ import pytest
 from indexing.sources import iter_jsonl
 from quarry.settings import BM25Settings
 from retrieval.bm25 import BM25Index
-from retrieval.bm25_live import LiveBM25, Row
+from retrieval.bm25_live import WITHIN_KEPT, LiveBM25, Row
 from retrieval.text import tokenize
 
 
@@ -94,3 +94,38 @@ def test_the_shared_formulas_are_bm25s_own(method: str) -> None:
     absent = float(scoring._select_tfc_scorer(method)(0.0, 1.0, 1.0, k1, b, f.DELTA))  # tf 0, dl = avgdl
     assert f.tfc_absent(method, k1) == pytest.approx(absent if method in ("bm25l", "bm25+") else 0.0)
     assert f.okapi_scale(method, k1) == (k1 + 1 if method == "robertson" else 1.0)
+
+
+@pytest.mark.parametrize("method", ["lucene", "robertson", "atire", "bm25l", "bm25+"])
+def test_scores_within_a_tenant_equal_an_index_of_its_rows_alone(scifact_tokens: list[list[str]], method: str) -> None:
+    """``within="a/"`` (a shared collection's tenant) scores as an index of ``a/``'s live rows only.
+
+    Before (found 2026-12-03, h-attack2), N, avgdl and df were every tenant's: tenant a's score for
+    its own document fell from 0.298 to 0.093 when tenant b wrote five documents holding the term.
+    """
+    params = BM25Settings(method=method)
+    rng = random.Random(11)
+    docs = {f"{t}/d{i}": [(f"{t}/d{i}#0", f"{t}/d{i}", scifact_tokens[i * 2 + (t == "ab")], {})]
+            for i in range(300) for t in ("a", "ab")}  # "ab/" ids sort right after "a/" ones
+    live = LiveBM25.build([r for rows in docs.values() for r in rows], params, 1)
+    changed: dict[str, list[Row]] = {}
+    for _ in range(60):  # upserts and deletes of both tenants' documents
+        d = f"{rng.choice(['a', 'ab'])}/d{rng.randrange(400)}"
+        changed[d] = [] if rng.random() < 0.3 else [(f"{d}#0", d, scifact_tokens[rng.randrange(1200)][:60], {})]
+    live.apply(changed, 2)
+    docs.update(changed)
+    queries = [scifact_tokens[rng.randrange(1200)][:8] for _ in range(15)] + [["zzz-unknown"], []]
+    mine = [r for d, rows in docs.items() if d.startswith("a/") for r in rows if r[2]]
+    alone = LiveBM25.build(mine, params, 2).view()
+    view = live.view()
+    row_of = {c: r for r, c in enumerate(alone.chunk_ids)}
+    for q in queries:
+        ours = view.scores(q, within="a/")
+        assert not ours[[not d.startswith("a/") for d in view.document_ids[: view.n_rows]]].any()
+        expected = alone.scores(q)
+        for r, c in enumerate(view.chunk_ids[: view.n_rows]):
+            if view.alive[r] and c.startswith("a/"):
+                assert ours[r] == pytest.approx(float(expected[row_of[c]]), rel=2e-5, abs=2e-5), (q, c)
+    for i in range(40):  # a mask per tenant asked, a bounded number kept
+        view.rows_within(f"t{i}/")
+    assert len(view._within) <= WITHIN_KEPT

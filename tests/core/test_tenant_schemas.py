@@ -29,7 +29,7 @@ from indexing.docstore import DEFAULT_TENANT
 from indexing.formats import Section
 from indexing.sources import SourceDocument
 from quarry.api import create_app
-from quarry.errors import InvalidDocument, InvalidFilter
+from quarry.errors import Forbidden, InvalidDocument, InvalidFilter
 from quarry.service import Quarry
 from quarry.settings import DocstoreSettings, Settings, StoreSettings
 from quarry.shared import create_shared, scoped, stored_field
@@ -232,6 +232,10 @@ def test_a_shared_collection_made_before_keeps_one_schema(
         assert [h.text for h in a.search(old, WORDS, mode="bm25", filters={"secret_a": 7}).hits] == [A_TEXT]
         assert "secret_a" in b.describe(old)["schema"]  # the limitation such a collection keeps
         assert b.search(old, WORDS, mode="bm25", filters={"secret_a": 7}).hits == []
+        widen = {"$or": [{"secret_a": 7}, {"tenant_id": {"$exists": False}}]}
+        for flt in ({"tenant_id": f"ta{keys['suffix']}"}, widen):
+            with pytest.raises(Forbidden, match="can narrow that scope"):  # as with per-tenant schemas
+                b.search(old, WORDS, mode="bm25", filters=flt)
     finally:
         view.drop_collection(old)
 
@@ -252,3 +256,106 @@ def test_stored_keys_never_collide_and_replay() -> None:
     assert parse_filter({key: 1}, stored=True) == Eq(key, 1)  # the recall monitor's recorded filters
     with pytest.raises(InvalidFilter, match="invalid field name"):
         parse_filter({key: 1})  # a client's field name stays within 64
+
+
+def test_a_tenant_sees_no_index_plan_sized_by_every_tenant(
+    setup: tuple[TestClient, Quarry, dict[str, str], str],
+) -> None:
+    """Describe, listing and create showed the planner's record, sized by every tenant's vectors.
+
+    Found 2026-12-03 (h-attack2): after B wrote 2 documents and A 1, A's describe said
+    ``index: {"reason": "3 vectors < 20,000: ...", "planned_for_vectors": 3, "estimated_bytes": ...}``:
+    B's count. A tenant now gets no index record; the operator's tenant still sees it.
+    """
+    c, _, keys, name = setup
+    a, b, op = _h(keys["ta"]), _h(keys["tb"]), _h(keys["op"])
+    plan = f"{name}_plan"
+    url = f"/v1/collections/{plan}"
+    assert c.post("/v1/collections", json={"name": plan, "tenancy": "shared"}, headers=op).status_code == 201
+    try:
+        docs = [{"id": f"d{i}", "text": f"{B_TEXT} number {i}"} for i in range(3)]
+        assert c.post(f"{url}/documents", json={"documents": docs}, headers=b).status_code == 200
+        assert c.post(f"{url}/documents", json={"documents": [{"id": "d1", "text": A_TEXT}]},
+                      headers=a).status_code == 200
+        described = c.get(url, headers=a).json()
+        assert described["vectors"] == 1 and described["documents"] == 1, described  # A's own counts
+        listed = [x for x in c.get("/v1/collections", headers=a).json()["collections"] if x["name"] == plan]
+        assert described["index"] == {} and [x["index"] for x in listed] == [{}], (described, listed)
+        assert c.get(url, headers=op).json()["index"]["planned_for_vectors"] == 4  # the operator's to plan
+    finally:
+        c.delete(url, headers=op)
+
+
+@pytest.mark.parametrize("per_tenant", [True, False])
+def test_a_section_cannot_set_the_tenant_field(
+    setup: tuple[TestClient, Quarry, dict[str, str], str], per_tenant: bool,
+) -> None:
+    """A section's metadata ``tenant_id`` is refused like the document's.
+
+    Found 2026-12-03 (h-attack2): only the document's metadata was checked, and a section's
+    overrides it in each chunk's payload; in a collection of one schema (``tenant_schemas:
+    false``) A's document with a section ``{"tenant_id": B}`` was written with B's scope: B's
+    describe counted A's vector (``vectors: 1, documents: 0``). Sections come from files (PDF pages)
+    or the Python API, not from REST.
+    """
+    _, quarry, keys, name = setup
+    view = quarry.shared_view()
+    coll = f"{name}_sec{int(per_tenant)}"
+    create_shared(quarry, coll, language="auto", chunk_size=None, chunk_overlap=None, exist_ok=False, fusion=None)
+    try:
+        if not per_tenant:
+            raw = view.docstore.collection_config(coll)
+            assert raw is not None
+            view.docstore.put_collection(coll, {k: v for k, v in raw.items() if k != "tenant_schemas"})
+        tenant_b = f"tb{keys['suffix']}"
+        a, b = scoped(view, f"ta{keys['suffix']}"), scoped(view, tenant_b)
+        doc = SourceDocument("inj", "Injected plums. " * 4, sections=(Section(0, {"tenant_id": tenant_b}),))
+        with pytest.raises(InvalidDocument, match="'tenant_id' is set by the server"):
+            a.upsert(coll, [doc])
+        assert b.describe(coll)["vectors"] == 0 and a.describe(coll)["vectors"] == 0
+    finally:
+        view.drop_collection(coll)
+
+
+def test_bm25_scores_never_move_with_another_tenant_s_documents(
+    setup: tuple[TestClient, Quarry, dict[str, str], str],
+) -> None:
+    """A tenant's BM25 scores are those of an index of its own documents, whatever others write.
+
+    Found 2026-12-03 (h-attack2): BM25's N, avgdl and df were the whole shared collection's, so
+    tenant A's score for its own document fell from 0.298 to 0.093 when B wrote five documents
+    holding ``xylophone``: A could test which words B's documents hold, and how many. Now equal
+    to the score in A's own collection of the same documents, before and after B writes.
+    """
+    c, _, keys, name = setup
+    a, b, op = _h(keys["ta"]), _h(keys["tb"]), _h(keys["op"])
+    coll, own = f"{name}_idf", f"own_{keys['suffix']}"
+    mine = [{"id": "d1", "text": "A xylophone in the orchard report about apples."},
+            {"id": "d2", "text": "Apricots, apples and pears of the orchard."}]
+    assert c.post("/v1/collections", json={"name": coll, "tenancy": "shared"}, headers=op).status_code == 201
+    assert c.post("/v1/collections", json={"name": own}, headers=a).status_code == 201
+    try:
+        for url in (f"/v1/collections/{coll}", f"/v1/collections/{own}"):
+            assert c.post(f"{url}/documents", json={"documents": mine}, headers=a).status_code == 200
+
+        def scores(url: str, headers: dict[str, str], query: str) -> dict[str, float]:
+            found = {}
+            for mode in ("bm25", "hybrid"):
+                for hit in _hits(c, url, headers, mode=mode, query=query):
+                    if "bm25" in hit["explain"]:  # a hybrid hit found by the dense channel alone has none
+                        found[f"{mode}:{hit['document_id']}"] = hit["explain"]["bm25"]["score"]
+            return found
+
+        query = "xylophone orchard apples"
+        alone = scores(f"/v1/collections/{own}", a, query)
+        before = scores(f"/v1/collections/{coll}", a, query)
+        assert before == pytest.approx(alone) and len(before) == 4, (before, alone)
+        theirs = [{"id": f"x{i}", "text": f"Xylophone number {i} of the plantation, with bananas and apples."}
+                  for i in range(5)]
+        assert c.post(f"/v1/collections/{coll}/documents", json={"documents": theirs}, headers=b).status_code == 200
+        assert scores(f"/v1/collections/{coll}", a, query) == pytest.approx(before)
+        assert set(scores(f"/v1/collections/{coll}", b, query)) == {f"{m}:x{i}" for m in ("bm25", "hybrid")
+                                                                     for i in range(5)}
+    finally:
+        c.delete(f"/v1/collections/{coll}", headers=op)
+        c.delete(f"/v1/collections/{own}", headers=a)
