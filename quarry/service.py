@@ -496,9 +496,9 @@ class Quarry:
         the Ray engine's).
         """
         with self._writing(name):
-            report = self.ingestor.upsert_stream(
-                self.get_collection(name), docs, progress, stop=stop, seen=seen, vectors=vectors
-            )
+            cfg, target = self._write_target(name)  # the live version's store collection, model and chunking
+            report = self.ingestor.upsert_stream(cfg, docs, progress, stop=stop, seen=seen, vectors=vectors,
+                                                 target=target)
             if report.chunks_written:
                 self.replan_index(name)
         return report

@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -105,10 +106,11 @@ def test_rechunk_to_a_smaller_size(  # noqa: PLR0915 - one story, checked at eac
         (1, "retired", OLD[0], old_chunks), (2, "live", NEW[0], chunks)]
     assert service.get_collection(filled).chunk_size == NEW[0]  # new ingests cut at the new size
     late = SourceDocument(id="late", title="Late", text=scifact_docs[DOCS].text)
-    service.upsert(filled, [late])
+    service.upsert_stream(filled, iter([late]))  # `quarry ingest`'s path: the live version's store and chunking
     late_chunks = service.docstore.chunk_ids_of(filled, ["late"])["late"]
     assert late_chunks and all(count_tokens(t) <= NEW[0] for c, t in _texts(service, filled).items()
                                if c in late_chunks)
+    assert len(service.store.get(live.physical_name, late_chunks)) == len(late_chunks)
     service.delete_documents(filled, ["late"])
 
     # an unchanged chunking on top: the rows are shared, no model call
@@ -272,3 +274,22 @@ def test_sections_are_recovered_from_the_live_chunks() -> None:
     assert [(s.start, s.metadata) for s in sections] == [(0, {"page": 1}), (text.index("epsilon"), {"page": 2})]
     plain = [StoredChunk("d:0:a", "d", 0, "alpha beta", [], {"document_id": "d", "lang": "en"})]
     assert sections_of(doc, plain) == ()
+
+
+def test_model_and_chunking_change_in_one_reindex(
+    svc: Quarry, filled: str, projected_model: Path, scifact_docs: list[SourceDocument]
+) -> None:
+    service = svc
+    if service.store.capabilities().engine == "pgvector":
+        pytest.skip("the same code path as on Milvus Lite; the second model's embedding is the slow part")
+    query = scifact_docs[7].title
+    before = _hits(service, filled, "dense", query)
+    report = service.reindex(filled, model=f"torch://{projected_model}", chunk_size=NEW[0], chunk_overlap=NEW[1])
+    assert report.copied == 0 and report.embedded == report.chunks > 0  # another model: every chunk embedded
+    described = service.describe(filled)
+    assert (described["dim"], described["chunk_size"]) == (128, NEW[0])
+    hits = _hits(service, filled, "dense", query)
+    assert scifact_docs[7].id in [h[0] for h in hits] and all(count_tokens(h[2]) <= NEW[0] for h in hits)
+    service.rollback(filled)
+    assert (service.describe(filled)["dim"], service.describe(filled)["chunk_size"]) == (384, OLD[0])
+    assert _hits(service, filled, "dense", query) == before
