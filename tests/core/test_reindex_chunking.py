@@ -293,3 +293,24 @@ def test_model_and_chunking_change_in_one_reindex(
     service.rollback(filled)
     assert (service.describe(filled)["dim"], service.describe(filled)["chunk_size"]) == (384, OLD[0])
     assert _hits(service, filled, "dense", query) == before
+
+
+def test_a_restarted_replica_serves_bm25_from_the_live_chunking(
+    svc: Quarry, filled: str, scifact_docs: list[SourceDocument]
+) -> None:
+    """A snapshot of the old chunking is never followed by the new one's rows (after a swap and a write)."""
+    from retrieval.bm25_registry import BM25Registry
+
+    service = svc
+    folder = service.settings.data_dir / "bm25"
+    BM25Registry(service.docstore, folder, service.settings.bm25).get(filled)  # a snapshot of the old cut
+    service.reindex(filled, chunk_size=NEW[0], chunk_overlap=NEW[1])
+    service.upsert(filled, [SourceDocument(id="late", title="Late", text=scifact_docs[DOCS].text)])
+    live = set(_texts(service, filled))
+    fresh = BM25Registry(service.docstore, folder, service.settings.bm25)  # as a replica that starts
+    view = fresh.get(filled)
+    assert {c for c, alive in zip(view.chunk_ids, view.alive.tolist(), strict=False) if alive} == live
+    service.rollback(filled)
+    view = BM25Registry(service.docstore, folder, service.settings.bm25).get(filled)
+    assert {c for c, alive in zip(view.chunk_ids, view.alive.tolist(), strict=False) if alive} == set(
+        _texts(service, filled))
