@@ -85,7 +85,17 @@ def test_rechunk_to_a_smaller_size(  # noqa: PLR0915 - one story, checked at eac
     old_texts = _texts(service, filled)
     _, old_chunks = service.docstore.counts(filled)
     calls = counting.calls
-    report = service.reindex(filled, chunk_size=NEW[0], chunk_overlap=NEW[1])
+    during: list[list[tuple[str, str, str]]] = []
+
+    def search_while_building(phase: str, done: int) -> None:  # the old version and its chunks answer
+        during.extend(_hits(service, filled, m, queries[0]) for m in ("bm25", "hybrid"))
+
+    service.reindexer.on_batch = search_while_building
+    try:
+        report = service.reindex(filled, chunk_size=NEW[0], chunk_overlap=NEW[1])
+    finally:
+        service.reindexer.on_batch = None
+    assert during and all(old_texts.get(c) == t for hits in during for _, c, t in hits)
     assert counting.calls > calls and report.embedded > 0  # new chunks: embedded
     live = service.live_version(filled)
     new_id = chunking_id_of(live.chunking)
