@@ -687,6 +687,7 @@ class Quarry:
         try:
             live = self.live_version(name)
             embedder, url = self._reindex_model(live, model)
+            embedder.warm_up()  # its dim and fingerprint (a fresh process, `quarry reindex`, had neither: dim 0)
             same = bool(embedder.fingerprint) and embedder.fingerprint == live.model_fingerprint
             plan = self._plan(self.docstore.counts(name)[1], embedder.dim)
             spec = index if isinstance(index, IndexSpec) else _index_spec(index, plan)

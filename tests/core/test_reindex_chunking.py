@@ -324,3 +324,22 @@ def test_a_restarted_replica_serves_bm25_from_the_live_chunking(
     view = BM25Registry(service.docstore, folder, service.settings.bm25).get(filled)
     assert {c for c, alive in zip(view.chunk_ids, view.alive.tolist(), strict=False) if alive} == set(
         _texts(service, filled))
+
+
+def test_reindex_in_a_fresh_process_warms_its_model(tmp_path: Path, scifact_docs: list[SourceDocument]) -> None:
+    """`quarry reindex` opens a service whose model is not loaded yet: it failed with "dim=0" before."""
+    settings = Settings(data_dir=tmp_path)
+    first = Quarry(settings)
+    try:
+        first.create_collection("fresh", chunk_size=OLD[0], chunk_overlap=OLD[1])
+        first.upsert("fresh", scifact_docs[:5])
+    finally:
+        first.close()
+    again = Quarry(settings)  # as the CLI's: nothing warmed
+    try:
+        report = again.reindex("fresh", chunk_size=NEW[0], chunk_overlap=NEW[1])
+        assert report.version == 2 and report.chunks == again.docstore.counts("fresh")[1] > 0
+        unchanged = again.reindex("fresh")
+        assert unchanged.embedded == 0 and unchanged.copied == report.chunks  # the fingerprint is known: copied
+    finally:
+        again.close()
