@@ -77,6 +77,8 @@ class CollectionState:
         live_version: The physical version serving it (``0``: the original store collection,
             named as the collection).
         seq: The last change-log position (bumped by every committed document write).
+        chunking_id: The live version's chunking id: which chunks rows serve (``""``: the
+            collection's original chunking; a reindex that re-chunks writes another).
     """
 
     id: int
@@ -86,6 +88,7 @@ class CollectionState:
     seq: int
     shared: bool
     created_at: float
+    chunking_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,11 @@ class CollectionVersion:
     created_at: float = 0.0
     swapped_at: float | None = None
     retire_after: float | None = None
+
+
+def chunking_id_of(chunking: dict[str, Any] | None) -> str:
+    """The id of a recorded chunking (its chunks rows' ``chunking_id``); ``""``: the collection's original one."""
+    return str((chunking or {}).get("id") or "")
 
 
 @dataclass(frozen=True)
@@ -224,17 +232,33 @@ class StateStore(Protocol):
     def list_documents(self, name: str, *, after: str = "", limit: int = 1000) -> list[StoredDocument]:
         """Up to ``limit`` documents with ids > ``after``, in id order (a reindex pages with it)."""
 
-    def chunk_ids_of(self, name: str, document_ids: Iterable[str]) -> dict[str, list[str]]:
+    # Chunks belong to a chunking (``chunking``: its id; ``None``: the live version's, read in
+    # the same snapshot). A reindex that re-chunks writes a new one beside the live one.
+    def chunk_ids_of(
+        self, name: str, document_ids: Iterable[str], *, chunking: str | None = None
+    ) -> dict[str, list[str]]:
         """``document_id -> [chunk_id, ...]`` (by position) for the stored ones of ``document_ids``."""
 
-    def get_chunks(self, name: str, chunk_ids: Sequence[str], *, with_tokens: bool = False) -> dict[str, StoredChunk]:
+    def get_chunks(
+        self, name: str, chunk_ids: Sequence[str], *, with_tokens: bool = False, chunking: str | None = None
+    ) -> dict[str, StoredChunk]:
         """Chunks by id (missing ids absent); ``tokens`` is ``[]`` unless ``with_tokens``."""
 
-    def bm25_rows(self, name: str) -> tuple[int, list[tuple[str, str, list[str], dict[str, Any]]]]:
+    def bm25_rows(
+        self, name: str, *, chunking: str | None = None
+    ) -> tuple[int, list[tuple[str, str, list[str], dict[str, Any]]]]:
         """``(seq, [(chunk_id, document_id, tokens, payload), ...])`` in insertion order, one snapshot."""
 
-    def bm25_chunk_ids(self, name: str) -> tuple[int, list[str]]:
+    def bm25_chunk_ids(self, name: str, *, chunking: str | None = None) -> tuple[int, list[str]]:
         """``(seq, ids)`` of the chunks with tokens, in insertion order, one snapshot."""
+
+    def replace_chunks(
+        self, name: str, chunking: str, document_ids: Sequence[str], chunks: Sequence[StoredChunk]
+    ) -> None:
+        """In one transaction: drop the ``chunking`` chunks of ``document_ids``, insert ``chunks`` (no seq)."""
+
+    def drop_chunking(self, name: str, chunking: str) -> int:
+        """Delete every chunk of ``chunking``; returns the rows deleted."""
 
     def pending_deletes(self, name: str) -> list[str]:
         """Chunk ids whose vectors a committed write meant to delete but has not yet."""
@@ -242,8 +266,8 @@ class StateStore(Protocol):
     def clear_pending(self, name: str, chunk_ids: Sequence[str]) -> None:
         """Forget pending deletes once the vector store has done them."""
 
-    def counts(self, name: str) -> tuple[int, int]:
-        """``(documents, chunks)`` stored for a collection."""
+    def counts(self, name: str, *, chunking: str | None = None) -> tuple[int, int]:
+        """``(documents, chunks)`` stored for a collection (the chunks of ``chunking``)."""
 
     def document_ids(self, name: str, *, after: str | None = None, limit: int | None = None) -> list[str]:
         """Stored document ids of a collection in id order, from the first after ``after`` (keyset paging).
@@ -264,7 +288,10 @@ class StateStore(Protocol):
         config: dict[str, Any] | None = None,
         pending: Sequence[str] = (),
     ) -> int:
-        """Apply one ingestion batch atomically with the next seq and its change-log rows; returns the seq."""
+        """Apply one ingestion batch atomically with the next seq and its change-log rows; returns the seq.
+
+        Its chunks go to the live version's chunking (read in the same transaction).
+        """
 
     def change_log_since(self, name: str, seq: int, *, limit: int = 10_000) -> list[Change]:
         """Change-log rows after ``seq`` in (seq, document_id) order, whole seqs only, about ``limit`` rows."""

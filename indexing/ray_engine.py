@@ -40,6 +40,7 @@ from indexing.collections import CollectionConfig
 from indexing.docstore import DocStore, StoredChunk
 from indexing.pipeline import FloatVector, Precomputed, document_hash, plan_chunks
 from indexing.sources import READ_SUFFIXES, Source, check_sizes, parse_document, read_file
+from indexing.versions import live_config
 from quarry.errors import ConfigError, InvalidDocument, InvalidRequest, PayloadTooLarge, QuarryError, missing_extra
 from quarry.settings import Settings
 
@@ -335,7 +336,7 @@ def upsert_with_ray(  # noqa: PLR0913 - upsert_stream's arguments and the pool's
     Raises:
         As :meth:`quarry.service.Quarry.upsert_stream` and :meth:`RaySource.__iter__`.
     """
-    cfg = quarry.get_collection(name)
+    cfg = live_config(quarry.get_collection(name), quarry.live_version(name))  # the live version's chunking
     quarry.embedder.warm_up()
     ray_source = RaySource(
         source, cfg, quarry.settings, stored_hashes(quarry.docstore, name),

@@ -21,7 +21,17 @@ The steps (docs/design-state.md, issue 22), each safe to interrupt before the sw
    collection and the query model from that row), then the store alias where ``<name>`` is not
    itself a physical collection; the old version stays ``retired`` until ``retire_after``.
 
-BM25 needs no rebuild: with the chunking unchanged the version's chunks are the docstore's.
+With the chunking unchanged the new version shares the live version's chunks rows (and its BM25
+index). A reindex that re-chunks (another ``chunk_size``/``chunk_overlap``) re-cuts every
+document's stored text (:func:`~indexing.pipeline.plan_chunks`, sections recovered from the live
+chunks' payloads: :func:`sections_of`) into chunks rows of a new chunking id
+(:func:`indexing.versions.new_chunking`), written beside the live ones; vectors are copied for
+chunks whose id (hence text) the live version has, the others embedded; the replay re-cuts each
+changed document too, so writes made meanwhile reach the new chunking and deleted documents
+leave it. Counts are checked against the new chunking's rows. After the swap every chunk read
+follows the live version's chunking (the BM25 index is rebuilt from it); a rollback re-cuts the
+documents changed since into the target's chunking. A chunking's rows are deleted when the last
+version using it fails or is purged (:meth:`Reindexer.drop_rows`).
 """
 
 from __future__ import annotations
@@ -33,17 +43,19 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from embedding.base import Embedder
 from indexing.collections import CollectionConfig
-from indexing.docstore import CollectionVersion, StateStore, StoredDocument
-from indexing.pipeline import indexed_text
+from indexing.docstore import CollectionVersion, StateStore, StoredChunk, StoredDocument, chunking_id_of
+from indexing.formats import Section
+from indexing.pipeline import indexed_text, plan_chunks
 from indexing.planner import IndexPlan
-from indexing.versions import SUFFIX, chunking_of
+from indexing.sources import SourceDocument
+from indexing.versions import SUFFIX, chunking_of, new_chunking, same_chunking
 from quarry.errors import ModelDimensionMismatch, ReindexFailed, ReindexRunning
 from quarry.settings import ReindexSettings
 from stores.base import FloatMatrix, IndexSpec, Metric, VectorRecord, VectorStore
@@ -93,7 +105,12 @@ class ReindexReport:
 
 @dataclass(frozen=True)
 class Build:
-    """One reindex's inputs, fixed at its start."""
+    """One reindex's inputs, fixed at its start.
+
+    ``chunking``: the chunking asked for (``chunk_size``, ``chunk_overlap``; ``None``: the live
+    version's); :meth:`Reindexer.run` replaces it by the one recorded (with its ``id``). A
+    rollback passes its target's.
+    """
 
     cfg: CollectionConfig
     live: CollectionVersion
@@ -101,6 +118,17 @@ class Build:
     model_url: str | None
     same_model: bool
     index: IndexSpec | None  # None: the planner's choice
+    chunking: dict[str, Any] | None = None
+
+    @property
+    def chunking_id(self) -> str:
+        """The chunking id the version being written reads and writes."""
+        return chunking_id_of(self.chunking if self.chunking is not None else self.live.chunking)
+
+    @property
+    def rechunk(self) -> bool:
+        """Whether the version being written has chunks rows of its own (not the live version's)."""
+        return self.chunking_id != chunking_id_of(self.live.chunking)
 
 
 class Reindexer:
@@ -171,15 +199,23 @@ class Reindexer:
         self._drop_unfinished(name)
         number = max((v.version for v in self._docstore.list_versions(name)), default=1) + 1
         physical = f"{name}{SUFFIX}{number}"
+        live_chunking = build.live.chunking or chunking_of(build.cfg)
+        wanted = build.chunking
+        if wanted is None or same_chunking(wanted, live_chunking):
+            build = replace(build, chunking=dict(live_chunking))  # the same rows
+        else:
+            build = replace(build, chunking=new_chunking(number, wanted["chunk_size"], wanted["chunk_overlap"]))
         seq = self._docstore.version(name)
         documents, chunks = self._docstore.counts(name)
+        if build.rechunk:  # planned for about as many vectors as the new cut makes
+            chunks = _estimate(chunks, live_chunking, build.chunking or {})
         dim = build.model.dim
         plan = self._plan(chunks, dim)
         spec = build.index or plan.spec
         record = CollectionVersion(
             version=number, physical_name=physical, state="building",
             model_fingerprint=build.model.fingerprint or None, model_name=build.model_url, dim=dim,
-            chunking=chunking_of(build.cfg), analyzer=build.cfg.language,
+            chunking=dict(build.chunking or {}), analyzer=build.cfg.language,
             index_plan={"kind": spec.kind, "params": spec.params, "search_params": spec.search_params,
                         "reason": plan.reason if build.index is None else "asked for", "planned_for_vectors": chunks},
             built_from_seq=seq, created_at=time.time(),
@@ -201,7 +237,7 @@ class Reindexer:
         with self._writing(name):
             self._replay(build, physical, seq, report)
             self._docstore.set_version_state(name, number, "verifying")
-            report.chunks = self._verify(build.cfg, physical, spec, report)
+            report.chunks = self._verify(build, physical, spec, report)
             retire_after = time.time() + self._settings.retention_s
             self._docstore.set_live_version(name, number, retire_after=retire_after)
             self._point_alias(name, physical)
@@ -214,13 +250,37 @@ class Reindexer:
         return report
 
     def _drop_unfinished(self, name: str) -> None:
-        """Drop what a killed or failed run left (versions still ``building`` or ``verifying``)."""
+        """Drop what a killed or failed run left (versions still ``building`` or ``verifying``, their chunks)."""
         for v in self._docstore.list_versions(name):
             if v.state in ("building", "verifying"):
                 self._store.drop_collection(v.physical_name)
                 self._docstore.set_version_state(name, v.version, "failed")
+                self.drop_rows(name, v)
                 log.warning("collection %r: dropped version %d left %s by an interrupted reindex", name, v.version,
                             v.state)
+
+    def drop_rows(self, name: str, version: CollectionVersion) -> int:
+        """Delete the chunks rows of ``version``'s chunking unless a version still in use has it.
+
+        In use: live, retired (kept for rollback), building or verifying; the live chunking of
+        the collection is never dropped. Returns the rows deleted.
+        """
+        chunking = chunking_id_of(version.chunking)
+        state = self._docstore.collection_state(name)
+        if state is None or state.chunking_id == chunking:
+            return 0
+        used = any(
+            chunking_id_of(v.chunking) == chunking
+            for v in self._docstore.list_versions(name)
+            if v.version != version.version and v.state in ("live", "retired", "building", "verifying")
+        )
+        if used:
+            return 0
+        dropped = self._docstore.drop_chunking(name, chunking)
+        if dropped:
+            log.info("collection %r: deleted the %d chunks of chunking %r (version %d)", name, dropped,
+                     chunking or "original", version.version)
+        return dropped
 
     def _copy(self, build: Build, physical: str, report: ReindexReport, documents: int) -> Iterator[int]:
         """Write every stored document's chunks into ``physical``; yields chunks done after each batch."""
@@ -240,12 +300,14 @@ class Reindexer:
         self, build: Build, physical: str, docs: Sequence[StoredDocument], report: ReindexReport
     ) -> int:
         """Write the current chunks of ``docs`` into ``physical`` (vectors copied or embedded)."""
+        if build.rechunk:
+            return self._write_rechunked(build, physical, docs, report, ())
         name = build.cfg.name
-        owned = self._docstore.chunk_ids_of(name, [d.document_id for d in docs])
+        owned = self._docstore.chunk_ids_of(name, [d.document_id for d in docs], chunking=build.chunking_id)
         ids = [c for d in docs for c in owned.get(d.document_id, [])]
         if not ids:
             return 0
-        chunks = self._docstore.get_chunks(name, ids)
+        chunks = self._docstore.get_chunks(name, ids, chunking=build.chunking_id)
         vectors: dict[str, Any] = {}
         if build.same_model:
             vectors = {r.id: r.vector for r in self._store.get(build.live.physical_name, ids)}
@@ -262,6 +324,51 @@ class Reindexer:
             report.embedded += len(missing)
         records = [VectorRecord(i, vectors[i], dict(chunks[i].payload)) for i in ids if i in chunks]
         self._store.upsert(physical, records)
+        return len(records)
+
+    def _write_rechunked(
+        self, build: Build, physical: str, docs: Sequence[StoredDocument], report: ReindexReport,
+        clear: Sequence[str],
+    ) -> int:
+        """Cut ``docs`` anew into ``build``'s chunking (rows and vectors); ``clear``: documents whose rows go too.
+
+        Raises:
+            ReindexFailed: A document was stored without its text (before schema step 2).
+        """
+        name = build.cfg.name
+        chunking = build.chunking or {}
+        cfg = build.cfg.model_copy(
+            update={"chunk_size": chunking["chunk_size"], "chunk_overlap": chunking["chunk_overlap"]}
+        )
+        live = chunking_id_of(build.live.chunking)
+        ids = [d.document_id for d in docs]
+        owned = self._docstore.chunk_ids_of(name, ids, chunking=live)
+        old = self._docstore.get_chunks(name, [c for cs in owned.values() for c in cs], chunking=live)
+        planned: list[tuple[StoredChunk, str]] = []
+        for doc in docs:
+            if doc.text is None:
+                raise ReindexFailed(
+                    f"document {clip_id(doc.document_id)} of {name!r} was stored without its text (before schema "
+                    "step 2): it cannot be re-chunked; ingest it again, then re-run the reindex"
+                )
+            mine = [old[c] for c in owned.get(doc.document_id, []) if c in old]
+            source = SourceDocument(doc.document_id, doc.text, doc.title or "", dict(doc.metadata or {}),
+                                    sections_of(doc, mine))
+            planned.extend(plan_chunks(cfg, source))
+        self._docstore.replace_chunks(name, build.chunking_id, list(dict.fromkeys([*clear, *ids])),
+                                      [c for c, _ in planned])
+        vectors: dict[str, Any] = {}
+        reuse = [c.chunk_id for c, _ in planned if c.chunk_id in old]  # same id: same indexed text
+        if build.same_model and reuse:
+            vectors = {r.id: r.vector for r in self._store.get(build.live.physical_name, reuse)}
+            report.copied += len(vectors)
+        missing = [(c.chunk_id, text) for c, text in planned if c.chunk_id not in vectors]
+        if missing:
+            vectors.update(zip([i for i, _ in missing], self._embed(build, [t for _, t in missing]), strict=True))
+            report.embedded += len(missing)
+        records = [VectorRecord(c.chunk_id, vectors[c.chunk_id], dict(c.payload)) for c, _ in planned]
+        if records:
+            self._store.upsert(physical, records)
         return len(records)
 
     def _embed(self, build: Build, texts: list[str]) -> list[Any]:
@@ -293,22 +400,25 @@ class Reindexer:
         self._store.delete_by_filter(physical, In("document_id", tuple(document_ids)))
         current = self._docstore.get_documents(build.cfg.name, list(document_ids))
         docs = [current[i] for i in document_ids if i in current]
-        if docs:
+        if build.rechunk:  # its own rows: re-cut the changed ones, drop the deleted ones
+            self._write_rechunked(build, physical, docs, report, document_ids)
+        elif docs:
             self._write_documents(build, physical, docs, report)
         report.replayed += len(document_ids)
 
     # --- verification ---------------------------------------------------------------------
-    def _verify(self, cfg: CollectionConfig, physical: str, spec: IndexSpec, report: ReindexReport) -> int:
+    def _verify(self, build: Build, physical: str, spec: IndexSpec, report: ReindexReport) -> int:
         """Check counts and recall (under the write lock); drop the version and raise when they fail."""
+        cfg = build.cfg
         name = cfg.name
         number = report.version
-        _, chunks = self._docstore.counts(name)
+        _, chunks = self._docstore.counts(name, chunking=build.chunking_id)
         vectors = self._store.count(physical)
         reason = None
         if vectors != chunks:
             reason = f"the new version holds {vectors} vectors, the docstore {chunks} chunks"
         else:
-            report.recall = self.recall(cfg.name, physical, cfg.metric)
+            report.recall = self.recall(cfg.name, physical, cfg.metric, chunking=build.chunking_id)
             floor = self._settings.recall_floor
             if report.recall < floor:
                 reason = (f"recall@{TOP_K} of its {spec.kind} index is {report.recall:.3f} against exact search, "
@@ -317,10 +427,13 @@ class Reindexer:
             return vectors
         self._docstore.set_version_state(name, number, "failed")
         self._store.drop_collection(physical)
+        failed = self._docstore.get_version(name, number)
+        if failed is not None:
+            self.drop_rows(name, failed)
         raise ReindexFailed(f"reindex of {name!r} to version {number} did not swap: {reason}; "
                             f"version {report.previous} still serves")
 
-    def recall(self, name: str, physical: str, metric: Metric) -> float:
+    def recall(self, name: str, physical: str, metric: Metric, *, chunking: str | None = None) -> float:
         """Tie-aware recall@10 of ``physical``'s index against an exact scan of its stored vectors.
 
         The queries are ``recall_sample`` of its own vectors (a seeded sample); exact search is a
@@ -330,7 +443,7 @@ class Reindexer:
         Returns:
             Mean recall over the sample, in ``[0, 1]`` (1.0 for an empty collection).
         """
-        ids = self._chunk_ids(name)
+        ids = self._chunk_ids(name, chunking)
         if not ids:
             return 1.0
         records = []
@@ -354,13 +467,13 @@ class Reindexer:
         ]
         return float(np.mean([min(h, k) / k for h in hits]))
 
-    def _chunk_ids(self, name: str) -> list[str]:
-        """Every stored chunk id of the collection (paging through its documents)."""
+    def _chunk_ids(self, name: str, chunking: str | None = None) -> list[str]:
+        """Every stored chunk id of the collection in ``chunking`` (paging through its documents)."""
         out: list[str] = []
         after = ""
         while docs := self._docstore.list_documents(name, after=after, limit=1000):
             after = docs[-1].document_id
-            owned = self._docstore.chunk_ids_of(name, [d.document_id for d in docs])
+            owned = self._docstore.chunk_ids_of(name, [d.document_id for d in docs], chunking=chunking)
             out.extend(c for d in docs for c in owned.get(d.document_id, []))
         return out
 
@@ -378,6 +491,7 @@ class Reindexer:
             if v.state == "retired" and v.retire_after is not None and v.retire_after <= now:
                 self._store.drop_collection(v.physical_name)
                 self._docstore.set_version_state(name, v.version, "failed")  # no store collection left
+                self.drop_rows(name, v)
                 dropped.append(v.version)
         if dropped:
             live = self._docstore.collection_state(name)
@@ -401,13 +515,15 @@ class Reindexer:
     ) -> ReindexReport:
         """Make ``target`` (a retired version) live again, after replaying the writes it missed.
 
-        ``build.model`` is ``target``'s model; ``build.live`` the version being replaced. The
-        writes since ``build.live`` was built are replayed into ``target`` (a superset of those it
-        missed after its retirement), under the write lock, then ``live_version`` and the alias
-        swap back. ``before_swap`` runs under the lock just before the swap (the service writes
+        ``build.model`` is ``target``'s model; ``build.live`` the version being replaced;
+        ``build.chunking`` ``target``'s (set here). The writes since ``build.live`` was built are
+        replayed into ``target`` (a superset of those it missed after its retirement; re-cut into
+        its chunking when it has rows of its own), under the write lock, then ``live_version`` and
+        the alias swap back. ``before_swap`` runs under the lock just before the swap (the service writes
         the collection's config there).
         """
         name = build.cfg.name
+        build = replace(build, chunking=dict(target.chunking or build.live.chunking))
         report = ReindexReport(version=target.version, previous=build.live.version)
         with self._writing(name):
             self._replay(build, target.physical_name, build.live.built_from_seq or 0, report)
@@ -418,6 +534,48 @@ class Reindexer:
             self._point_alias(name, target.physical_name)
         report.chunks = self._store.count(target.physical_name)
         return report
+
+
+def sections_of(doc: StoredDocument, chunks: Sequence[StoredChunk]) -> tuple[Section, ...]:
+    """The sections of a stored document, recovered from its chunks (the docstore keeps no sections).
+
+    A section's metadata is what its chunks' payloads carry beyond the document's metadata
+    (``page``, ``section``); a new section starts at the first chunk whose extra metadata
+    differs from the previous chunk's, at that chunk's offset in the text (chunks are slices of
+    it). Two adjacent sections with the same metadata read as one (their boundary is lost, not
+    their metadata). ``()`` (one section) when no chunk carries extra metadata or a chunk is not
+    found in the text.
+    """
+    meta = doc.metadata or {}
+    text = doc.text or ""
+    out: list[Section] = []
+    at = 0
+    for chunk in sorted(chunks, key=lambda c: c.position):
+        extra = {k: v for k, v in chunk.payload.items() if k != "document_id" and (k not in meta or meta[k] != v)}
+        start = text.find(chunk.text, at)
+        if start < 0:
+            return ()
+        if not out or extra != out[-1].metadata:
+            out.append(Section(start if out else 0, extra))
+        at = start + 1
+    if len(out) == 1 and not out[0].metadata:
+        return ()
+    return tuple(out)
+
+
+def clip_id(document_id: str) -> str:
+    """A document id for a message (at most 80 characters, quoted)."""
+    return repr(document_id if len(document_id) <= 80 else document_id[:77] + "...")
+
+
+def _estimate(chunks: int, live: dict[str, Any], new: dict[str, Any]) -> int:
+    """About how many chunks ``chunks`` cut as ``live`` become when cut as ``new`` (by the token step)."""
+    try:
+        old_step = max(1, int(live["chunk_size"]) - int(live["chunk_overlap"]))
+        new_step = max(1, int(new["chunk_size"]) - int(new["chunk_overlap"]))
+    except (KeyError, TypeError, ValueError):
+        return chunks
+    return -(-chunks * old_step // new_step)
 
 
 def _scores(queries: FloatMatrix, matrix: FloatMatrix, metric: Metric) -> FloatMatrix:

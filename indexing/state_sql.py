@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, Self
 
-from indexing.docstore import DEFAULT_TENANT, Change, CollectionState, StoredChunk, StoredDocument
+from indexing.docstore import DEFAULT_TENANT, Change, CollectionState, StoredChunk, StoredDocument, chunking_id_of
 from quarry.errors import CollectionNotFound
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -60,6 +60,11 @@ class Tx(Protocol):
 
 # the collection's surrogate id from (tenant, name), as a sub-query
 CID = "(SELECT id FROM collections WHERE tenant_id = ? AND name = ?)"
+# the chunking (JSON) of the collection's live version, from (tenant, name)
+_LIVE_CHUNKING = (
+    "SELECT v.chunking FROM collections AS c JOIN collection_versions AS v "
+    "ON v.collection_id = c.id AND v.version = c.live_version WHERE c.tenant_id = ? AND c.name = ?"
+)
 
 
 class SqlBase:
@@ -86,6 +91,13 @@ class SqlBase:
     def _key(self, name: str) -> tuple[str, str]:
         return (self.tenant, name)
 
+    def _chunking(self, tx: Tx, name: str, chunking: str | None) -> str:
+        """``chunking``, or (``None``) the chunking id of the collection's live version, in ``tx``'s snapshot."""
+        if chunking is not None:
+            return chunking
+        row = tx.one(_LIVE_CHUNKING, self._key(name))
+        return "" if row is None else chunking_id_of(json.loads(row[0] or "{}"))
+
     def for_tenant(self, tenant_id: str) -> Self:
         """A view of the same database whose collections, jobs and locks are ``tenant_id``'s.
 
@@ -107,16 +119,19 @@ class SqlCollections(SqlBase):
         return None if row is None else dict(json.loads(row[0]))
 
     def collection_state(self, name: str) -> CollectionState | None:
-        """The collection's id, live version and seq, or ``None``."""
+        """The collection's id, live version, seq and live chunking id, or ``None``."""
         with self._read() as tx:
             row = tx.one(
                 "SELECT id, tenant_id, name, live_version, seq, shared, created_at FROM collections "
                 "WHERE tenant_id = ? AND name = ?",
                 self._key(name),
             )
+            chunking = "" if row is None else self._chunking(tx, name, None)
         if row is None:
             return None
-        return CollectionState(int(row[0]), row[1], row[2], int(row[3]), int(row[4]), bool(row[5]), float(row[6]))
+        return CollectionState(
+            int(row[0]), row[1], row[2], int(row[3]), int(row[4]), bool(row[5]), float(row[6]), chunking
+        )
 
     def list_collections(self) -> list[str]:
         """Names of all collections, sorted."""
@@ -198,22 +213,30 @@ class SqlCollections(SqlBase):
         return [r[0] for r in rows]
 
     # --- chunks ------------------------------------------------------------------------
-    def chunk_ids_of(self, name: str, document_ids: Iterable[str]) -> dict[str, list[str]]:
-        """``document_id -> [chunk_id, ...]`` (by position) for the stored ones of ``document_ids``."""
+    def chunk_ids_of(
+        self, name: str, document_ids: Iterable[str], *, chunking: str | None = None
+    ) -> dict[str, list[str]]:
+        """``document_id -> [chunk_id, ...]`` (by position) for the stored ones of ``document_ids``.
+
+        ``chunking``: the chunking id whose chunks to read (``None``: the live version's).
+        """
         out: dict[str, list[str]] = {}
         with self._read() as tx:
+            cid = self._chunking(tx, name, chunking)
             for part in _batches(list(document_ids)):
                 marks = ",".join("?" * len(part))
                 rows = tx.all(
                     f"SELECT document_id, chunk_id FROM chunks WHERE collection_id = {CID} "  # noqa: S608
-                    f"AND chunking_id = '' AND document_id IN ({marks}) ORDER BY position",
-                    (*self._key(name), *part),
+                    f"AND chunking_id = ? AND document_id IN ({marks}) ORDER BY position",
+                    (*self._key(name), cid, *part),
                 )
                 for doc_id, chunk_id in rows:
                     out.setdefault(doc_id, []).append(chunk_id)
         return out
 
-    def get_chunks(self, name: str, chunk_ids: Sequence[str], *, with_tokens: bool = False) -> dict[str, StoredChunk]:
+    def get_chunks(
+        self, name: str, chunk_ids: Sequence[str], *, with_tokens: bool = False, chunking: str | None = None
+    ) -> dict[str, StoredChunk]:
         """Chunks by id (missing ids are absent from the result).
 
         Args:
@@ -221,42 +244,50 @@ class SqlCollections(SqlBase):
             chunk_ids: Ids to fetch.
             with_tokens: Decode the BM25 token lists too; without it ``tokens`` is ``[]`` (the
                 query path shows texts and payloads only).
+            chunking: The chunking id whose chunks to read (``None``: the live version's).
         """
         tokens = "tokens" if with_tokens else "'[]'"
         rows: list[tuple[Any, ...]] = []
         with self._read() as tx:  # JSON is decoded after the transaction
+            cid = self._chunking(tx, name, chunking)
             for part in _batches(list(chunk_ids)):
                 marks = ",".join("?" * len(part))
                 rows += tx.all(
                     f"SELECT chunk_id, document_id, position, text, {tokens}, payload FROM chunks "  # noqa: S608
-                    f"WHERE collection_id = {CID} AND chunking_id = '' AND chunk_id IN ({marks})",
-                    (*self._key(name), *part),
+                    f"WHERE collection_id = {CID} AND chunking_id = ? AND chunk_id IN ({marks})",
+                    (*self._key(name), cid, *part),
                 )
         return {r[0]: StoredChunk(r[0], r[1], r[2], r[3], json.loads(r[4]), _payload(r[5])) for r in rows}
 
-    def bm25_rows(self, name: str) -> tuple[int, list[tuple[str, str, list[str], dict[str, Any]]]]:
-        """``(seq, [(chunk_id, document_id, tokens, payload), ...])`` in insertion order, one snapshot."""
-        with self._read() as tx:
-            seq = tx.one("SELECT seq FROM collections WHERE tenant_id = ? AND name = ?", self._key(name))
-            rows = tx.all(
-                f"SELECT chunk_id, document_id, tokens, payload FROM chunks WHERE collection_id = {CID} "  # noqa: S608
-                f"AND chunking_id = '' ORDER BY {self.chunk_order}",
-                self._key(name),
-            )
-        return (0 if seq is None else int(seq[0])), [(r[0], r[1], json.loads(r[2]), _payload(r[3])) for r in rows]
+    def bm25_rows(
+        self, name: str, *, chunking: str | None = None
+    ) -> tuple[int, list[tuple[str, str, list[str], dict[str, Any]]]]:
+        """``(seq, [(chunk_id, document_id, tokens, payload), ...])`` in insertion order, one snapshot.
 
-    def bm25_chunk_ids(self, name: str) -> tuple[int, list[str]]:
-        """``(seq, chunk ids)`` of the chunks with BM25 tokens, in insertion order, one snapshot.
-
-        The rows a BM25 snapshot of this seq holds (:meth:`bm25_rows` without the chunks that
-        have no token): what a loaded snapshot is checked against.
+        ``chunking``: the chunking id whose chunks to read (``None``: the live version's).
         """
         with self._read() as tx:
             seq = tx.one("SELECT seq FROM collections WHERE tenant_id = ? AND name = ?", self._key(name))
             rows = tx.all(
-                f"SELECT chunk_id FROM chunks WHERE collection_id = {CID} AND chunking_id = '' "  # noqa: S608
+                f"SELECT chunk_id, document_id, tokens, payload FROM chunks WHERE collection_id = {CID} "  # noqa: S608
+                f"AND chunking_id = ? ORDER BY {self.chunk_order}",
+                (*self._key(name), self._chunking(tx, name, chunking)),
+            )
+        return (0 if seq is None else int(seq[0])), [(r[0], r[1], json.loads(r[2]), _payload(r[3])) for r in rows]
+
+    def bm25_chunk_ids(self, name: str, *, chunking: str | None = None) -> tuple[int, list[str]]:
+        """``(seq, chunk ids)`` of the chunks with BM25 tokens, in insertion order, one snapshot.
+
+        The rows a BM25 snapshot of this seq holds (:meth:`bm25_rows` without the chunks that
+        have no token): what a loaded snapshot is checked against. ``chunking``: as
+        :meth:`bm25_rows`.
+        """
+        with self._read() as tx:
+            seq = tx.one("SELECT seq FROM collections WHERE tenant_id = ? AND name = ?", self._key(name))
+            rows = tx.all(
+                f"SELECT chunk_id FROM chunks WHERE collection_id = {CID} AND chunking_id = ? "  # noqa: S608
                 f"AND tokens != '[]' ORDER BY {self.chunk_order}",
-                self._key(name),
+                (*self._key(name), self._chunking(tx, name, chunking)),
             )
         return (0 if seq is None else int(seq[0])), [r[0] for r in rows]
 
@@ -279,15 +310,45 @@ class SqlCollections(SqlBase):
                     [(row[0], c) for c in chunk_ids],
                 )
 
-    def counts(self, name: str) -> tuple[int, int]:
-        """``(documents, chunks)`` stored for a collection."""
+    def counts(self, name: str, *, chunking: str | None = None) -> tuple[int, int]:
+        """``(documents, chunks)`` stored for a collection (chunks of ``chunking``; ``None``: the live one)."""
         with self._read() as tx:
             docs = tx.one(f"SELECT COUNT(*) FROM documents WHERE collection_id = {CID}", self._key(name))  # noqa: S608
             chunks = tx.one(
-                f"SELECT COUNT(*) FROM chunks WHERE collection_id = {CID} AND chunking_id = ''",  # noqa: S608
-                self._key(name),
+                f"SELECT COUNT(*) FROM chunks WHERE collection_id = {CID} AND chunking_id = ?",  # noqa: S608
+                (*self._key(name), self._chunking(tx, name, chunking)),
             )
         return int(docs[0] if docs else 0), int(chunks[0] if chunks else 0)
+
+    def replace_chunks(
+        self, name: str, chunking: str, document_ids: Sequence[str], chunks: Sequence[StoredChunk]
+    ) -> None:
+        """In one transaction: drop the ``chunking`` chunks of ``document_ids``, insert ``chunks``.
+
+        A reindex that re-chunks writes its new chunking with it (no seq, no change-log row: the
+        documents did not change); ``chunks`` belong to ``document_ids``.
+
+        Raises:
+            CollectionNotFound: No such collection.
+        """
+        with self._write() as tx:
+            row = tx.one("SELECT id FROM collections WHERE tenant_id = ? AND name = ?", self._key(name))
+            if row is None:
+                raise CollectionNotFound(name)
+            cid = int(row[0])
+            tx.many(
+                "DELETE FROM chunks WHERE collection_id = ? AND chunking_id = ? AND document_id = ?",
+                [(cid, chunking, d) for d in document_ids],
+            )
+            tx.many(_INSERT_CHUNK, [(cid, chunking, *_chunk_row(c)) for c in chunks])
+
+    def drop_chunking(self, name: str, chunking: str) -> int:
+        """Delete every chunk of ``chunking`` (a version's, once no version uses it); returns the rows deleted."""
+        with self._write() as tx:
+            return tx.run(
+                f"DELETE FROM chunks WHERE collection_id = {CID} AND chunking_id = ?",  # noqa: S608
+                (*self._key(name), chunking),
+            )
 
     # --- the write path ------------------------------------------------------------------
     def write_batch(
@@ -337,6 +398,7 @@ class SqlCollections(SqlBase):
             if row is None:
                 raise CollectionNotFound(name)
             cid, seq, tenant = int(row[0]), int(row[1]), row[2]
+            chunking = self._chunking(tx, name, None)  # the live version's (a reindex replays into its own)
             tx.many(
                 "INSERT INTO pending_deletes (collection_id, version, chunk_id) VALUES (?, 0, ?) "
                 "ON CONFLICT DO NOTHING",
@@ -348,22 +410,16 @@ class SqlCollections(SqlBase):
             )
             tx.many(_UPSERT_DOCUMENT, [_document_row(cid, tenant, seq, d) for d in docs])
             tx.many(
-                "DELETE FROM chunks WHERE collection_id = ? AND chunking_id = '' AND chunk_id = ?",
-                [(cid, c) for c in [*deleted_chunk_ids, *(c.chunk_id for c in chunks)]],
+                "DELETE FROM chunks WHERE collection_id = ? AND chunking_id = ? AND chunk_id = ?",
+                [(cid, chunking, c) for c in [*deleted_chunk_ids, *(c.chunk_id for c in chunks)]],
             )
             for doc in deleted_document_ids:
                 tx.run(
-                    "DELETE FROM chunks WHERE collection_id = ? AND chunking_id = '' AND document_id = ?", (cid, doc)
+                    "DELETE FROM chunks WHERE collection_id = ? AND chunking_id = ? AND document_id = ?",
+                    (cid, chunking, doc),
                 )
                 tx.run("DELETE FROM documents WHERE collection_id = ? AND document_id = ?", (cid, doc))
-            tx.many(
-                "INSERT INTO chunks (collection_id, chunking_id, chunk_id, document_id, position, text, tokens, "
-                "payload) VALUES (?, '', ?, ?, ?, ?, ?, ?)",
-                [
-                    (cid, c.chunk_id, c.document_id, c.position, c.text, json.dumps(c.tokens), json.dumps(c.payload))
-                    for c in chunks
-                ],
-            )
+            tx.many(_INSERT_CHUNK, [(cid, chunking, *_chunk_row(c)) for c in chunks])
             changes: list[tuple[Any, ...]] = [(cid, seq, d.document_id, "upsert", d.content_hash, now) for d in docs]
             changes += [(cid, seq, d, "delete", None, now) for d in deleted_document_ids]
             tx.many(
@@ -399,6 +455,14 @@ class SqlCollections(SqlBase):
 
 
 _DOC_COLUMNS = "document_id, content_hash, title, text, metadata, updated_seq"
+_INSERT_CHUNK = (
+    "INSERT INTO chunks (collection_id, chunking_id, chunk_id, document_id, position, text, tokens, payload) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _chunk_row(c: StoredChunk) -> tuple[Any, ...]:
+    return (c.chunk_id, c.document_id, c.position, c.text, json.dumps(c.tokens), json.dumps(c.payload))
 _UPSERT_DOCUMENT = (
     "INSERT INTO documents (collection_id, document_id, tenant_id, content_hash, title, text, metadata, "
     "updated_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (collection_id, document_id) DO UPDATE SET "

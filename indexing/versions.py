@@ -18,6 +18,13 @@ same version record (:class:`~retrieval.search.DenseTarget`), so a query vector 
 searched against vectors of another model. The store alias ``<name>`` is kept pointing at the
 live version for outside readers once ``<name>`` is no longer a physical collection (after
 version 1 is dropped at the end of its retention).
+
+Chunks belong to a *chunking* (the docstore's ``chunks.chunking_id``): ``""`` is the
+collection's original one; a reindex that re-chunks (``--chunk-size``) writes version ``N``'s
+chunks as ``v<N>s<size>o<overlap>`` beside the live ones. A version records its chunking (size,
+overlap and ``id``) and every chunk read (BM25, hit texts, counts) follows the live version's
+id; versions with the same chunking share the rows. The rows of a chunking go when the last
+version using it is purged.
 """
 
 from __future__ import annotations
@@ -38,8 +45,19 @@ def physical_name(name: str, version: int) -> str:
 
 
 def chunking_of(cfg: CollectionConfig) -> dict[str, Any]:
-    """A collection's chunking as a version records it."""
+    """A collection's chunking as a version records it (without ``id``: the original chunking)."""
     return {"chunk_size": cfg.chunk_size, "chunk_overlap": cfg.chunk_overlap}
+
+
+def new_chunking(version: int, chunk_size: int, chunk_overlap: int) -> dict[str, Any]:
+    """The chunking a re-chunking reindex records for ``version``: its own rows ``v<N>s<size>o<overlap>``."""
+    return {"chunk_size": chunk_size, "chunk_overlap": chunk_overlap,
+            "id": f"v{version}s{chunk_size}o{chunk_overlap}"}
+
+
+def same_chunking(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two recorded chunkings cut documents the same (size and overlap; ids aside)."""
+    return (a.get("chunk_size"), a.get("chunk_overlap")) == (b.get("chunk_size"), b.get("chunk_overlap"))
 
 
 def first_version(cfg: CollectionConfig, model_url: str | None) -> CollectionVersion:
@@ -93,10 +111,15 @@ def live_config(cfg: CollectionConfig, version: CollectionVersion) -> Collection
     says while a swap updates both; version 1 is what the collection was made with, so its
     config stays the authority (a collection made before fingerprints records one on its first
     write, as before versions). A rollback to version 1 writes the config before the swap.
+    The chunking (``chunk_size``, ``chunk_overlap``) is every version's own: writes chunk as
+    the live version's chunks were cut.
     """
-    if version.version == 1:
-        return cfg
     update: dict[str, Any] = {}
+    size, overlap = version.chunking.get("chunk_size"), version.chunking.get("chunk_overlap")
+    if isinstance(size, int) and isinstance(overlap, int) and (size, overlap) != (cfg.chunk_size, cfg.chunk_overlap):
+        update["chunk_size"], update["chunk_overlap"] = size, overlap
+    if version.version == 1:
+        return cfg.model_copy(update=update) if update else cfg
     if version.model_fingerprint and version.model_fingerprint != cfg.embedding_fingerprint:
         update["embedding_fingerprint"] = version.model_fingerprint
     if version.dim and version.dim != cfg.dim:

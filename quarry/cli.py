@@ -653,7 +653,12 @@ def reindex(  # noqa: PLR0913 - the command's options
     ] = None,
     index: Annotated[str, typer.Option(help="auto (the planner's choice for the current size) or a kind: "
                                             "flat, hnsw, ivf_flat, ...")] = "auto",
-    chunk_size: Annotated[int | None, typer.Option(help="Must be the collection's (re-chunking: not yet).")] = None,
+    chunk_size: Annotated[int | None, typer.Option(
+        help="Re-chunk to this cap in text tokens (a new version with its own chunks; default: the live one's).",
+    )] = None,
+    chunk_overlap: Annotated[int | None, typer.Option(
+        help="The new overlap in tokens, below --chunk-size (default: the live version's).",
+    )] = None,
     due: Annotated[bool, typer.Option(
         "--due", help="Only what is due now (QUARRY_REINDEX__* triggers and schedules), for an external cron.",
     )] = False,
@@ -667,14 +672,18 @@ def reindex(  # noqa: PLR0913 - the command's options
     quarry = _quarry()
     try:
         if not err.is_terminal:
-            report = quarry.reindex(name, model=model, index=index, chunk_size=chunk_size,
-                                    progress=lambda done, total: err.print(f"reindex {name}: {done}/{total} chunks"))
+            report = quarry.reindex(
+                name, model=model, index=index, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
+                progress=lambda done, total: err.print(f"reindex {name}: {done}/{total} chunks"),
+            )
         else:
             columns = (TextColumn("[bold]reindex"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
             with Progress(*columns, console=err, transient=False) as bar:
                 task = bar.add_task("chunks", total=None)
-                report = quarry.reindex(name, model=model, index=index, chunk_size=chunk_size,
-                                        progress=lambda done, total: bar.update(task, completed=done, total=total))
+                report = quarry.reindex(
+                    name, model=model, index=index, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
+                    progress=lambda done, total: bar.update(task, completed=done, total=total),
+                )
     finally:
         quarry.close()
     recall = "n/a" if report.recall is None else f"{report.recall:.3f}"

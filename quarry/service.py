@@ -18,7 +18,7 @@ from embedding.batching import BatchingEmbedder
 from embedding.factory import open_embedder
 from embedding.process import ProcessEmbedder
 from indexing.collections import NAME, CollectionConfig, FusionConfig
-from indexing.docstore import DEFAULT_TENANT, CollectionVersion, Job, open_docstore
+from indexing.docstore import DEFAULT_TENANT, CollectionVersion, Job, chunking_id_of, open_docstore
 from indexing.pipeline import Ingestor, IngestReport, Precomputed, Progress, Target
 from indexing.planner import GIB, IndexPlan, plan_for_store
 from indexing.reindex import Build, Reindexer, ReindexReport, new_owner
@@ -429,10 +429,17 @@ class Quarry:
         cfg = self.get_collection(name)
         live = self.live_version(name)
         documents, chunks = self.docstore.counts(name)
+        versions = [v for v in describe_versions(self.docstore, name) if v["state"] != "failed"]
+        counted: dict[str, int] = {}
+        for v in versions:  # each version's chunks (versions of one chunking share its rows)
+            chunking = chunking_id_of(v["chunking"])
+            if chunking not in counted:
+                counted[chunking] = self.docstore.counts(name, chunking=chunking)[1]
+            v["chunks"] = counted[chunking]
         return {
             **live_config(cfg, live).to_json(), "documents": documents, "chunks": chunks,
             "vectors": self.store.count(live.physical_name), "live_version": live.version,
-            "versions": [v for v in describe_versions(self.docstore, name) if v["state"] != "failed"],
+            "versions": versions,
             "reindex": {"next_run": self.scheduler.next_run(name) if self.scheduler is not None else None,
                         "last_trigger": last_trigger(self.docstore, name)},
         }
@@ -491,9 +498,9 @@ class Quarry:
         the Ray engine's).
         """
         with self._writing(name):
-            report = self.ingestor.upsert_stream(
-                self.get_collection(name), docs, progress, stop=stop, seen=seen, vectors=vectors
-            )
+            cfg, target = self._write_target(name)  # the live version's store collection, model and chunking
+            report = self.ingestor.upsert_stream(cfg, docs, progress, stop=stop, seen=seen, vectors=vectors,
+                                                 target=target)
             if report.chunks_written:
                 self.replan_index(name)
         return report
@@ -507,7 +514,8 @@ class Quarry:
         """
         from indexing.documents import get_document
 
-        return get_document(self.docstore, name, document_id, self.get_collection(name).chunk_overlap)
+        overlap = live_config(self.get_collection(name), self.live_version(name)).chunk_overlap
+        return get_document(self.docstore, name, document_id, overlap)
 
     def list_documents(
         self, name: str, *, cursor: str | None = None, limit: int = 100
@@ -647,6 +655,7 @@ class Quarry:
         model: str | None = None,
         index: str | IndexSpec | None = None,
         chunk_size: int | None = None,
+        chunk_overlap: int | None = None,
         progress: Callable[[int, int], None] | None = None,
         job_id: str | None = None,
         owner: str | None = None,
@@ -658,31 +667,36 @@ class Quarry:
             model: Another embedding model's URL (re-embeds everything); ``None`` keeps the live one's.
             index: ``auto`` / ``None`` (the planner's choice for the current size), an index kind,
                 or a whole :class:`~stores.base.IndexSpec`.
-            chunk_size: Must be the collection's (re-chunking is not built yet).
-            progress: Called with ``(chunks done, total)``.
+            chunk_size: Re-chunk to this cap in text tokens (``None``: the live version's); the new
+                version gets chunks rows of its own (:mod:`indexing.reindex`).
+            chunk_overlap: The new overlap (``None``: the live version's, which must then be
+                below ``chunk_size``).
+            progress: Called with ``(chunks done, total)`` (re-chunking: ``total`` estimated).
             job_id: The job to record progress and the outcome in.
             owner: The lease owner (a caller that took the lease already passes its id).
 
         Raises:
             CollectionNotFound: No such collection.
-            InvalidRequest: A chunk size other than the collection's.
+            InvalidRequest: A chunk size under 8 or an overlap not in ``[0, chunk_size)``.
             ReindexRunning: Another reindex of it holds the lease.
-            ReindexFailed: Verification failed; the live version serves.
+            ReindexFailed: Verification failed, or a document has no stored text to re-chunk;
+                the live version serves.
         """
         cfg = self.get_collection(name)
-        if chunk_size is not None and chunk_size != cfg.chunk_size:
-            raise InvalidRequest(f"re-chunking ({cfg.chunk_size} -> {chunk_size} tokens) is not supported yet")
+        chunking = _chunking_asked(live_config(cfg, self.live_version(name)), chunk_size, chunk_overlap)
         owner = owner or new_owner()
         self.reindexer.acquire(name, owner)
         try:
             live = self.live_version(name)
             embedder, url = self._reindex_model(live, model)
+            embedder.warm_up()  # its dim and fingerprint (a fresh process, `quarry reindex`, had neither: dim 0)
             same = bool(embedder.fingerprint) and embedder.fingerprint == live.model_fingerprint
             plan = self._plan(self.docstore.counts(name)[1], embedder.dim)
             spec = index if isinstance(index, IndexSpec) else _index_spec(index, plan)
-            build = Build(live_config(cfg, live), live, embedder, url, same, spec)
+            build = Build(live_config(cfg, live), live, embedder, url, same, spec, chunking)
             report = self.reindexer.run(build, owner, self._job_progress(job_id, progress))
             self._record_model(name, embedder, self.live_version(name))
+            self.bm25.invalidate(name)  # a new chunking: the BM25 index is rebuilt from its rows now
             if job_id is not None:
                 self.docstore.update_job(job_id, state="done", counters=_counters(report))
             return report
@@ -706,12 +720,15 @@ class Quarry:
             return self._open_model(url)[0], url
 
     def _record_model(self, name: str, embedder: Embedder, version: CollectionVersion) -> None:
-        """Around a swap: the collection's config names ``version``'s model and index (``list``, version 1)."""
+        """Around a swap: the config names ``version``'s model, index and chunking (``list``, version 1)."""
         with self._writing(name):
             cfg = self.get_collection(name)
             cfg.embedding_model, cfg.embedding_fingerprint, cfg.dim = (
                 embedder.model_id, embedder.fingerprint or version.model_fingerprint, embedder.dim)
             cfg.index = {**cfg.index, **version.index_plan}
+            size, overlap = version.chunking.get("chunk_size"), version.chunking.get("chunk_overlap")
+            if isinstance(size, int) and isinstance(overlap, int):
+                cfg.chunk_size, cfg.chunk_overlap = size, overlap
             self.docstore.put_collection(name, cfg.to_json())
 
     def _job_progress(
@@ -729,7 +746,7 @@ class Quarry:
 
     def start_reindex(  # noqa: PLR0913 - the request's fields and who asks
         self, name: str, *, model: str | None = None, index: str | None = None, trigger: str = "api",
-        reason: str = "", owner: str | None = None,
+        reason: str = "", owner: str | None = None, chunk_size: int | None = None, chunk_overlap: int | None = None,
     ) -> Job:
         """Take the lease now and run :meth:`reindex` in a background thread; returns its job.
 
@@ -737,6 +754,8 @@ class Quarry:
             name: The collection.
             model: See :meth:`reindex`.
             index: See :meth:`reindex`.
+            chunk_size: See :meth:`reindex` (checked here, before the job starts).
+            chunk_overlap: See :meth:`reindex`.
             trigger: Who asked (``api``, or a trigger of :mod:`indexing.schedule`), kept in the
                 job's ``params`` with ``reason`` and ``by`` (the lease owner).
             reason: Why.
@@ -744,13 +763,15 @@ class Quarry:
 
         Raises:
             CollectionNotFound: No such collection.
+            InvalidRequest: See :meth:`reindex`.
             ReindexRunning: Another reindex of it holds the lease.
         """
-        self.get_collection(name)
+        _chunking_asked(live_config(self.get_collection(name), self.live_version(name)), chunk_size, chunk_overlap)
         if owner is None:
             owner = new_owner()
             self.reindexer.acquire(name, owner)
-        params = {"model": model, "index": index, "trigger": trigger, "reason": reason, "by": owner}
+        params = {"model": model, "index": index, "trigger": trigger, "reason": reason, "by": owner,
+                  "chunk_size": chunk_size, "chunk_overlap": chunk_overlap}
         try:
             job = self.docstore.create_job("reindex", collection=name, params=params)
         except BaseException:
@@ -759,7 +780,8 @@ class Quarry:
 
         def work() -> None:
             try:
-                self.reindex(name, model=model, index=index, job_id=job.id, owner=owner)
+                self.reindex(name, model=model, index=index, job_id=job.id, owner=owner,
+                             chunk_size=chunk_size, chunk_overlap=chunk_overlap)
             except Exception:  # recorded in the job
                 log.exception("reindex job %s of %r failed", job.id, name)
 
@@ -800,7 +822,9 @@ class Quarry:
             embedder = self._model_for(target)[0]
             same = bool(embedder.fingerprint) and embedder.fingerprint == live.model_fingerprint
             build = Build(live_config(self.get_collection(name), live), live, embedder, target.model_name, same, None)
-            return self.reindexer.rollback(build, target, lambda: self._record_model(name, embedder, target))
+            report = self.reindexer.rollback(build, target, lambda: self._record_model(name, embedder, target))
+            self.bm25.invalidate(name)  # back to the target's chunking: its BM25 index
+            return report
         finally:
             self.docstore.release_lease(f"reindex:{name}", owner)
 
@@ -916,6 +940,31 @@ def _fingerprint(model: Embedder) -> str:
         return model.fingerprint
     except Exception:  # noqa: BLE001 - unknown until warm: the searcher's model check decides
         return ""
+
+
+def _chunking_asked(cfg: CollectionConfig, size: int | None, overlap: int | None) -> dict[str, int] | None:
+    """The chunking a reindex asks for (``None``: the live one, ``cfg``'s); checked.
+
+    Raises:
+        InvalidRequest: ``size`` under 8, or the overlap (``overlap``, else the live one's) not
+            in ``[0, size)``.
+    """
+    if size is None and overlap is None:
+        return None
+    size = cfg.chunk_size if size is None else size
+    if size < MIN_CHUNK_SIZE:
+        raise InvalidRequest(f"chunk_size must be >= {MIN_CHUNK_SIZE} text tokens, got {size}")
+    if overlap is None:
+        overlap = cfg.chunk_overlap
+        if overlap >= size:
+            raise InvalidRequest(f"chunk_size {size} is not above the collection's overlap {overlap}: "
+                                 "give a chunk_overlap below it too")
+    if not 0 <= overlap < size:
+        raise InvalidRequest(f"chunk_overlap must be >= 0 and < chunk_size ({size}), got {overlap}")
+    return {"chunk_size": size, "chunk_overlap": overlap}
+
+
+MIN_CHUNK_SIZE = 8  # as QUARRY_INGEST__CHUNK_SIZE and the API's chunk_size
 
 
 def _counters(report: ReindexReport) -> dict[str, int]:

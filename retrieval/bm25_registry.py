@@ -16,6 +16,11 @@ docstore's rows in one read. A snapshot is derived state: one that cannot be rea
 disagree, or whose rows are not the docstore's is logged and rebuilt, never served. A collection
 whose index can be neither loaded nor rebuilt is listed in :attr:`BM25Registry.failures`
 (``/readyz``).
+
+An index is of one chunking (the live version's chunks rows, :mod:`indexing.versions`): when a
+reindex that re-chunked swaps in (``CollectionState.chunking_id`` changes), the next refresh
+builds the index from the new chunking's rows. Snapshots of a chunking other than the original
+are saved as ``<collection>@<chunking id>``, so a snapshot is only ever followed by its own rows.
 """
 
 from __future__ import annotations
@@ -40,8 +45,9 @@ SAVE_EVERY_S = 60.0  # a followed index is saved at most this often (and on load
 class _Followed:
     """One collection's live index and when it last asked the docstore."""
 
-    def __init__(self, live: LiveBM25, polled: float) -> None:
+    def __init__(self, live: LiveBM25, polled: float, chunking: str = "") -> None:
         self.live = live
+        self.chunking = chunking
         self.view = live.view()
         self.polled = polled
         self.saved = polled
@@ -112,6 +118,8 @@ class BM25Registry:
             self._followed.pop(collection, None)
             self.failures.pop(collection, None)
             shutil.rmtree(self._path(collection), ignore_errors=True)
+            for other in self._folder.glob(f"{collection}@*"):  # snapshots of other chunkings
+                shutil.rmtree(other, ignore_errors=True)
 
     def save(self, collection: str) -> None:
         """Save the collection's index now (a server's shutdown; tests)."""
@@ -129,13 +137,15 @@ class BM25Registry:
                 state = self._docstore.collection_state(collection)
                 now = self.clock()
                 cid, seq = (None, 0) if state is None else (state.id, state.seq)
-                if followed is None or followed.live.collection_id != cid or seq < followed.live.version:
-                    followed = self._load_or_build(collection, cid, seq)
+                chunking = "" if state is None else state.chunking_id
+                if (followed is None or followed.live.collection_id != cid or seq < followed.live.version
+                        or followed.chunking != chunking):
+                    followed = self._load_or_build(collection, cid, seq, chunking)
                     self._followed[collection] = followed
                     swapped = True
                 elif seq > followed.live.version:
-                    if not self._follow(collection, followed.live, seq):
-                        followed = self._build(collection, cid)
+                    if not self._follow(collection, followed.live, seq, chunking):
+                        followed = self._build(collection, cid, chunking)
                         self._followed[collection] = followed
                         swapped = True
                     followed.view = followed.live.view()
@@ -152,7 +162,7 @@ class BM25Registry:
             hook()
         return view
 
-    def _follow(self, collection: str, live: LiveBM25, seq: int) -> bool:
+    def _follow(self, collection: str, live: LiveBM25, seq: int, chunking: str = "") -> bool:
         """Apply the change log from ``live.version`` to at least ``seq``; ``False``: rebuild instead."""
         if seq - live.version > REBUILD_AFTER:
             return False
@@ -161,16 +171,16 @@ class BM25Registry:
             if not changes:
                 return False  # the log does not reach seq (pruned): read the rows whole
             documents = list(dict.fromkeys(c.document_id for c in changes))
-            live.apply(self._current_rows(collection, documents), max(c.seq for c in changes))
+            live.apply(self._current_rows(collection, documents, chunking), max(c.seq for c in changes))
         return True
 
-    def _current_rows(self, collection: str, documents: list[str]) -> dict[str, list[Row]]:
+    def _current_rows(self, collection: str, documents: list[str], chunking: str = "") -> dict[str, list[Row]]:
         """The documents' current chunks (with tokens); ``[]`` for the deleted ones."""
         out: dict[str, list[Row]] = {d: [] for d in documents}
         for _ in range(5):  # a concurrent write may replace chunks between the two reads
-            owned = self._docstore.chunk_ids_of(collection, documents)
+            owned = self._docstore.chunk_ids_of(collection, documents, chunking=chunking)
             wanted = [c for ids in owned.values() for c in ids]
-            chunks = self._docstore.get_chunks(collection, wanted, with_tokens=True)
+            chunks = self._docstore.get_chunks(collection, wanted, with_tokens=True, chunking=chunking)
             if len(chunks) == len(wanted):
                 break
         for doc_id, ids in owned.items():
@@ -179,30 +189,30 @@ class BM25Registry:
             ]
         return out
 
-    def _load_or_build(self, collection: str, cid: int | None, seq: int) -> _Followed:
+    def _load_or_build(self, collection: str, cid: int | None, seq: int, chunking: str = "") -> _Followed:
         started = time.perf_counter()
-        live = self._load_saved(collection, cid, seq)
-        if live is not None and (live.version == seq or self._follow(collection, live, seq)):
+        live = self._load_saved(collection, cid, seq, chunking)
+        if live is not None and (live.version == seq or self._follow(collection, live, seq, chunking)):
             log.info("BM25 index of collection %r: snapshot at seq %d + change-log tail to %d in %.2f s",
                      collection, live.version if live.version != seq else seq, live.version,
                      time.perf_counter() - started)
-            followed = _Followed(live, self.clock())
+            followed = _Followed(live, self.clock(), chunking)
             if live.version != seq:
                 self._save(collection, followed)
             return followed
-        return self._build(collection, cid)
+        return self._build(collection, cid, chunking)
 
-    def _build(self, collection: str, cid: int | None) -> _Followed:
-        version, rows = self._docstore.bm25_rows(collection)
+    def _build(self, collection: str, cid: int | None, chunking: str = "") -> _Followed:
+        version, rows = self._docstore.bm25_rows(collection, chunking=chunking)
         live = LiveBM25.build(rows, self._params, version)
         live.collection_id = cid
-        followed = _Followed(live, self.clock())
+        followed = _Followed(live, self.clock(), chunking)
         self._save(collection, followed)
         return followed
 
     def _save(self, collection: str, followed: _Followed) -> None:
         followed.saved = self.clock()
-        path = self._path(collection)
+        path = self._path(collection, followed.chunking)
         try:
             followed.live.save(path)
         except OSError as exc:  # serve it from memory; the next start rebuilds or replays more
@@ -210,9 +220,9 @@ class BM25Registry:
                         collection, path, exc)
         followed.view = followed.live.view()
 
-    def _load_saved(self, collection: str, cid: int | None, seq: int) -> LiveBM25 | None:
-        """The saved index if readable, of this collection, not ahead of ``seq`` and holding its rows."""
-        path = self._path(collection)
+    def _load_saved(self, collection: str, cid: int | None, seq: int, chunking: str = "") -> LiveBM25 | None:
+        """The saved index of ``chunking``: readable, of this collection, not ahead of ``seq``, holding its rows."""
+        path = self._path(collection, chunking)
         if not path.exists():
             return None
         try:
@@ -224,7 +234,7 @@ class BM25Registry:
         if saved.collection_id != cid or saved.version > seq:
             return None  # another collection of that name, or a database restored to an older state
         if saved.version == seq:
-            version, chunk_ids = self._docstore.bm25_chunk_ids(collection)
+            version, chunk_ids = self._docstore.bm25_chunk_ids(collection, chunking=chunking)
             held = saved.live_chunk_ids()
             if version == seq and chunk_ids != held:
                 log.warning("BM25 index of collection %r at %s holds %d rows, the docstore %d chunks with tokens%s; "
@@ -233,8 +243,8 @@ class BM25Registry:
                 return None
         return saved
 
-    def _path(self, collection: str) -> Path:
-        return self._folder / collection
+    def _path(self, collection: str, chunking: str = "") -> Path:
+        return self._folder / (f"{collection}@{chunking}" if chunking else collection)
 
     def _lock_for(self, collection: str) -> threading.Lock:
         with self._guard:

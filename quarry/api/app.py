@@ -271,7 +271,8 @@ def drop_collection(name: str, request: Request, q: Service) -> dict[str, str]:
 def reindex_collection(name: str, q: Service, body: ReindexIn | None = None) -> dict[str, Any]:
     """Start building the collection's next version (202 with the job; follow it at ``/v1/jobs/{id}``)."""
     body = body or ReindexIn()
-    return _job(q.start_reindex(name, model=body.model, index=body.index))
+    return _job(q.start_reindex(name, model=body.model, index=body.index, chunk_size=body.chunk_size,
+                                chunk_overlap=body.chunk_overlap))
 
 
 @router.post(

@@ -314,6 +314,12 @@ class ReindexIn(_Body):
 
     model: str | None = Field(None, description="Another embedding model's URL (re-embeds); default: the live one's.")
     index: str = Field("auto", description="auto (the planner's choice for the current size) or an index kind.")
+    chunk_size: int | None = Field(
+        None, ge=8, le=4096, description="Re-chunk to this cap in text tokens (default: the live version's)."
+    )
+    chunk_overlap: int | None = Field(
+        None, ge=0, description="The new overlap (< chunk_size; default: the live version's)."
+    )
 
 
 class IngestJobIn(_Body):

@@ -285,23 +285,6 @@ def test_failed_verification_and_killed_run_leave_the_live_version(
     assert _top(service, filled, "hybrid", query) == before
 
 
-@pytest.fixture(scope="session")
-def projected_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A second real model: the packaged MiniLM plus a seeded 384 -> 128 dense layer."""
-    import torch
-    from sentence_transformers import SentenceTransformer, models
-
-    from embedding.sentence_transformers import resolve_model_path
-
-    torch.manual_seed(0)
-    base = SentenceTransformer(str(resolve_model_path("all-MiniLM-L6-v2")), device="cpu", local_files_only=True)
-    dense = models.Dense(384, 128, activation_function=torch.nn.Identity())
-    model = SentenceTransformer(modules=[*base, dense, models.Normalize()], device="cpu")
-    path = tmp_path_factory.mktemp("minilm-128")
-    model.save(str(path))
-    return path
-
-
 def test_model_change_of_dimension(
     svc: Quarry, filled: str, projected_model: Path, scifact_docs: list[SourceDocument]
 ) -> None:

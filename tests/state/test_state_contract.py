@@ -163,6 +163,37 @@ def test_versions_are_created_listed_and_swapped_live(state: StateStore) -> None
         state.create_version("nope", v1)
 
 
+def test_chunks_belong_to_a_chunking_and_reads_follow_the_live_versions(state: StateStore) -> None:
+    """A re-chunking reindex writes another chunking beside the live one; the live version picks it."""
+    state.put_collection("c", {})
+    state.write_batch("c", [_doc("a"), _doc("b")], [_chunk("a", 0), _chunk("b", 0)], [])
+    state.create_version("c", CollectionVersion(1, "c", "live", chunking={"chunk_size": 8, "chunk_overlap": 1}))
+    state.set_live_version("c", 1)
+    new = {"chunk_size": 4, "chunk_overlap": 0, "id": "v2s4o0"}
+    state.create_version("c", CollectionVersion(2, "c__v2", "building", chunking=new))
+    state.replace_chunks("c", "v2s4o0", ["a", "b"], [_chunk("a", 0, "x y"), _chunk("a", 1, "z"), _chunk("b", 0)])
+    seq = state.version("c")
+    assert state.version("c") == seq and state.change_log_since("c", seq) == []  # no seq, no change-log row
+    cs = state.collection_state("c")
+    assert cs is not None and cs.chunking_id == ""
+    assert state.counts("c") == (2, 2) and state.counts("c", chunking="v2s4o0") == (2, 3)
+    assert state.chunk_ids_of("c", ["a"], chunking="v2s4o0") == {"a": ["a:0:h", "a:1:h"]}
+    assert state.get_chunks("c", ["a:0:h"], chunking="v2s4o0")["a:0:h"].text == "x y"
+    assert state.get_chunks("c", ["a:0:h"])["a:0:h"].text == "some words"
+    assert [r[0] for r in state.bm25_rows("c", chunking="v2s4o0")[1]] == ["a:0:h", "a:1:h", "b:0:h"]
+    state.replace_chunks("c", "v2s4o0", ["b"], [])  # a deleted document leaves the chunking
+    state.set_live_version("c", 2)
+    cs = state.collection_state("c")
+    assert cs is not None and cs.chunking_id == "v2s4o0"
+    assert state.counts("c") == (2, 2) and state.bm25_chunk_ids("c")[1] == ["a:0:h", "a:1:h"]
+    state.write_batch("c", [_doc("d")], [_chunk("d", 0)], [])  # writes go to the live chunking
+    assert state.chunk_ids_of("c", ["d"]) == {"d": ["d:0:h"]} and state.chunk_ids_of("c", ["d"], chunking="") == {}
+    state.write_batch("c", [], [], [], deleted_document_ids=["a"])
+    assert state.chunk_ids_of("c", ["a"]) == {} and state.chunk_ids_of("c", ["a"], chunking="") == {"a": ["a:0:h"]}
+    assert state.drop_chunking("c", "") == 2 and state.counts("c", chunking="") == (2, 0)
+    assert state.counts("c") == (2, 1)
+
+
 # --- leases ---------------------------------------------------------------------------------
 def test_a_lease_has_one_holder_until_it_lapses(state: StateStore) -> None:
     # 2 s leases: long enough that a loaded 2-core machine checks the refusals before they lapse
