@@ -282,10 +282,11 @@ LOW_CLIENTS = {"ignore": False, "honour": True}  # the low clients' mode: honour
 
 def bench_shedding(  # noqa: PLR0913 - the knobs of one run
     work: Path, base: Path, bodies: Path, rounds: int, seconds: float, shed_in_flight: int,
-    low_modes: tuple[str, ...] = ("ignore", "honour"), shed_low: str = "reject",
+    low_modes: tuple[str, ...] = ("ignore", "honour"), shed_low: str = "reject", shed_hold_s: float | None = None,
 ) -> dict[str, Any]:
+    hold = {} if shed_hold_s is None else {"QUARRY_AUTH__SHED_HOLD_S": f"{shed_hold_s:g}"}
     env = _env(copy_data(base, work / "shed"), QUARRY_AUTH__SHED_IN_FLIGHT=str(shed_in_flight),
-               QUARRY_AUTH__SHED_LOW=shed_low)
+               QUARRY_AUTH__SHED_LOW=shed_low, **hold)
     high = _quarry(env, "keys", "create", "--scopes", "read", "--priority", "high", "--name", "high").strip()
     low = _quarry(env, "keys", "create", "--scopes", "read", "--priority", "low", "--name", "low").strip()
     phases = ["idle", *low_modes]
@@ -356,6 +357,8 @@ def main() -> None:
     parser.add_argument("--shed-in-flight", type=int, default=4, help="QUARRY_AUTH__SHED_IN_FLIGHT of shedding")
     parser.add_argument("--shed-low", default="reject", choices=["reject", "cheapest", "off"],
                         help="shedding: QUARRY_AUTH__SHED_LOW (under cheapest a bm25 search is answered in full)")
+    parser.add_argument("--shed-hold-s", type=float, default=None,
+                        help="shedding: QUARRY_AUTH__SHED_HOLD_S (default: the server's, 0.5; 0: no pacing)")
     parser.add_argument("--low", default="both", choices=["ignore", "honour", "both"],
                         help="shedding: whether the low clients honour Retry-After (both: each round measures both)")
     parser.add_argument("--server-path", default="", help="a folder put first on the servers' PYTHONPATH "
@@ -379,7 +382,7 @@ def main() -> None:
     if args.what in ("shedding", "all"):
         modes = ("ignore", "honour") if args.low == "both" else (args.low,)
         s = results["shedding"] = bench_shedding(args.work, base, bodies, args.rounds, args.seconds,
-                                                 args.shed_in_flight, modes, args.shed_low)
+                                                 args.shed_in_flight, modes, args.shed_low, args.shed_hold_s)
         for mode in modes:
             table.add_row(f"4: high p99 saturated/idle (low {mode} RA)", f"{s[mode]['median_p99_ratio']:.2f}", "<= 2",
                           " ".join(f"{r[mode]['p99_ratio']:.2f}" for r in s["rounds"]))
