@@ -514,7 +514,7 @@ class AuthSettings(BaseModel):
     shed_low: Literal["cheapest", "reject", "off"] = "cheapest"
     shed_normal: Literal["cheapest", "reject", "off"] = "off"
     shed_retry_after_s: float = Field(1.0, gt=0, le=3600, allow_inf_nan=False)
-    shed_hold_s: float = Field(0.5, ge=0, le=60, allow_inf_nan=False)
+    shed_hold_s: float = Field(1.0, ge=0, le=60, allow_inf_nan=False)
     shed_hold_max: int = Field(256, ge=0, le=100_000)
 
 
