@@ -14,6 +14,7 @@ service), modes, reasons, priorities; never query text, document ids or keys.
   alone), ``llm_failed`` (an answer without the LLM's text); the access layer adds ``shed``.
 * ``quarry_rate_limited_total``, ``quarry_shed_total{priority}``, ``quarry_auth_failures_total{reason}``:
   defined here, counted by the access layer (API keys, limits, shedding) once it exists.
+* ``quarry_shed_requests_held``: shed requests held before their 503 (:mod:`quarry.api.pacing`).
 * ``quarry_batcher_queue_depth{batcher}``: items waiting in each dynamic batcher (``embed``,
   ``ann``, ``ann-filtered``), read at scrape time (:func:`quarry.microbatch.queue_depths`).
 * ``quarry_sla_seconds{route}``: the latency objectives (``QUARRY_METRICS__*_SLA_S``) that the
@@ -76,6 +77,10 @@ class InFlight:
 
 IN_FLIGHT = InFlight()
 Gauge("quarry_requests_in_flight", "HTTP requests being served").set_function(lambda: IN_FLIGHT.count)
+SHED_HELD = InFlight()  # shed requests held before their 503 (quarry.api.pacing), not in IN_FLIGHT
+Gauge("quarry_shed_requests_held", "Shed requests held before their 503 (Retry-After pacing)").set_function(
+    lambda: SHED_HELD.count
+)
 
 
 class _QueueDepths(Collector):

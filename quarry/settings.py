@@ -506,6 +506,13 @@ class AuthSettings(BaseModel):
             ``Retry-After``), ``reject`` (always the 503) or ``off`` (never shed).
         shed_normal: The same for a ``normal``-priority key (``high`` is never shed).
         shed_retry_after_s: The ``Retry-After`` of a shed request, in seconds.
+        shed_hold_s: How long a shed request is held before its 503 (no CPU: a timer), in
+            seconds, at most ``shed_retry_after_s`` (0: answered at once). A client that ignores
+            ``Retry-After`` and retries at once is paced by the server: 32 such clients sent
+            ~800 503s a second, which took the event loop from high-priority requests
+            (:mod:`quarry.api.pacing`).
+        shed_hold_max: At most this many shed requests are held at once; beyond it a shed
+            request gets its 503 at once (many connections cannot pin memory and sockets).
     """
 
     required: bool = False
@@ -515,6 +522,8 @@ class AuthSettings(BaseModel):
     shed_low: Literal["cheapest", "reject", "off"] = "cheapest"
     shed_normal: Literal["cheapest", "reject", "off"] = "off"
     shed_retry_after_s: float = Field(1.0, gt=0, le=3600, allow_inf_nan=False)
+    shed_hold_s: float = Field(1.0, ge=0, le=60, allow_inf_nan=False)
+    shed_hold_max: int = Field(256, ge=0, le=100_000)
 
 
 class Settings(BaseSettings):

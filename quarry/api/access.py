@@ -16,7 +16,8 @@
    ``QUARRY_AUTH__SHED_LOW=cheapest`` (default) a search or answer request goes on marked
    ``request.state.shed`` and gets the cheapest honest answer (:func:`shed`: the semantic
    cache's answer, else a hybrid search answered by BM25 alone, marked ``degraded``), any other
-   request (or ``reject``) 503 ``Overloaded`` with ``Retry-After``;
+   request (or ``reject``) 503 ``Overloaded`` with ``Retry-After``, held a moment first
+   (``QUARRY_AUTH__SHED_HOLD_S``, :mod:`quarry.api.pacing`);
 
 and leaves the :class:`~quarry.api.keys.Principal` in ``request.state.principal``. Handlers that
 take a collection name from the body call :func:`check_collection`; admin actions call
@@ -46,6 +47,7 @@ from limits.strategies import MovingWindowRateLimiter
 from starlette.datastructures import Headers
 
 from indexing.docstore import AuditEntry, StateStore
+from quarry.api import pacing
 from quarry.api.keys import OPEN, KeyVerifier, Principal
 from quarry.errors import ConfigError, Forbidden, Overloaded, RateLimited, Unauthenticated, clip
 from quarry.metrics import AUTH_FAILURES, IN_FLIGHT, RATE_LIMITED, SHED
@@ -241,8 +243,8 @@ def _presented_key(request: Request | None, headers: Headers | None = None) -> s
     return headers.get("api-key")
 
 
-def shed_early(access: Access, method: str, path: str, headers: Headers) -> Overloaded | None:
-    """Step 5 before routing, for a key verified before: the 503 to send now, or ``None``.
+def shed_early(access: Access, method: str, path: str, headers: Headers) -> Shed | None:
+    """Step 5 before routing, for a key verified before: the :class:`Shed` to refuse now, or ``None``.
 
     The outer middleware asks this first, so that a shed request costs no routing, body parsing
     or dependency solving (under 32 low-priority clients the 503s themselves were what kept a
@@ -265,7 +267,7 @@ def shed_early(access: Access, method: str, path: str, headers: Headers) -> Over
         return None
     if shed.policy != "reject" and method == "POST" and _CHEAP_PATH.fullmatch(path):
         return None  # a cheaper honest answer exists: authorize() marks the request for it
-    return shed.refuse()
+    return shed
 
 
 # CHEAP_ROUTES' paths before routing (the early shed has no route template yet)
@@ -306,7 +308,7 @@ async def authorize(request: Request) -> Principal:
     shed = _shedding(access.settings, who.priority)
     if shed is not None:
         if shed.policy == "reject" or (request.method, template) not in CHEAP_ROUTES:
-            raise shed.refuse()
+            raise await shed.refused()
         request.state.shed = shed  # the handler answers from the cache or BM25, or refuses
     return who
 
@@ -320,12 +322,18 @@ CHEAP_ROUTES = frozenset({
 
 @dataclass(frozen=True)
 class Shed:
-    """A request the saturated server sheds: its priority's policy and how to refuse it."""
+    """A request the saturated server sheds: its priority's policy and how to refuse it.
+
+    ``hold_s`` and ``hold_max``: how long its 503 is held, and the most requests held at once
+    (``QUARRY_AUTH__SHED_HOLD_S``, ``__SHED_HOLD_MAX``; :mod:`quarry.api.pacing`).
+    """
 
     priority: str
     policy: str
     in_flight: int
     retry_after_s: float
+    hold_s: float = 0.0
+    hold_max: int = 0
 
     def refuse(self) -> Overloaded:
         """The 503 (counted in ``quarry_shed_total{priority}``) when no cheap answer exists."""
@@ -336,6 +344,11 @@ class Shed:
             retry_after_s=self.retry_after_s,
         )
 
+    async def refused(self) -> Overloaded:
+        """:meth:`refuse`'s 503 after the request's hold (Retry-After pacing, :func:`quarry.api.pacing.hold`)."""
+        await pacing.hold(self.hold_s, self.retry_after_s, self.hold_max)
+        return self.refuse()
+
 
 def _shedding(settings: AuthSettings, priority: int) -> Shed | None:
     """The shed decision of a key of ``priority`` now (``None``: served in full)."""
@@ -345,7 +358,7 @@ def _shedding(settings: AuthSettings, priority: int) -> Shed | None:
     in_flight = IN_FLIGHT.count
     if policy == "off" or in_flight <= settings.shed_in_flight:
         return None
-    return Shed(name, policy, in_flight, settings.shed_retry_after_s)
+    return Shed(name, policy, in_flight, settings.shed_retry_after_s, settings.shed_hold_s, settings.shed_hold_max)
 
 
 def shed(request: Request) -> Shed | None:

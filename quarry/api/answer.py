@@ -165,7 +165,7 @@ async def _events(  # noqa: PLR0913 - the request and its dependencies
     if plan.result == "hit":
         return answer_cache.replay(plan, started)
     if shed is not None:
-        raise shed.refuse()
+        raise await shed.refused()
     candidates, degraded, timings = await _retrieve(q, name, body)
     if plan.lookup_ms:
         timings["cache"] = plan.lookup_ms

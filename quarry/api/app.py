@@ -459,7 +459,7 @@ async def search(name: str, body: SearchIn, request: Request, q: Service) -> Res
     shed = access.shed(request)
     if shed is not None:  # saturated: BM25 alone where it is cheaper than what was asked, else the 503
         if body.mode == "dense" or (body.mode == "bm25" and rerank is None):
-            raise shed.refuse()  # nothing cheaper than a dense-only or a plain BM25 search
+            raise await shed.refused()  # nothing cheaper than a dense-only or a plain BM25 search
         result = await q.search_async(
             name, body.query, top_k=body.top_k, mode="bm25", filters=body.filters, offset=body.offset,
             group=body.group_by_document, min_score=body.min_score,

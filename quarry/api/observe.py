@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from quarry import tracing
-from quarry.api.access import shed_early
+from quarry.api.access import Shed, shed_early
 from quarry.api.errors import error_body
 from quarry.errors import Overloaded
 from quarry.logs import REQUEST_ID, SHED_REPLY, request_id
@@ -72,8 +72,8 @@ class ObserveMiddleware:
                 # shed and a high-priority request waited behind all of them (bench/access.py).
                 await asyncio.sleep(0)
                 shed = _shed_early(scope, headers)
-                if shed is not None:
-                    await _reply_shed(shed, scope, receive, send_status)
+                if shed is not None:  # held a moment (not in flight meanwhile), then the 503
+                    await _reply_shed(await shed.refused(), scope, receive, send_status)
                     return
             if span is None:
                 await self.app(scope, receive, send_status)
@@ -117,7 +117,7 @@ def _shedding_on(scope: Scope) -> bool:
     return settings is not None and settings.auth.shed_in_flight > 0
 
 
-def _shed_early(scope: Scope, headers: Headers) -> Overloaded | None:
+def _shed_early(scope: Scope, headers: Headers) -> Shed | None:
     access = getattr(getattr(scope.get("app"), "state", None), "access", None)
     return None if access is None else shed_early(access, scope["method"], scope["path"], headers)
 

@@ -6,6 +6,7 @@ every request of a server need one, so the shared session service must never see
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -14,6 +15,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import limits.storage.memory
@@ -23,7 +25,7 @@ from prometheus_client import REGISTRY
 
 from indexing.docstore import StateStore, open_docstore
 from quarry import metrics
-from quarry.api import access, create_app, observe
+from quarry.api import access, create_app, observe, pacing
 from quarry.api.access import check_bind
 from quarry.api.keys import KeyVerifier, check_secret, hash_secret, new_key
 from quarry.errors import ConfigError, RateLimited, Unauthenticated
@@ -254,6 +256,71 @@ def test_shed_503_gets_no_access_line_and_a_periodic_count(
     assert spied.get("/healthz").status_code == 200
     assert kept == [False, True, True]  # served requests keep theirs
     assert "shed_access" in uvicorn_log_config("text", "INFO")["loggers"]["uvicorn.access"]["filters"]
+
+
+class _HeldSleep:
+    """``asyncio.sleep`` for :mod:`quarry.api.pacing`: records each hold and holds until released."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, int, int]] = []  # (delay_s, held, in flight) at each hold
+        self.release = threading.Event()
+
+    async def sleep(self, delay: float) -> None:
+        self.calls.append((delay, metrics.SHED_HELD.count, metrics.IN_FLIGHT.count))
+        while not self.release.is_set():
+            await asyncio.sleep(0.005)
+
+
+def _wait(condition: Any) -> None:
+    for _ in range(2000):  # a deadline for a hang, not a timing assertion
+        if condition():
+            return
+        threading.Event().wait(0.005)
+    raise AssertionError("condition never held")
+
+
+def test_shed_request_is_held_before_its_503_and_the_hold_is_bounded(
+    client: TestClient, server: tuple[Quarry, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # bench/access.py: 32 closed-loop clients ignoring Retry-After sent ~800 503s a second, and the
+    # high-priority p99 was 4.0x idle; a shed request is now held (not in flight) before its 503
+    state = server[0].docstore
+    low, high = (_key(state, scopes="read", priority=p) for p in ("low", "high"))
+    gate = client.app.state.access  # type: ignore[attr-defined]
+    monkeypatch.setattr(gate.settings, "shed_in_flight", 4)
+    monkeypatch.setattr(gate.settings, "shed_hold_s", 5.0)  # held min(5, Retry-After 1) = 1 s
+    monkeypatch.setattr(gate.settings, "shed_hold_max", 1)
+    assert client.get("/v1/collections", headers=_bearer(low)).status_code == 200  # verified: shed early next
+    held = _HeldSleep()
+    monkeypatch.setattr(pacing, "asyncio", SimpleNamespace(sleep=held.sleep))
+    monkeypatch.setattr(metrics.IN_FLIGHT, "count", 10)  # as if 10 other requests were running
+    first: list[Any] = []
+    waiting = threading.Thread(target=lambda: first.append(client.get("/v1/collections", headers=_bearer(low))))
+    waiting.start()
+    try:
+        _wait(lambda: metrics.SHED_HELD.count == 1)
+        assert held.calls == [(1.0, 1, 10)]  # held for min(hold, Retry-After), and not counted in flight
+        # the cap: one is held, so the next shed request gets its 503 at once
+        over = client.get("/v1/collections", headers=_bearer(low))
+        _error(over, 503, "Overloaded", "sheds low-priority keys first")
+        assert over.headers["retry-after"] == "1" and len(held.calls) == 1
+        # a high-priority request is served, never held
+        assert client.get("/v1/collections", headers=_bearer(high)).status_code == 200
+        assert len(held.calls) == 1 and not first
+    finally:
+        held.release.set()
+        waiting.join(timeout=30)
+    _error(first[0], 503, "Overloaded", "sheds low-priority keys first")  # the held one: its 503 after the hold
+    assert first[0].headers["retry-after"] == "1"
+    assert metrics.SHED_HELD.count == 0 and metrics.IN_FLIGHT.count == 10
+    # shed by the access layer after routing (its principal checked again after a commit): held too
+    state.create_tenant("shed_hold", "shed_hold")
+    _error(client.get("/v1/collections", headers=_bearer(low)), 503, "Overloaded", "sheds low-priority keys first")
+    assert len(held.calls) == 2
+    # 0 turns the hold off
+    monkeypatch.setattr(gate.settings, "shed_hold_s", 0.0)
+    _error(client.get("/v1/collections", headers=_bearer(low)), 503, "Overloaded", "sheds low-priority keys first")
+    assert len(held.calls) == 2 and 'quarry_shed_requests_held 0.0' in client.get("/metrics").text
 
 
 def test_verified_key_is_cached_until_a_commit_and_a_revoke_elsewhere_counts_at_once(tmp_path: Path) -> None:
