@@ -29,6 +29,9 @@ Counters (their names and labels are shared with the metrics work of issue 27):
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import hashlib
 import ipaddress
 import logging
 import math
@@ -175,6 +178,8 @@ class Access:
         self.limiter = RateLimiter(settings.rate_storage)
         self._keys_exist = False
         self._no_keys_at: int | None = None  # the change token at which no key existed
+        # sha256(presented key) -> its verification in flight (principal_async: one per key at once)
+        self._flights: dict[bytes, asyncio.Task[Principal]] = {}
 
     def keys_required(self) -> bool:
         """Whether a request must carry a key: forced by settings, or some key (even revoked) exists.
@@ -214,11 +219,16 @@ class Access:
         return self.verifier.verify(key)
 
     async def principal_async(self, request: Request) -> Principal:
-        """:meth:`principal`, a key not verified before checked in a worker thread.
+        """:meth:`principal`, a key not verified before checked in a worker thread, once per key at once.
 
-        A verification that is not a memo hit reads the key's record and may run scrypt (~50 ms
+        A verification that is not a memo hit reads the key's record and may run scrypt (~50-95 ms
         of CPU, by design): on the event loop, each new wrong secret for a known key id held
-        every other request for that long (h-attack, 2026-12-03).
+        every other request for that long (h-attack, 2026-12-03). Concurrent requests presenting
+        the same key (keyed by its SHA-256, never the key) wait on one verification in flight and
+        share its outcome, success or failure: 32 clients arriving at once with a new key cost one
+        scrypt, not 32 (h-keys, 2026-12-03). A request that joined a successful verification takes
+        its principal only while nothing was committed since (else the record is read again, from
+        the memo, without scrypt): a revoke committed before the request came still counts.
 
         Raises:
             Unauthenticated: See :meth:`principal`.
@@ -227,8 +237,30 @@ class Access:
         if not self.keys_required():
             return OPEN
         key = _presented_key(request)
-        who = None if key is None else self.verifier.cached(key)
-        return who if who is not None else await run_in_threadpool(self.principal, request)
+        if key is None:
+            return self.principal(request)  # 401 at once: no key sent (the keys were just counted)
+        who = self.verifier.cached(key)
+        if who is not None:
+            return who
+        seen = hashlib.sha256(key.encode()).digest()
+        loop = asyncio.get_running_loop()
+        flight = self._flights.get(seen)
+        if flight is None or flight.get_loop() is not loop:
+            # a task of its own: a leader's client that goes away does not cancel the others' answer
+            flight = loop.create_task(run_in_threadpool(self.verifier.verify, key))
+            self._flights[seen] = flight
+            flight.add_done_callback(functools.partial(self._landed, seen))
+            return await asyncio.shield(flight)
+        await asyncio.shield(flight)  # its failure is this request's too
+        who = self.verifier.cached(key)
+        return who if who is not None else await run_in_threadpool(self.verifier.verify, key)
+
+    def _landed(self, seen: bytes, flight: asyncio.Task[Principal]) -> None:
+        """Forget a finished verification (the next request after it checks the memo or verifies anew)."""
+        if self._flights.get(seen) is flight:
+            del self._flights[seen]
+        if not flight.cancelled():
+            flight.exception()  # retrieved, though every request waiting on it may have gone
 
 
 def _presented_key(request: Request | None, headers: Headers | None = None) -> str | None:

@@ -22,7 +22,8 @@ A key id is no secret (messages, logs and the audit name it), and each *new* wro
 real id costs one scrypt: so at most ``wrong_per_s`` (default 5) wrong secrets per key id and
 second are checked; more are 429 ``RateLimited`` without hashing (a key verified before is still
 recognised from its memo). The access layer runs a verification that is not a memo hit in a
-worker thread, off the event loop (:func:`quarry.api.access.authorize`).
+worker thread, off the event loop, once for all the requests that present the same key at once
+(:meth:`quarry.api.access.Access.principal_async`: 32 clients arriving with a new key cost one scrypt).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,12 +21,13 @@ from typing import Any
 
 import limits.storage.memory
 import pytest
+from fastapi import Request
 from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
 
 from indexing.docstore import StateStore, open_docstore
 from quarry import metrics
-from quarry.api import access, create_app, observe, pacing
+from quarry.api import access, create_app, keys, observe, pacing
 from quarry.api.access import check_bind
 from quarry.api.keys import KeyVerifier, check_secret, hash_secret, new_key
 from quarry.errors import ConfigError, RateLimited, Unauthenticated
@@ -471,3 +473,127 @@ def test_shed_low_priority_gets_the_cheapest_honest_answer(
 
 def _sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def _request(key: str) -> Request:
+    return Request({"type": "http", "method": "GET", "path": "/v1/collections",
+                    "headers": [(b"authorization", f"Bearer {key}".encode())]})
+
+
+def _counted_scrypt(monkeypatch: pytest.MonkeyPatch, gate: threading.Event | None = None) -> list[str]:
+    """Wrap the function that runs scrypt: its calls (the stored hash each) are listed; ``gate`` holds each."""
+    calls: list[str] = []
+    real = keys.check_secret
+
+    def counted(secret: str, stored: str) -> bool:
+        calls.append(stored)
+        if gate is not None:
+            assert gate.wait(10)
+        else:
+            time.sleep(0.2)  # a slow verification: every request below arrives while it is in flight
+        return real(secret, stored)
+
+    monkeypatch.setattr(keys, "check_secret", counted)
+    return calls
+
+
+def test_concurrent_requests_with_one_key_share_one_verification(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 32 clients arriving at once with a new key ran 32 scrypts (~95 ms of CPU each) before the
+    # memo held it (h-keys, 2026-12-03)
+    state = open_docstore("", tmp_path)
+    other = open_docstore("", tmp_path)  # the CLI's connection, for the revoke
+    try:
+        key = _key(state, scopes="read")
+        wrong = key[:-4] + ("AAAA" if not key.endswith("AAAA") else "BBBB")
+        gate = access.Access(state, AuthSettings(), verifier=KeyVerifier(state, clock=lambda: 1_000_000.0))
+        calls = _counted_scrypt(monkeypatch)
+
+        async def burst() -> list[object]:
+            asks = [gate.principal_async(_request(k)) for k in [key] * 16 + [wrong] * 16]
+            return await asyncio.gather(*asks, return_exceptions=True)
+
+        outcomes = asyncio.run(burst())
+        # one scrypt per presented key: the right one's success is not poisoned by the wrong one's failure
+        assert len(calls) == 2
+        assert all(isinstance(o, keys.Principal) and o.scopes == {"read"} for o in outcomes[:16]), outcomes[:16]
+        assert all(isinstance(o, Unauthenticated) and "wrong secret" in str(o) for o in outcomes[16:])
+        # the wrong secret counted once against the id's 5 per second: 4 more new ones are checked
+        # (401), the next is 429 unchecked; the shared wrong one stays 401 from the memo, the key works
+        for i in range(4):
+            with pytest.raises(Unauthenticated, match="wrong secret"):
+                asyncio.run(gate.principal_async(_request(key[:-2] + f"x{i}")))
+        with pytest.raises(RateLimited, match="5 wrong secrets"):
+            asyncio.run(gate.principal_async(_request(key[:-2] + "y0")))
+        with pytest.raises(Unauthenticated, match="wrong secret"):
+            asyncio.run(gate.principal_async(_request(wrong)))
+        assert asyncio.run(gate.principal_async(_request(key))).key_id == key[3:15]
+        assert len(calls) == 6
+        assert other.revoke_api_key(key[3:15])  # counts at once
+        with pytest.raises(Unauthenticated, match="revoked at"):
+            asyncio.run(gate.principal_async(_request(key)))
+        assert not gate._flights
+    finally:
+        other.close()
+        state.close()
+
+
+def test_a_request_joining_a_verification_after_a_revoke_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = open_docstore("", tmp_path)
+    other = open_docstore("", tmp_path)
+    try:
+        key = _key(state, scopes="read")
+        gate = access.Access(state, AuthSettings())
+        hold = threading.Event()
+        calls = _counted_scrypt(monkeypatch, hold)
+
+        async def race() -> list[object]:
+            first = asyncio.create_task(gate.principal_async(_request(key)))
+            while not calls:  # its record is read, its scrypt running
+                await asyncio.sleep(0.01)
+            assert other.revoke_api_key(key[3:15])
+            late = asyncio.create_task(gate.principal_async(_request(key)))
+            await asyncio.sleep(0.05)  # waiting on the flight
+            hold.set()
+            return await asyncio.gather(first, late, return_exceptions=True)
+
+        first, late = asyncio.run(race())
+        assert isinstance(first, keys.Principal)  # it came before the revoke
+        assert isinstance(late, Unauthenticated) and "revoked at" in str(late)
+        assert len(calls) == 1  # the late one read the record again; the secret came from the memo
+    finally:
+        other.close()
+        state.close()
+
+
+def test_16_concurrent_http_requests_with_a_new_key_run_one_scrypt(
+    fresh: tuple[TestClient, Quarry], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, q = fresh
+    key = _key(q.docstore, scopes="read")
+    wrong = key[:-4] + ("AAAA" if not key.endswith("AAAA") else "BBBB")
+    calls = _counted_scrypt(monkeypatch)
+
+    def burst(k: str) -> list[int]:
+        start = threading.Barrier(16)
+        codes: list[int] = []
+
+        def one() -> None:
+            start.wait()
+            codes.append(client.get("/v1/collections", headers=_bearer(k)).status_code)
+
+        threads = [threading.Thread(target=one) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        return codes
+
+    assert burst(key) == [200] * 16 and len(calls) == 1
+    # one wrong secret, shared: 401 for all (one wrong secret of the id's 5 per second is spent)
+    assert burst(wrong) == [401] * 16 and len(calls) == 2
+    assert q.docstore.revoke_api_key(key[3:15])
+    _error(client.get("/v1/collections", headers=_bearer(key)), 401, "Unauthenticated", "revoked at")
