@@ -43,7 +43,10 @@ class _OneErrorLine(TyperGroup):
         except QuarryError as exc:
             _fail(exc)
         except ValidationError as exc:
-            err.print(f"[bold red]error[/] (ConfigError): {escape(settings_error(exc))}")
+            if exc.title.endswith("Settings"):
+                err.print(f"[bold red]error[/] (ConfigError): {escape(settings_error(exc))}")
+            else:  # stored data (a collection's config) that no longer validates: not the environment
+                err.print(f"[bold red]error[/] (InternalError): {escape(stored_error(exc))}")
             raise typer.Exit(2) from None
 
 
@@ -833,6 +836,17 @@ def _plan(vectors: int | None, dim: int | None, collection: str | None, budget_g
 def main() -> None:
     """Entry point (the ``quarry`` script): errors are handled by :class:`_OneErrorLine`."""
     sys.exit(app())
+
+
+def stored_error(exc: Any) -> str:
+    """A pydantic error of stored data, e.g. ``stored CollectionConfig is invalid: dim: Input should be
+    greater than 0 (got 0)``: the field to repair, not an environment variable that does not exist."""
+    parts = []
+    for e in exc.errors():
+        name = ".".join(str(p) for p in e.get("loc", ())) or "value"
+        got = f" (got {e['input']!r})" if isinstance(e.get("input"), str | int | float) else ""
+        parts.append(f"{name}: {e.get('msg', 'invalid')}{got}")
+    return f"stored {exc.title} is invalid: " + "; ".join(parts)
 
 
 def settings_error(exc: Any) -> str:

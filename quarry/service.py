@@ -31,6 +31,7 @@ from quarry.errors import (
     CollectionExists,
     CollectionNotFound,
     Conflict,
+    EmbeddingError,
     Forbidden,
     InvalidRequest,
     ModelMismatch,
@@ -723,8 +724,12 @@ class Quarry:
         """Around a swap: the config names ``version``'s model, index and chunking (``list``, version 1)."""
         with self._writing(name):
             cfg = self.get_collection(name)
+            dim = version.dim or embedder.dim  # the version's own record first: a cold model says 0
+            if dim <= 0:
+                raise EmbeddingError(f"collection {clip(name)}: the model of version {version.version} "
+                                     "has no known dimension; nothing was changed")
             cfg.embedding_model, cfg.embedding_fingerprint, cfg.dim = (
-                embedder.model_id, embedder.fingerprint or version.model_fingerprint, embedder.dim)
+                embedder.model_id, embedder.fingerprint or version.model_fingerprint, dim)
             cfg.index = {**cfg.index, **version.index_plan}
             size, overlap = version.chunking.get("chunk_size"), version.chunking.get("chunk_overlap")
             if isinstance(size, int) and isinstance(overlap, int):
@@ -820,6 +825,7 @@ class Quarry:
                 raise Conflict(f"collection {clip(name)} keeps no earlier version to roll back to")
             live = self.live_version(name)
             embedder = self._model_for(target)[0]
+            embedder.warm_up()  # its dim and fingerprint: a fresh process (`quarry rollback`) had neither
             same = bool(embedder.fingerprint) and embedder.fingerprint == live.model_fingerprint
             build = Build(live_config(self.get_collection(name), live), live, embedder, target.model_name, same, None)
             report = self.reindexer.rollback(build, target, lambda: self._record_model(name, embedder, target))

@@ -143,3 +143,25 @@ def test_no_variable_the_projects_own_scripts_read_is_warned_about() -> None:
             named |= set(re.findall(r"\bQUARRY_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(encoding="utf-8")))
     assert len(named) > 20
     assert unknown_env({name: "1" for name in sorted(named)}) == []
+
+
+def test_stored_data_that_no_longer_validates_is_not_called_a_setting() -> None:
+    """A collection config with ``dim: 0`` (left by a cold `quarry rollback`) was reported as
+    ``invalid settings: QUARRY_DIM``, a variable that does not exist."""
+    from pydantic import ValidationError
+
+    from indexing.collections import CollectionConfig
+    from quarry.cli import settings_error, stored_error
+
+    try:
+        CollectionConfig.model_validate(
+            {"name": "c", "dim": 0, "embedding_model": "m", "chunk_size": 256, "chunk_overlap": 32})
+    except ValidationError as exc:
+        stored = stored_error(exc)
+    else:
+        raise AssertionError("dim 0 validated")
+    assert stored.startswith("stored CollectionConfig is invalid: dim: ") and "QUARRY_" not in stored
+    try:
+        Settings.model_validate({"search": {"candidates": "abc"}})
+    except ValidationError as exc:
+        assert settings_error(exc).startswith("invalid settings: QUARRY_SEARCH__CANDIDATES")

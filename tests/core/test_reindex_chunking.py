@@ -343,3 +343,34 @@ def test_reindex_in_a_fresh_process_warms_its_model(tmp_path: Path, scifact_docs
         assert unchanged.embedded == 0 and unchanged.copied == report.chunks  # the fingerprint is known: copied
     finally:
         again.close()
+
+
+def test_rollback_in_a_fresh_process_keeps_the_collection_usable(
+    tmp_path: Path, scifact_docs: list[SourceDocument]
+) -> None:
+    """`quarry rollback` in a fresh process wrote ``dim: 0`` into the config (its model was cold):
+    every later command then failed to load the collection (found by a new-user walkthrough)."""
+    settings = Settings(data_dir=tmp_path)
+    first = Quarry(settings)
+    try:
+        first.create_collection("fresh", chunk_size=OLD[0], chunk_overlap=OLD[1])
+        first.upsert("fresh", scifact_docs[:5])
+        before = first.docstore.counts("fresh")
+        first.reindex("fresh", chunk_size=NEW[0], chunk_overlap=NEW[1])
+    finally:
+        first.close()
+    cold = Quarry(settings)  # as the CLI's: nothing warmed
+    try:
+        report = cold.rollback("fresh")
+        assert report.version == 1
+    finally:
+        cold.close()
+    after = Quarry(settings)
+    try:
+        cfg = after.get_collection("fresh")
+        assert cfg.dim == 384 and (cfg.chunk_size, cfg.chunk_overlap) == OLD
+        assert after.docstore.counts("fresh") == before
+        hits = after.search("fresh", scifact_docs[0].title or "cells", top_k=3, mode="hybrid").hits
+        assert hits
+    finally:
+        after.close()
