@@ -179,16 +179,25 @@ class TokenQuota:
     the completion's tokens (the LLM's ``usage``, else the path's own count), as far as the
     window holds them (``limits`` cannot overdraw a window: a long completion fills it, and the
     key waits for it to empty). The storage is the request limiter's (``QUARRY_AUTH__RATE_STORAGE``):
-    ``limits``' ``MemoryStorage`` in this process (its expiry timer thread starts on each answer
-    request of a limited key only, not on every request), or the shared store of the replicas.
+    ``limits``' ``MemoryStorage`` in this process (made on the first answer of a key with a quota;
+    its expiry timer thread starts on such answers only, never on other requests), or the shared
+    store of the replicas.
     """
 
     WINDOW_S = 60
 
-    def __init__(self, storage: Storage) -> None:
-        """Count in ``storage`` (a ``limits`` storage)."""
-        self.limiter = MovingWindowRateLimiter(storage)
+    def __init__(self, storage: Storage | None = None) -> None:
+        """Count in ``storage`` (a ``limits`` storage); ``None``: a ``MemoryStorage``, made on first use."""
+        self._storage = storage
+        self._limiter: MovingWindowRateLimiter | None = None
         self._items: dict[float, RateLimitItem] = {}
+
+    @property
+    def limiter(self) -> MovingWindowRateLimiter:
+        """The moving-window limiter (its ``MemoryStorage`` starts a timer thread: only once a quota is used)."""
+        if self._limiter is None:
+            self._limiter = MovingWindowRateLimiter(self._storage or MemoryStorage())
+        return self._limiter
 
     def _item(self, token_rate: float) -> RateLimitItem:
         item = self._items.get(token_rate)
@@ -271,7 +280,7 @@ class Access:
         self.settings = settings
         self.verifier = verifier or KeyVerifier(state)
         self.limiter = RateLimiter(settings.rate_storage)
-        self.tokens = TokenQuota(self.limiter.storage or MemoryStorage())
+        self.tokens = TokenQuota(self.limiter.storage)
         self._keys_exist = False
         self._no_keys_at: int | None = None  # the change token at which no key existed
 
