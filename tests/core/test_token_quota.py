@@ -7,6 +7,7 @@ completion is charged as the answer path counts it (the answer's ``usage.complet
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from indexing.docstore import StateStore
 from quarry.api import create_app
 from quarry.api.keys import new_key, parse_rate
 from quarry.service import Quarry
-from quarry.settings import LLMSettings, Settings
+from quarry.settings import CacheSettings, LLMSettings, Settings
 from tests.core.conftest import CountingEmbedder
 from tests.generation.stub import Reply, StubLLM
 
@@ -130,3 +131,38 @@ def test_token_quota_refuses_before_the_llm_and_spares_other_keys_and_cache_hits
     hit = client.post(ANSWER, json={"query": "apples in autumn"}, headers=_bearer(small))
     assert hit.status_code == 200 and hit.json()["cache"] == "hit", hit.text
     assert _used(client, small_id, budget) == spent and len(stub.requests) == asked + 2
+
+
+LLAMA_URL = os.environ.get("QUARRY_TEST_LLM_URL", "openai+http://127.0.0.1:8090/v1?model=smollm2")
+
+
+@pytest.mark.integration
+def test_token_quota_with_the_real_llama_server(tmp_path: Path, counting: CountingEmbedder) -> None:
+    """SmolLM2 behind llama.cpp: the key is charged the prompt and the completion as the answer reports it.
+
+    (This llama.cpp stream reports no ``usage``; the path counts the completion with the server's tokenizer.)
+    """
+    llm = LLMSettings(url=LLAMA_URL, first_token_timeout_s=60, stall_timeout_s=20, max_tokens=8)
+    quarry = Quarry(Settings(data_dir=tmp_path, llm=llm, cache=CacheSettings(enabled=False)), embedder=counting)
+    try:
+        with TestClient(create_app(quarry)) as client:
+            admin, _ = _key(quarry.docstore)
+            assert client.post("/v1/collections", json={"name": "quota"}, headers=_bearer(admin)).status_code == 201
+            docs = [{"id": "a", "text": "Orchard apples ripen in autumn."}]
+            assert client.post("/v1/collections/quota/documents", json={"documents": docs},
+                               headers=_bearer(admin)).status_code == 200
+            roomy, roomy_id = _key(quarry.docstore, token_rate=parse_rate("100000/min"))
+            out = client.post(ANSWER, json={"query": "when do apples ripen"}, headers=_bearer(roomy)).json()
+            usage = out["usage"]
+            assert out["answer"] and usage["completion_tokens"] and out["context"]["tokenizer"] == "server", out
+            used = _used(client, roomy_id, 100_000)
+            reserved = used - usage["completion_tokens"]  # the prompt: its sources block, instructions, question
+            assert reserved > out["context"]["tokens"] + 10, (reserved, out["context"])
+            small, _ = _key(quarry.docstore, token_rate=parse_rate(f"{used * 3 // 2}/min"))
+            first = client.post(ANSWER, json={"query": "when do apples ripen"}, headers=_bearer(small))
+            assert first.status_code == 200, first.text
+            refused = client.post(ANSWER, json={"query": "apples in autumn"}, headers=_bearer(small))
+            assert refused.status_code == 429 and "token quota" in refused.json()["error"]["message"], refused.text
+            assert int(refused.headers["retry-after"]) >= 1
+    finally:
+        quarry.close()
