@@ -170,6 +170,7 @@ class ApiKeyRecord:
     created_at: float = 0.0
     expires_at: float | None = None
     revoked_at: float | None = None
+    token_rate: float | None = None  # LLM tokens per second (schema step 3); None: unlimited
 
 
 @dataclass(frozen=True)

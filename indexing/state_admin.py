@@ -25,7 +25,8 @@ _JOB_COLUMNS = (
     "j.lease_expires_at, j.created_at, j.updated_at"
 )
 _KEY_COLUMNS = (
-    "id, tenant_id, prefix, hash, name, scopes, collections, rate, priority, created_at, expires_at, revoked_at"
+    "id, tenant_id, prefix, hash, name, scopes, collections, rate, priority, created_at, expires_at, revoked_at, "
+    "token_rate"
 )
 
 
@@ -290,9 +291,9 @@ class SqlAdmin(SqlBase):
             if tx.one("SELECT 1 FROM api_keys WHERE id = ?", (k.id,)):
                 raise Conflict(f"API key {k.id!r} exists")
             tx.run(
-                f"INSERT INTO api_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
+                f"INSERT INTO api_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
                 (k.id, k.tenant_id, k.prefix, k.hash, k.name, json.dumps(k.scopes), collections, k.rate,
-                 k.priority, k.created_at or time.time(), k.expires_at, k.revoked_at),
+                 k.priority, k.created_at or time.time(), k.expires_at, k.revoked_at, k.token_rate),
             )
 
     def get_api_key(self, key_id: str) -> ApiKeyRecord | None:
@@ -362,5 +363,5 @@ def _job(r: tuple[Any, ...]) -> Job:
 def _key(r: tuple[Any, ...]) -> ApiKeyRecord:
     return ApiKeyRecord(
         r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), None if r[6] is None else json.loads(r[6]), r[7],
-        int(r[8]), float(r[9]), r[10], r[11],
+        int(r[8]), float(r[9]), r[10], r[11], r[12],
     )

@@ -38,6 +38,10 @@ def create(  # noqa: PLR0913 - the key's attributes
     scopes: Annotated[str, typer.Option(help="Comma-separated: read, write, admin.")] = "read",
     collections: Annotated[str | None, typer.Option(help="Comma-separated collections (default: all).")] = None,
     rate: Annotated[str | None, typer.Option(help="Request rate, e.g. 50/s or 600/min (default: unlimited).")] = None,
+    tokens: Annotated[
+        str | None,
+        typer.Option(help="LLM token quota of the answer path, e.g. 20000/min (default: unlimited)."),
+    ] = None,
     priority: Annotated[str, typer.Option(help="high, normal or low (load shedding).")] = "normal",
     expires: Annotated[str | None, typer.Option(help="Lifetime, e.g. 30d, 12h (default: never).")] = None,
     name: Annotated[str, typer.Option(help="A label shown by 'keys list'.")] = "",
@@ -48,7 +52,8 @@ def create(  # noqa: PLR0913 - the key's attributes
     key, record = new_key(
         tenant, [s.strip() for s in scopes.split(",") if s.strip()],
         collections=[c.strip() for c in collections.split(",") if c.strip()] if collections else None,
-        rate=parse_rate(rate), priority=priority, expires_in_s=parse_duration(expires) if expires else None,
+        rate=parse_rate(rate), token_rate=parse_rate(tokens, "token rate"), priority=priority,
+        expires_in_s=parse_duration(expires) if expires else None,
         name=name,
     )
     state = _state()
@@ -82,7 +87,9 @@ def list_keys(
     rows: list[dict[str, Any]] = [
         {
             "id": r.id, "tenant": r.tenant_id, "name": r.name, "scopes": r.scopes, "collections": r.collections,
-            "rate_per_s": r.rate, "priority": names.get(r.priority, str(r.priority)),
+            "rate_per_s": r.rate,
+            "tokens_per_min": None if r.token_rate is None else round(r.token_rate * 60, 3),
+            "priority": names.get(r.priority, str(r.priority)),
             "state": "revoked" if r.revoked_at else "expired" if r.expires_at and r.expires_at <= now else "active",
             "created": _iso(r.created_at), "expires": _iso(r.expires_at),
         }
@@ -91,11 +98,14 @@ def list_keys(
     if as_json:
         out.print_json(json.dumps(rows))
         return
-    table = Table("id", "tenant", "name", "scopes", "collections", "rate/s", "priority", "state", "expires")
+    table = Table(
+        "id", "tenant", "name", "scopes", "collections", "rate/s", "tokens/min", "priority", "state", "expires"
+    )
     for row in rows:
         table.add_row(
             row["id"], row["tenant"], row["name"], ",".join(row["scopes"]), ",".join(row["collections"] or ["*"]),
-            "-" if row["rate_per_s"] is None else f"{row['rate_per_s']:g}", row["priority"], row["state"],
+            "-" if row["rate_per_s"] is None else f"{row['rate_per_s']:g}",
+            "-" if row["tokens_per_min"] is None else f"{row['tokens_per_min']:g}", row["priority"], row["state"],
             row["expires"] or "-",
         )
     out.print(table)

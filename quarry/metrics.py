@@ -14,6 +14,8 @@ service), modes, reasons, priorities; never query text, document ids or keys.
   alone), ``llm_failed`` (an answer without the LLM's text); the access layer adds ``shed``.
 * ``quarry_rate_limited_total``, ``quarry_shed_total{priority}``, ``quarry_auth_failures_total{reason}``:
   defined here, counted by the access layer (API keys, limits, shedding) once it exists.
+* ``quarry_token_limited_total``: answer requests refused (429) by a key's LLM token quota
+  before the LLM was asked (:class:`quarry.api.access.TokenQuota`).
 * ``quarry_shed_requests_held``: shed requests held before their 503 (:mod:`quarry.api.pacing`).
 * ``quarry_batcher_queue_depth{batcher}``: items waiting in each dynamic batcher (``embed``,
   ``ann``, ``ann-filtered``), read at scrape time (:func:`quarry.microbatch.queue_depths`).
@@ -57,6 +59,9 @@ STAGE_SECONDS = Histogram(
 )
 DEGRADED = Counter("quarry_degraded_answers_total", "Searches and answers served degraded, by reason", ["reason"])
 RATE_LIMITED = Counter("quarry_rate_limited_total", "Requests refused by a rate limit (429)")
+TOKEN_LIMITED = Counter(
+    "quarry_token_limited_total", "Answer requests refused by a key's LLM token quota (429), before the LLM was asked"
+)
 SHED = Counter("quarry_shed_total", "Requests shed under load, by the key's priority", ["priority"])
 AUTH_FAILURES = Counter("quarry_auth_failures_total", "Requests refused by authentication or authorisation", ["reason"])
 SLA = Gauge("quarry_sla_seconds", "Latency objective of a route (QUARRY_METRICS__*_SLA_S)", ["route"])

@@ -10,7 +10,8 @@
    request is the open server's :data:`~quarry.api.keys.OPEN` principal (the demo);
 3. checks the scope and the ``{name}`` collection against the key (403);
 4. spends one request of the key's rate (:class:`RateLimiter`, the ``limits`` library; 429 with
-   ``Retry-After``);
+   ``Retry-After``); an answer request of a key with a token quota is checked later, once its
+   prompt is built (:class:`TokenQuota`, :func:`tokens`);
 5. sheds a low-priority (and, if set, normal-priority) key's request while more than
    ``QUARRY_AUTH__SHED_IN_FLIGHT`` requests are in flight (``quarry.metrics.IN_FLIGHT``): with
    ``QUARRY_AUTH__SHED_LOW=cheapest`` (default) a search or answer request goes on marked
@@ -24,7 +25,8 @@ take a collection name from the body call :func:`check_collection`; admin action
 :func:`audit`.
 
 Counters (their names and labels are shared with the metrics work of issue 27):
-``quarry_auth_failures_total{reason}``, ``quarry_rate_limited_total``, ``quarry_shed_total{priority}``.
+``quarry_auth_failures_total{reason}``, ``quarry_rate_limited_total``, ``quarry_shed_total{priority}``,
+``quarry_token_limited_total``.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 from limits import RateLimitItem, RateLimitItemPerMinute, RateLimitItemPerSecond
-from limits.storage import storage_from_string
+from limits.storage import MemoryStorage, Storage, storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 from starlette.datastructures import Headers
 
@@ -53,7 +55,7 @@ from indexing.docstore import AuditEntry, StateStore
 from quarry.api import pacing
 from quarry.api.keys import OPEN, KeyVerifier, Principal
 from quarry.errors import ConfigError, Forbidden, Overloaded, RateLimited, Unauthenticated, clip
-from quarry.metrics import AUTH_FAILURES, IN_FLIGHT, RATE_LIMITED, SHED
+from quarry.metrics import AUTH_FAILURES, IN_FLIGHT, RATE_LIMITED, SHED, TOKEN_LIMITED
 from quarry.service import Quarry
 from quarry.settings import AuthSettings
 
@@ -109,14 +111,18 @@ class RateLimiter:
         """
         self._windows: dict[str, deque[float]] | None = None
         self._lock = threading.Lock()
+        self.storage: Storage | None = None
         if storage_uri.startswith("memory://"):
             self._windows = {}
             return
         try:
-            self.storage = storage_from_string(storage_uri)
+            storage = storage_from_string(storage_uri)
         except Exception as exc:  # limits raises ConfigurationError / ImportError variants
             raise ConfigError(f"rate-limit storage {clip(storage_uri)}: {exc}") from exc
-        self.limiter = MovingWindowRateLimiter(self.storage)
+        if not isinstance(storage, Storage):
+            raise ConfigError(f"rate-limit storage {clip(storage_uri)}: an async storage; name the plain one")
+        self.storage = storage
+        self.limiter = MovingWindowRateLimiter(storage)
         self._items: dict[float, RateLimitItem] = {}
 
     def _item(self, rate: float) -> RateLimitItem:
@@ -167,6 +173,107 @@ class RateLimiter:
         return max(0.0, reset - time.time())
 
 
+class TokenQuota:
+    """LLM tokens per key on the answer path, in a moving window of 60 s (the ``limits`` library, ``cost=``).
+
+    A key's ``token_rate`` (tokens/s, ``quarry keys create --tokens 20000/min``) allows
+    ``round(token_rate * 60)`` tokens in any 60 s. Before the LLM is asked, :meth:`reserve` spends
+    the prompt's tokens or refuses (429, the LLM not asked); after the answer :meth:`charge` spends
+    the completion's tokens (the LLM's ``usage``, else the path's own count), as far as the
+    window holds them (``limits`` cannot overdraw a window: a long completion fills it, and the
+    key waits for it to empty). The storage is the request limiter's (``QUARRY_AUTH__RATE_STORAGE``):
+    ``limits``' ``MemoryStorage`` in this process (made on the first answer of a key with a quota;
+    its expiry timer thread starts on such answers only, never on other requests), or the shared
+    store of the replicas.
+    """
+
+    WINDOW_S = 60
+
+    def __init__(self, storage: Storage | None = None) -> None:
+        """Count in ``storage`` (a ``limits`` storage); ``None``: a ``MemoryStorage``, made on first use."""
+        self._storage = storage
+        self._limiter: MovingWindowRateLimiter | None = None
+        self._items: dict[float, RateLimitItem] = {}
+
+    @property
+    def limiter(self) -> MovingWindowRateLimiter:
+        """The moving-window limiter (its ``MemoryStorage`` starts a timer thread: only once a quota is used)."""
+        if self._limiter is None:
+            self._limiter = MovingWindowRateLimiter(self._storage or MemoryStorage())
+        return self._limiter
+
+    def _item(self, token_rate: float) -> RateLimitItem:
+        item = self._items.get(token_rate)
+        if item is None:
+            item = self._items[token_rate] = RateLimitItemPerMinute(max(1, round(token_rate * self.WINDOW_S)))
+        return item
+
+    def reserve(self, key_id: str, token_rate: float, tokens: int) -> None:
+        """Spend ``tokens`` prompt tokens of ``key_id``'s window, or refuse.
+
+        Raises:
+            RateLimited: The window has no room for them (``retry_after_s``: when its oldest tokens
+                leave it, at least 1 s), or they exceed the whole quota (retry after the window).
+        """
+        item, tokens = self._item(token_rate), max(1, tokens)
+        if tokens > item.amount:
+            TOKEN_LIMITED.inc()
+            raise RateLimited(
+                f"API key qk_{key_id}_… has a token quota of {item.amount} LLM tokens/min; this answer's prompt "
+                f"needs {tokens}: ask for fewer sources (context_tokens, top_k)",
+                retry_after_s=float(self.WINDOW_S),
+            )
+        if self.limiter.hit(item, "quarry-tokens", key_id, cost=tokens):
+            return
+        stats = self.limiter.get_window_stats(item, "quarry-tokens", key_id)
+        wait = max(1.0, stats.reset_time - time.time())
+        TOKEN_LIMITED.inc()
+        raise RateLimited(
+            f"API key qk_{key_id}_… has used its token quota of {item.amount} LLM tokens/min ({stats.remaining} "
+            f"left, this answer's prompt needs {tokens}); retry in {math.ceil(wait)} s",
+            retry_after_s=wait,
+        )
+
+    def charge(self, key_id: str, token_rate: float, tokens: int) -> int:
+        """Spend ``tokens`` completion tokens, as many as the window holds; the number spent."""
+        item = self._item(token_rate)
+        room = self.limiter.get_window_stats(item, "quarry-tokens", key_id).remaining
+        cost = min(max(0, tokens), room)
+        if cost and not self.limiter.hit(item, "quarry-tokens", key_id, cost=cost):
+            return 0  # another request took the room meanwhile
+        return cost
+
+
+@dataclass(frozen=True)
+class KeyTokens:
+    """One request's key and its token quota (see :func:`tokens`)."""
+
+    quota: TokenQuota
+    key_id: str
+    token_rate: float
+
+    def reserve(self, tokens: int) -> None:
+        """:meth:`TokenQuota.reserve` for this key.
+
+        Raises:
+            RateLimited: See :meth:`TokenQuota.reserve`.
+        """
+        self.quota.reserve(self.key_id, self.token_rate, tokens)
+
+    def charge(self, tokens: int) -> int:
+        """:meth:`TokenQuota.charge` for this key."""
+        return self.quota.charge(self.key_id, self.token_rate, tokens)
+
+
+def tokens(request: Request) -> KeyTokens | None:
+    """The request's key's token quota (``None``: the key has none, or no key: unlimited)."""
+    who: Principal = getattr(request.state, "principal", OPEN)
+    access: Access | None = getattr(request.app.state, "access", None)
+    if who.token_rate is None or who.key_id is None or access is None:
+        return None
+    return KeyTokens(access.tokens, who.key_id, who.token_rate)
+
+
 class Access:
     """The access layer's state for one app: the key verifier, the rate limiter and the settings."""
 
@@ -176,6 +283,7 @@ class Access:
         self.settings = settings
         self.verifier = verifier or KeyVerifier(state)
         self.limiter = RateLimiter(settings.rate_storage)
+        self.tokens = TokenQuota(self.limiter.storage)
         self._keys_exist = False
         self._no_keys_at: int | None = None  # the change token at which no key existed
         # sha256(presented key) -> its verification in flight (principal_async: one per key at once)

@@ -11,6 +11,11 @@ Degradation: with the LLM down, slow (a deadline missed) or refusing, the answer
 the sources are still returned and ``degraded`` says ``llm: <why>``; with ``require_answer`` the
 error is returned instead (503 with ``Retry-After``, or 502 for a refusal). In a stream, a
 failure after the ``sources`` event ends it with an ``error`` event.
+
+Token quota: for a key with one (``quarry keys create --tokens``, :class:`quarry.api.access.TokenQuota`),
+the prompt's tokens are spent before the LLM is asked (429 ``RateLimited`` with ``Retry-After``
+and the LLM not asked when the key's window has no room), the completion's when the answer is
+done (at the end of a stream); a semantic-cache hit costs nothing.
 """
 
 from __future__ import annotations
@@ -134,7 +139,9 @@ async def answer(
     plain error responses, before any event. ``cache`` is ``hit``, ``miss`` or ``bypass``
     (:mod:`quarry.api.cache`; ``Cache-Control: no-cache`` or ``X-Quarry-Cache: bypass`` skip it).
     """
-    events = await _events(name, body, q, generator, _cache(request), request.headers, access.shed(request))
+    events = await _events(
+        name, body, q, generator, _cache(request), request.headers, access.shed(request), access.tokens(request)
+    )
     if body.stream:
         return EventSourceResponse(_sse(events), ping=15)
     return await _collect(events, body.require_answer)
@@ -142,12 +149,16 @@ async def answer(
 
 async def _events(  # noqa: PLR0913 - the request and its dependencies
     name: str, body: AnswerIn, q: Quarry, generator: Generator | None, cache: AnswerCache | None,
-    headers: Mapping[str, str], shed: access.Shed | None = None,
+    headers: Mapping[str, str], shed: access.Shed | None = None, quota: access.KeyTokens | None = None,
 ) -> AsyncIterator[Event]:
     """The events to come: a cache hit's, or retrieve and build the prompt, then the LLM's.
 
     Errors raised here (unknown collection, bad filter) are plain error responses. A request
     the saturated server sheds (``shed``) gets a cache hit or the 503 (an LLM call is not cheap).
+    A key's token ``quota`` is spent by the prompt here and by the completion at ``done``.
+
+    Raises:
+        RateLimited: The key's token quota has no room for the prompt (the LLM is not asked).
     """
     started = time.perf_counter()
     cfg: LLMSettings = q.settings.llm
@@ -172,11 +183,29 @@ async def _events(  # noqa: PLR0913 - the request and its dependencies
     t = time.perf_counter()
     prompt = await _prompt(generator, body.query, candidates, budget)
     timings["prompt"] = (time.perf_counter() - t) * 1000
+    if quota is not None and generator is not None and prompt.sent:  # the LLM will be asked
+        quota.reserve(prompt_tokens(prompt, generator))
     events = answer_events(
         generator, prompt, params, language=collection.language, threshold=cfg.support_threshold,
         started=started, timings_ms=timings, degraded=degraded, on_llm=_llm_metrics(q, name, body),
     )
+    if quota is not None:
+        events = _charged(events, quota)
     return answer_cache.recording(events, plan, answer_cache.directives(headers)[1])
+
+
+def prompt_tokens(prompt: Prompt, generator: Generator) -> int:
+    """Tokens of the prompt sent to the LLM: the sources block's exact count, the rest estimated locally."""
+    rest = sum(generator.estimate_tokens(m["content"].replace(prompt.context, "")) for m in prompt.messages)
+    return prompt.context_tokens + rest
+
+
+async def _charged(events: AsyncIterator[Event], quota: access.KeyTokens) -> AsyncIterator[Event]:
+    """``events``, the completion's tokens spent from ``quota`` when ``done`` comes (before it is sent)."""
+    async for event in events:
+        if event.kind == "done":
+            quota.charge(int((event.data.get("usage") or {}).get("completion_tokens") or 0))
+        yield event
 
 
 async def _cache_plan(  # noqa: PLR0913 - the request's parts
@@ -372,7 +401,10 @@ async def chat_completions(
         temperature=body.temperature, seed=body.seed, context_tokens=opts.context_tokens,
         require_answer=opts.require_answer,
     )
-    events = await _events(collection, answer_in, q, generator, _cache(request), request.headers, access.shed(request))
+    events = await _events(
+        collection, answer_in, q, generator, _cache(request), request.headers, access.shed(request),
+        access.tokens(request),
+    )
     ident, created = f"chatcmpl-quarry-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         return EventSourceResponse(_chat_sse(events, ident, created, body.model), ping=15)

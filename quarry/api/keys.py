@@ -66,6 +66,8 @@ class Principal:
         collections: The collections the key may name, or ``None`` for all of its tenant's.
         rate: Requests per second allowed (``None``: unlimited).
         priority: ``-1`` low, ``0`` normal, ``1`` high (:data:`PRIORITIES`).
+        token_rate: LLM tokens per second allowed on the answer path, over a moving window of 60 s
+            (``None``: unlimited; :class:`quarry.api.access.TokenQuota`).
     """
 
     key_id: str | None
@@ -74,6 +76,7 @@ class Principal:
     collections: frozenset[str] | None = None
     rate: float | None = None
     priority: int = 0
+    token_rate: float | None = None
 
 
 OPEN = Principal(None, DEFAULT_TENANT, frozenset(SCOPES))
@@ -116,8 +119,10 @@ def parse_key(key: str) -> tuple[str, str]:
     return match.group(1), match.group(2)
 
 
-def parse_rate(text: str | None) -> float | None:
-    """Requests per second of ``"50/s"``, ``"600/min"``, ``"1000/h"`` (``None`` or ``""``: unlimited).
+def parse_rate(text: str | None, what: str = "rate") -> float | None:
+    """Per second of ``"50/s"``, ``"600/min"``, ``"1000/h"`` (``None`` or ``""``: unlimited).
+
+    ``what`` names the option in the error (``"rate"``, ``"token rate"``).
 
     Raises:
         InvalidRequest: Another form, or a rate of zero.
@@ -126,7 +131,7 @@ def parse_rate(text: str | None) -> float | None:
         return None
     match = _RATE.fullmatch(text)
     if match is None or float(match.group(1)) <= 0:
-        raise InvalidRequest(f"rate {clip(text)} is not N/s, N/min or N/h with N > 0 (e.g. 50/s)")
+        raise InvalidRequest(f"{what} {clip(text)} is not N/s, N/min or N/h with N > 0 (e.g. 50/s)")
     return float(match.group(1)) / _PER[match.group(2)]
 
 
@@ -148,6 +153,7 @@ def new_key(  # noqa: PLR0913 - the key's attributes
     *,
     collections: list[str] | None = None,
     rate: float | None = None,
+    token_rate: float | None = None,
     priority: str = "normal",
     expires_in_s: float | None = None,
     name: str = "",
@@ -171,7 +177,8 @@ def new_key(  # noqa: PLR0913 - the key's attributes
     record = ApiKeyRecord(
         id=key_id, tenant_id=tenant_id, prefix=f"qk_{key_id}", hash=hash_secret(secret), name=name,
         scopes=sorted(set(scopes)), collections=sorted(set(collections)) if collections else None, rate=rate,
-        priority=PRIORITIES[priority], created_at=now, expires_at=now + expires_in_s if expires_in_s else None,
+        priority=PRIORITIES[priority], token_rate=token_rate, created_at=now,
+        expires_at=now + expires_in_s if expires_in_s else None,
     )
     return f"qk_{key_id}_{secret}", record
 
@@ -227,7 +234,7 @@ class KeyVerifier:
         who = Principal(
             key_id=record.id, tenant_id=record.tenant_id, scopes=frozenset(record.scopes),
             collections=None if record.collections is None else frozenset(record.collections),
-            rate=record.rate, priority=record.priority,
+            rate=record.rate, priority=record.priority, token_rate=record.token_rate,
         )
         if token is not None:
             with self._lock:

@@ -180,13 +180,17 @@ def test_cli_keys_and_audit(tmp_path: Path) -> None:
         )
 
     made = cli("keys", "create", "--tenant", "acme", "--scopes", "read,write", "--rate", "50/s",
-               "--priority", "high", "--expires", "30d")
+               "--tokens", "20000/min", "--priority", "high", "--expires", "30d")
     assert made.returncode == 0, made.stderr
     key = made.stdout.strip()
     assert key.startswith("qk_") and len(key) == 3 + 12 + 1 + 43
     listed = cli("keys", "list", "--json")
     assert listed.returncode == 0 and key[3:15] in listed.stdout and key not in listed.stdout
     assert '"priority": "high"' in listed.stdout and '"rate_per_s": 50.0' in listed.stdout
+    assert '"tokens_per_min": 20000.0' in listed.stdout
+    assert "│ 20000 │" in cli("keys", "list").stdout  # the tokens/min column (headers clip at 80 columns)
+    bad_tokens = cli("keys", "create", "--tokens", "lots")
+    assert bad_tokens.returncode != 0 and "token rate 'lots' is not N/s" in bad_tokens.stderr
     assert cli("keys", "revoke", key[3:15]).returncode == 0
     assert '"revoked"' in cli("keys", "list", "--json").stdout
     audit = cli("audit", "list", "--json").stdout

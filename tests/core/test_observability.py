@@ -364,7 +364,7 @@ def test_every_metric_the_alerts_and_the_dashboard_use_is_exported(up: Quarry) -
     assert not missing, f"used but not exported: {missing}"
     assert PENDING <= set(used) and not PENDING & exported, "PENDING is stale: drop the names now exported"
     declared = {"quarry_rate_limited_total", "quarry_shed_total", "quarry_auth_failures_total",
-                "quarry_shed_requests_held"}
+                "quarry_shed_requests_held", "quarry_token_limited_total"}
     assert declared <= exported  # defined before the access layer counts them
 
 

@@ -9,6 +9,7 @@ The PostgreSQL case loads the same rows into step 1's tables, then opens the sta
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import shutil
@@ -107,7 +108,44 @@ def test_the_service_serves_an_upgraded_data_dir(tmp_path: Path) -> None:
     finally:
         quarry.close()
     with sqlite3.connect(tmp_path / "docstore.sqlite") as db:
-        assert db.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall() == [(1,), (2,)]
+        assert db.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall() == [(1,), (2,), (3,)]
+
+
+def _run(url: str, statements: list[str], params: tuple[Any, ...] | None = None) -> None:
+    """Execute ``statements`` on the state at ``url`` directly (``params`` for the last one)."""
+    if url.startswith("sqlite"):
+        with sqlite3.connect(url.removeprefix("sqlite://")) as db:
+            for i, statement in enumerate(statements):
+                db.execute(statement, params if params and i == len(statements) - 1 else ())
+        return
+    with psycopg.connect(url, autocommit=True) as conn:
+        for i, statement in enumerate(statements):
+            last = params and i == len(statements) - 1
+            conn.execute(statement.replace("?", "%s") if last else statement, params if last else None)  # type: ignore[arg-type]
+
+
+def test_a_docstore_at_step_2_upgrades_and_keeps_its_keys(state_url: str, tmp_path: Path) -> None:
+    """Step 3 (``api_keys.token_rate``): a key created before it still works, with no token quota."""
+    created = []
+    for step in schema.steps("sqlite" if state_url.startswith("sqlite") else "postgres", 1000.0)[:2]:
+        created += step.statements
+    created += [
+        "CREATE TABLE schema_migrations (version BIGINT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)",
+        "INSERT INTO schema_migrations VALUES (1, 1000), (2, 1000)",
+        "INSERT INTO api_keys (id, tenant_id, prefix, hash, name, scopes, collections, rate, priority, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    ]
+    _run(state_url, created, ("0123456789ab", "default", "qk_0123456789ab", "scrypt$x", "old", '["read"]', None,
+                              5.0, 1, 1000.0))
+    state = open_docstore(state_url, tmp_path)
+    try:
+        old = state.get_api_key("0123456789ab")
+        assert old is not None and (old.name, old.scopes, old.rate, old.priority) == ("old", ["read"], 5.0, 1)
+        assert old.token_rate is None  # no quota: unlimited, as before
+        state.insert_api_key(dataclasses.replace(old, id="ba9876543210", prefix="qk_ba9876543210", token_rate=2.5))
+        assert [(k.id, k.token_rate) for k in state.list_api_keys()] == [("0123456789ab", None), ("ba9876543210", 2.5)]
+    finally:
+        state.close()
 
 
 def test_a_docstore_of_a_newer_release_is_refused(state_url: str, tmp_path: Path) -> None:
