@@ -840,7 +840,8 @@ def main() -> None:
 
 def stored_error(exc: Any) -> str:
     """A pydantic error of stored data, e.g. ``stored CollectionConfig is invalid: dim: Input should be
-    greater than 0 (got 0)``: the field to repair, not an environment variable that does not exist."""
+    greater than 0 (got 0)``: the field to repair, not an environment variable that does not exist.
+    """
     parts = []
     for e in exc.errors():
         name = ".".join(str(p) for p in e.get("loc", ())) or "value"
