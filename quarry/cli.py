@@ -839,8 +839,10 @@ def main() -> None:
 
 
 def stored_error(exc: Any) -> str:
-    """A pydantic error of stored data, e.g. ``stored CollectionConfig is invalid: dim: Input should be
-    greater than 0 (got 0)``: the field to repair, not an environment variable that does not exist.
+    """A pydantic error of stored data (a collection's config) as the fields to repair.
+
+    E.g. ``stored CollectionConfig is invalid: dim: Input should be greater than 0 (got 0)``, not
+    an environment variable that does not exist.
     """
     parts = []
     for e in exc.errors():
