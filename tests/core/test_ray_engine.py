@@ -68,8 +68,10 @@ def test_ray_engine_gives_the_local_pipelines_chunks_and_vectors_and_a_rerun_emb
 ) -> None:
     corpus = _beir_subset(shared_data, tmp_path / "scifact")
     local_model, driver_model = CountingEmbedder(minilm_vectors), CountingEmbedder(minilm_vectors)
-    local = Quarry(Settings(data_dir=tmp_path / "local"), embedder=local_model)
-    on_ray = Quarry(Settings(data_dir=tmp_path / "ray"), embedder=driver_model)
+    # the memo holds torch's vectors: the Ray workers open the same model by URL (the default is ONNX int8)
+    torch = {"url": "torch://all-MiniLM-L6-v2"}
+    local = Quarry(Settings(data_dir=tmp_path / "local", embedding=torch), embedder=local_model)
+    on_ray = Quarry(Settings(data_dir=tmp_path / "ray", embedding=torch), embedder=driver_model)
     try:
         for quarry in (local, on_ray):
             quarry.create_collection("scifact")
