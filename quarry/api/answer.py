@@ -189,8 +189,8 @@ async def _events(  # noqa: PLR0913 - the request and its dependencies
         generator, prompt, params, language=collection.language, threshold=cfg.support_threshold,
         started=started, timings_ms=timings, degraded=degraded, on_llm=_llm_metrics(q, name, body),
     )
-    if quota is not None:
-        events = _charged(events, quota)
+    if quota is not None and generator is not None:
+        events = _charged(events, quota, generator.estimate_tokens)
     return answer_cache.recording(events, plan, answer_cache.directives(headers)[1])
 
 
@@ -200,12 +200,28 @@ def prompt_tokens(prompt: Prompt, generator: Generator) -> int:
     return prompt.context_tokens + rest
 
 
-async def _charged(events: AsyncIterator[Event], quota: access.KeyTokens) -> AsyncIterator[Event]:
-    """``events``, the completion's tokens spent from ``quota`` when ``done`` comes (before it is sent)."""
-    async for event in events:
-        if event.kind == "done":
-            quota.charge(int((event.data.get("usage") or {}).get("completion_tokens") or 0))
-        yield event
+async def _charged(
+    events: AsyncIterator[Event], quota: access.KeyTokens, estimate: Callable[[str], int]
+) -> AsyncIterator[Event]:
+    """``events``, the completion's tokens spent from ``quota`` when ``done`` comes (before it is sent).
+
+    A stream that ends without ``done`` (the client left, the LLM failed mid-answer) is charged the
+    tokens of the text streamed so far (``estimate``, the generator's local count): leaving just
+    before the end must not make a long completion free.
+    """
+    streamed, charged = 0, False
+    try:
+        async for event in events:
+            if event.kind == "delta":
+                streamed += estimate(str(event.data.get("text", "")))
+            elif event.kind == "done":
+                used = (event.data.get("usage") or {}).get("completion_tokens")
+                quota.charge(int(used) if used is not None else streamed)
+                charged = True
+            yield event
+    finally:
+        if not charged and streamed:
+            quota.charge(streamed)
 
 
 async def _cache_plan(  # noqa: PLR0913 - the request's parts

@@ -166,3 +166,45 @@ def test_token_quota_with_the_real_llama_server(tmp_path: Path, counting: Counti
             assert int(refused.headers["retry-after"]) >= 1
     finally:
         quarry.close()
+
+
+def test_a_stream_left_before_done_is_charged_what_it_streamed() -> None:
+    """A client that leaves just before ``done`` was charged its prompt only: the completion was free."""
+    import asyncio
+    from typing import Any, cast
+
+    from generation.answer import Event
+    from quarry.api.answer import _charged
+
+    class Recording:
+        def __init__(self) -> None:
+            self.charged: list[int] = []
+
+        def charge(self, tokens: int) -> int:
+            self.charged.append(tokens)
+            return tokens
+
+    async def answer(done: bool) -> Any:
+        yield Event("sources", {})
+        for piece in ("one two three ", "four five ", "six"):
+            yield Event("delta", {"text": piece})
+        if done:
+            yield Event("done", {"usage": {"completion_tokens": 7}})
+
+    def words(text: str) -> int:
+        return len(text.split())
+
+    async def run(done: bool, leave_after: int | None) -> list[int]:
+        quota = Recording()
+        events = _charged(answer(done), cast(Any, quota), words)
+        seen = 0
+        async for _ in events:
+            seen += 1
+            if leave_after is not None and seen == leave_after:
+                await events.aclose()  # the client left: the response stops iterating
+                break
+        return quota.charged
+
+    assert asyncio.run(run(True, None)) == [7]  # the LLM's count at done
+    assert asyncio.run(run(True, 3)) == [5]  # left after two deltas: charged what was streamed
+    assert asyncio.run(run(False, None)) == [6]  # the LLM failed before done
