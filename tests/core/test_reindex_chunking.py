@@ -290,8 +290,6 @@ def test_model_and_chunking_change_in_one_reindex(
     svc: Quarry, filled: str, projected_model: Path, scifact_docs: list[SourceDocument]
 ) -> None:
     service = svc
-    if service.store.capabilities().engine == "pgvector":
-        pytest.skip("the same code path as on Milvus Lite; the second model's embedding is the slow part")
     query = scifact_docs[7].title
     before = _hits(service, filled, "dense", query)
     report = service.reindex(filled, model=f"torch://{projected_model}", chunk_size=NEW[0], chunk_overlap=NEW[1])
