@@ -45,6 +45,11 @@ Figures (2026-12-03, the shared 2-core machine, load average 25-30; every round 
 * overhead: 32-client req/s on/off, median 1.085 (rounds 0.794 1.085 1.075 1.715 1.369; target
   >= 0.95); 1-client p50 on - off, median +0.07 ms (-0.02 +0.07 -2.08 +0.14 +0.09; target
   <= 0.5 ms). Before the rate limiter and key cache fixes: 0.299 and +6.64 ms.
+* overhead at load average 1-3 (21:00-21:10 UTC, beside a CI run), ``overhead --docs 512 --rounds 5
+  --seconds 6``, after the token quotas, single-flight key checks and shed pacing: median 1.014
+  (1.014 0.969 1.030 1.009 1.019), 1-client p50 -0.00 ms; the code before them (ef0c8f8), run just
+  before: 1.032 (1.023 1.032 1.044 1.099 1.018), -0.01 ms. A run 20 minutes earlier gave 0.945
+  (0.975 0.963 0.925 0.945 0.940): the machine's drift, not the code.
 * shedding (in-flight 4), before the cheap-route merge (low bm25 searches were all refused early),
   low clients ignoring Retry-After: high p99 saturated/idle median 4.46 (16.16 3.17 5.09 2.16 4.46).
 * shedding, ``python bench/access.py shedding --docs 512 --rounds 5 --seconds 6 --shed-low reject
