@@ -69,6 +69,10 @@ Figures (2026-12-03, the shared 2-core machine, load average 25-30; every round 
   (6.37) / 1.11 (1.92), hold 1 1.95 (1.98) / 1.00 (2.01). The p99 swings with the shared
   machine (idle p99 1.8-19 ms); the p50 ratio is the steadier sign: paced, ignoring clients cost
   the high key what honouring ones do.
+* the same on a quiet machine (load ~1, 21:36-21:48 UTC): hold 0 5.97 (7.79) / 3.43 (2.90), hold 1
+  3.94 (2.94) / 3.31 (2.03): missed (the high search shares the CPU with the admitted low ones).
+  ``--shed-in-flight 1 --shed-hold-s 1 --rounds 5``: ignoring 2.12 (1.02; 2.07 2.02 2.24 2.17
+  2.12), honouring 1.71 (1.01; 1.87 1.63 4.19 1.71 1.46); 0 bad; ~450 low searches/s still served.
 """
 
 from __future__ import annotations
