@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from embedding.base import Embedder, Embeddings
 from indexing.sources import SourceDocument, iter_jsonl
 from quarry.service import Quarry
-from quarry.settings import Settings
+from quarry.settings import DocstoreSettings, Settings, StoreSettings
 from tests.embedding_cache import CachedEmbedder
 
 
@@ -121,3 +122,24 @@ def projected_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("minilm-128")
     model.save(str(path))
     return path
+
+
+PG_URL = os.environ.get("QUARRY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5433/quarry")
+
+
+@pytest.fixture(scope="module", params=["milvus-lite", pytest.param("pgvector", marks=pytest.mark.integration)])
+def svc(
+    request: pytest.FixtureRequest, service: Quarry, counting: CountingEmbedder,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Quarry]:
+    """The session's Milvus Lite service, or one on pgvector with the PostgreSQL docstore (per module)."""
+    if request.param == "milvus-lite":
+        yield service
+        return
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("quarry-pg"), store=StoreSettings(url=PG_URL),
+        docstore=DocstoreSettings(url=PG_URL),
+    )
+    quarry = Quarry(settings, embedder=counting)
+    yield quarry
+    quarry.close()

@@ -24,32 +24,14 @@ from indexing.reindex import lease_name
 from indexing.sources import SourceDocument
 from quarry.errors import ReindexFailed, ReindexRunning
 from quarry.service import Quarry
-from quarry.settings import DocstoreSettings, Settings, StoreSettings
 from stores.base import IndexSpec
-from tests.core.conftest import CountingEmbedder
+from tests.core.conftest import PG_URL, CountingEmbedder
 
 _names = itertools.count()
 RUN = uuid.uuid4().hex[:6]  # the PostgreSQL server is shared: names unique to this run
 DOCS = 150
-PG_URL = os.environ.get("QUARRY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5433/quarry")
 
 
-@pytest.fixture(scope="module", params=["milvus-lite", pytest.param("pgvector", marks=pytest.mark.integration)])
-def svc(
-    request: pytest.FixtureRequest, service: Quarry, counting: CountingEmbedder,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Quarry]:
-    """The session's Milvus Lite service, or one on pgvector with the PostgreSQL docstore."""
-    if request.param == "milvus-lite":
-        yield service
-        return
-    settings = Settings(
-        data_dir=tmp_path_factory.mktemp("quarry-pg"), store=StoreSettings(url=PG_URL),
-        docstore=DocstoreSettings(url=PG_URL),
-    )
-    quarry = Quarry(settings, embedder=counting)
-    yield quarry
-    quarry.close()
 
 
 @pytest.fixture()

@@ -21,9 +21,8 @@ from indexing.reindex import sections_of
 from indexing.sources import SourceDocument
 from quarry.errors import InvalidRequest, ReindexFailed
 from quarry.service import Quarry
-from quarry.settings import DocstoreSettings, Settings, StoreSettings
+from quarry.settings import Settings
 from tests.core.conftest import CountingEmbedder
-from tests.core.test_reindex import PG_URL
 
 _names = itertools.count()
 RUN = uuid.uuid4().hex[:6]  # the PostgreSQL server is shared: names unique to this run
@@ -31,22 +30,6 @@ DOCS = 30
 OLD, NEW = (128, 16), (32, 4)
 
 
-@pytest.fixture(scope="module", params=["milvus-lite", pytest.param("pgvector", marks=pytest.mark.integration)])
-def svc(
-    request: pytest.FixtureRequest, service: Quarry, counting: CountingEmbedder,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Quarry]:
-    """The session's Milvus Lite service, or one on pgvector with the PostgreSQL docstore."""
-    if request.param == "milvus-lite":
-        yield service
-        return
-    settings = Settings(
-        data_dir=tmp_path_factory.mktemp("quarry-pg-chunks"), store=StoreSettings(url=PG_URL),
-        docstore=DocstoreSettings(url=PG_URL),
-    )
-    quarry = Quarry(settings, embedder=counting)
-    yield quarry
-    quarry.close()
 
 
 @pytest.fixture()
