@@ -35,8 +35,12 @@ eval "$(bash scripts/services.sh env)"
 echo "== ruff"; ruff check .
 echo "== mypy"; mypy
 echo "== pytest"
-# --durations=25: the run ends with its 25 slowest setups, calls and teardowns (where the time goes)
-python -m pytest -p no:cacheprovider --durations=25 "$@"
+# --durations=25: the run ends with its 25 slowest setups, calls and teardowns (where the time goes).
+# Workers (pytest-xdist), each taking whole test files (--dist loadfile: a file's module fixtures,
+# e.g. the GloVe collections, are built once). The suite mostly waits on servers and child
+# processes, so workers beyond the cores pay: on 2 cores 1 worker took 1,559 s, 2 took 848 s and
+# 3 took 616 s (docs/testing.md). QUARRY_TEST_WORKERS=0 runs in this process (pdb, -x, -s).
+python -m pytest -p no:cacheprovider --durations=25 -n "${QUARRY_TEST_WORKERS:-3}" --dist loadfile "$@"
 if [ "${QUARRY_SMOKE_CORE:-$([ $# -eq 0 ] && echo 1 || echo 0)}" = "1" ]; then
   echo "== the core install alone (scripts/smoke_core.sh)"
   bash scripts/smoke_core.sh

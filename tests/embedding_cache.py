@@ -14,6 +14,8 @@ live in one SQLite file per fingerprint under ``$QUARRY_TEST_EMBEDDING_CACHE`` (
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import importlib.metadata
 import inspect
@@ -21,7 +23,7 @@ import os
 import re
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -32,6 +34,7 @@ from embedding.base import Embedder, Embeddings
 CACHE_ENV = "QUARRY_TEST_EMBEDDING_CACHE"
 MODEL_CACHE_ENV = "QUARRY_EMBEDDING__CACHE_DIR"  # the setting every Quarry of the suite reads it from
 _file_digests: dict[tuple[Path, int, int], str] = {}
+_SLICE = 512  # texts a process embeds while it holds a cache's file lock
 
 
 def cache_dir() -> Path | None:
@@ -174,33 +177,73 @@ class CachedEmbedder:
         self._db = db
 
     def embed(self, texts: Sequence[str]) -> Embeddings:
-        """Rows for ``texts``: from the cache, else from one ``inner.embed`` call on the missing ones."""
+        """Rows for ``texts``: from the cache, else from ``inner.embed`` on the missing ones (slices of 512)."""
         self.warm_up()
         if not texts or not all(isinstance(t, str) for t in texts):
             return self.inner.embed(texts)  # nothing to remember (an empty call, or bad input to fail on)
         keys = [_key(t) for t in texts]
         with self._lock:
             missing = {k: t for k, t in zip(keys, texts, strict=True) if k not in self._rows}
-        if missing:
-            result = self.inner.embed(list(missing.values()))
-            fresh = {k: (result.vectors[i].copy(), bool(result.truncated[i])) for i, k in enumerate(missing)}
-            with self._lock:
-                self.model_runs += len(fresh)
-                self._rows.update(fresh)
-                if self._db is not None:
-                    self._db.executemany(
-                        "INSERT OR IGNORE INTO rows VALUES (?, ?, ?)",
-                        [(k, v.tobytes(), int(t)) for k, (v, t) in fresh.items()],
-                    )
+        # One process at a time runs the model for this cache, a slice of texts at a time: pytest-xdist
+        # workers that need the same texts (the torch SciFact pass of test_quality and test_onnx)
+        # read the rows another stored instead of computing them again, and one that needs a few
+        # texts waits for one slice, not for another's whole corpus.
+        todo = list(missing.items())
+        for start in range(0, len(todo), _SLICE):
+            with _file_lock(self.path):
+                remaining = self._stored(dict(todo[start : start + _SLICE]))
+                if remaining:
+                    self._run(remaining)
         rows = [self._rows[k] for k in keys]
         vectors = np.vstack([v for v, _ in rows]).astype(np.float32, copy=False)
         return Embeddings(vectors, np.array([t for _, t in rows], dtype=bool))
+
+    def _stored(self, missing: dict[bytes, str]) -> dict[bytes, str]:
+        """Take the rows another process stored since this one opened the file; return those still missing."""
+        if self._db is None:
+            return missing
+        keys = list(missing)
+        with self._lock:
+            for start in range(0, len(keys), 500):
+                chunk = keys[start : start + 500]
+                query = f"SELECT key, vector, truncated FROM rows WHERE key IN ({','.join('?' * len(chunk))})"
+                for key, blob, truncated in self._db.execute(query, chunk):
+                    vector = np.frombuffer(blob, dtype=np.float32)
+                    if vector.shape == (self.dim,):
+                        self._rows[key] = (vector, bool(truncated))
+            return {k: t for k, t in missing.items() if k not in self._rows}
+
+    def _run(self, missing: dict[bytes, str]) -> None:
+        result = self.inner.embed(list(missing.values()))
+        fresh = {k: (result.vectors[i].copy(), bool(result.truncated[i])) for i, k in enumerate(missing)}
+        with self._lock:
+            self.model_runs += len(fresh)
+            self._rows.update(fresh)
+            if self._db is not None:
+                self._db.executemany(
+                    "INSERT OR IGNORE INTO rows VALUES (?, ?, ?)",
+                    [(k, v.tobytes(), int(t)) for k, (v, t) in fresh.items()],
+                )
 
     def close(self) -> None:
         with self._lock:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path | None) -> Iterator[None]:
+    """An exclusive ``flock`` on ``<path>.lock`` (nothing to hold for a memory-only cache)."""
+    if path is None:
+        yield
+        return
+    with open(path.with_name(path.name + ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def cache_file(model_id: str, digest: str) -> Path | None:

@@ -33,6 +33,22 @@ def test_rows_are_the_models_own_and_each_text_runs_once(
     reopened.close()
 
 
+
+def test_a_worker_that_opened_the_file_earlier_reads_rows_another_stored_and_runs_no_model(
+    minilm: st.SentenceTransformerEmbedder, tmp_path: Path
+) -> None:
+    # two pytest-xdist workers: both open the file, one embeds, the other then needs the same texts
+    first, second = (CachedEmbedder(minilm, tmp_path / "rows.sqlite") for _ in range(2))
+    first.warm_up(), second.warm_up()
+    texts = ["mitochondria and ageing", "p53 in tumour suppression"]
+    want = first.embed(texts)
+    assert first.model_runs == 2
+    got = second.embed([*texts, "one new text"])
+    assert second.model_runs == 1  # only the text nobody stored ran
+    assert np.array_equal(got.vectors[:2], want.vectors)
+    assert (tmp_path / "rows.sqlite.lock").is_file()
+    first.close(), second.close()
+
 def test_the_key_is_the_files_contents_code_and_settings_not_the_folder_name(tmp_path: Path) -> None:
     for folder in ("a", "b"):
         (tmp_path / folder).mkdir()

@@ -101,8 +101,10 @@ start() {
     # setsid: own session, so the server outlives this shell and stop can signal it alone.
     # One thread by default: with OpenMP's spinning barriers, 2 threads on 2 busy shared cores ran at
     # ~1 token/s where 1 thread ran at ~20 (load 18); OMP_WAIT_POLICY=PASSIVE for more threads.
+    # --interrupt_requests False: llama-cpp-python otherwise ends a stream early (empty, no finish
+    # reason) when another request arrives; the suite's workers share this server, so requests queue.
     OMP_WAIT_POLICY=PASSIVE setsid "$(python_bin)" "$REPO/scripts/services/llama_server.py" \
-        --model "$model" --model_alias "$ALIAS" \
+        --model "$model" --model_alias "$ALIAS" --interrupt_requests False \
         --host "$HOST" --port "$PORT" --n_ctx "$N_CTX" --n_threads "$THREADS" --n_threads_batch "$THREADS" \
         >>"$LOG" 2>&1 < /dev/null &
     pid=$!

@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import os
 import re
 import shutil
 import socket
@@ -40,6 +39,7 @@ from quarry.settings import Settings, TracingSettings
 from rerank.cross_encoder import CrossEncoderReranker
 from rerank.tiny import build_tiny_cross_encoder
 from tests.core.conftest import CountingEmbedder
+from tests.llama import llama_settings
 
 COLLECTION = "obs_docs"
 STAGES = ("embed", "bm25", "ann", "fusion", "rerank", "hydrate")
@@ -214,8 +214,7 @@ def test_a_search_is_traced_stage_by_stage_under_the_callers_trace(up: Quarry, s
 def test_an_answer_has_a_gen_ai_chat_span_and_llm_stage_metrics(
     data_dir: Path, counting: CountingEmbedder, spans: InMemorySpanExporter
 ) -> None:
-    url = os.environ.get("QUARRY_TEST_LLM_URL", "openai+http://127.0.0.1:8090/v1?model=smollm2")
-    quarry = Quarry(Settings(data_dir=data_dir, llm={"url": url}, cache={"enabled": False}), embedder=counting)
+    quarry = Quarry(Settings(data_dir=data_dir, llm=llama_settings(), cache={"enabled": False}), embedder=counting)
     labels = {"collection": COLLECTION, "mode": "bm25"}
     ttft = _value("quarry_stage_seconds_count", stage="llm_ttft", **labels)
     try:

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -25,12 +24,13 @@ from quarry.api import create_app
 from quarry.api.keys import new_key
 from quarry.errors import Forbidden
 from quarry.service import Quarry
-from quarry.settings import LLMSettings, Settings, StoreSettings
+from quarry.settings import Settings, StoreSettings
 from quarry.shared import refuse_tenant_field, scoped
 from quarry.tenancy import SHARED
 from rerank.cross_encoder import CrossEncoderReranker
 from rerank.tiny import build_tiny_cross_encoder
 from tests.core.conftest import CountingEmbedder
+from tests.llama import llama_settings, require_llama
 
 PG_URL = os.environ.get("QUARRY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5433/quarry")
 A_TEXT = "Apples and apricots: the orchard report of tenant alpha about apple harvests."
@@ -352,7 +352,6 @@ def test_a_shared_collection_scopes_every_path_to_the_key_tenant(  # noqa: C901,
     assert _texts(c.post(f"{url}/search", json={"query": words, "mode": "dense"}, headers=a)) == []
 
 
-LLM_URL = os.environ.get("QUARRY_TEST_LLM_URL", "openai+http://127.0.0.1:8090/v1?model=smollm2")
 ASK = {"top_k": 2, "max_tokens": 8, "temperature": 0, "seed": 3, "context_tokens": 200}
 QUESTION = "What does the report say about the harvests?"
 
@@ -362,11 +361,8 @@ def answering(
     tmp_path_factory: pytest.TempPathFactory, counting: CountingEmbedder
 ) -> Iterator[tuple[TestClient, dict[str, str], str]]:
     """Milvus Lite and the real llama.cpp server: the semantic cache is in-process, whatever the store."""
-    try:
-        httpx.get(LLM_URL.split("?")[0].replace("openai+", "") + "/models", timeout=60).raise_for_status()
-    except httpx.HTTPError as exc:
-        raise RuntimeError(f"no llama.cpp server at {LLM_URL}: run bash scripts/services/llama.sh start") from exc
-    llm = LLMSettings(url=LLM_URL, first_token_timeout_s=60, stall_timeout_s=20)
+    require_llama()
+    llm = llama_settings()
     quarry = Quarry(Settings(data_dir=tmp_path_factory.mktemp("tenants-llm"), llm=llm), embedder=counting)
     suffix = secrets.token_hex(3)
     keys = {t: _admin(quarry.docstore, f"{t}{suffix}") for t in ("ta", "tb")}

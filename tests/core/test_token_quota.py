@@ -7,7 +7,6 @@ completion is charged as the answer path counts it (the answer's ``usage.complet
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from quarry.service import Quarry
 from quarry.settings import CacheSettings, LLMSettings, Settings
 from tests.core.conftest import CountingEmbedder
 from tests.generation.stub import Reply, StubLLM
+from tests.llama import llama_settings
 
 ANSWER = "/v1/collections/quota/answer"
 REPLY = ["Apples ripen ", "in autumn [1]."]
@@ -133,7 +133,6 @@ def test_token_quota_refuses_before_the_llm_and_spares_other_keys_and_cache_hits
     assert _used(client, small_id, budget) == spent and len(stub.requests) == asked + 2
 
 
-LLAMA_URL = os.environ.get("QUARRY_TEST_LLM_URL", "openai+http://127.0.0.1:8090/v1?model=smollm2")
 
 
 @pytest.mark.integration
@@ -142,7 +141,7 @@ def test_token_quota_with_the_real_llama_server(tmp_path: Path, counting: Counti
 
     (This llama.cpp stream reports no ``usage``; the path counts the completion with the server's tokenizer.)
     """
-    llm = LLMSettings(url=LLAMA_URL, first_token_timeout_s=60, stall_timeout_s=20, max_tokens=8)
+    llm = llama_settings(max_tokens=8)
     quarry = Quarry(Settings(data_dir=tmp_path, llm=llm, cache=CacheSettings(enabled=False)), embedder=counting)
     try:
         with TestClient(create_app(quarry)) as client:

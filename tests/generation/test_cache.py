@@ -9,7 +9,6 @@ threshold, so its misses are the guard's. The API test answers with ``max_tokens
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -26,10 +25,10 @@ from indexing.sources import SourceDocument
 from quarry.api import cache as answer_cache
 from quarry.api import create_app
 from quarry.service import Quarry
-from quarry.settings import CacheSettings, LLMSettings, Settings
+from quarry.settings import CacheSettings, Settings
 from tests.generation.conftest import Served, sse_events
+from tests.llama import llama_settings, require_llama
 
-LLM_URL = os.environ.get("QUARRY_TEST_LLM_URL", "openai+http://127.0.0.1:8090/v1?model=smollm2")
 KEY = CacheKey('{"collection":"c"}', "1.0:3")
 
 
@@ -220,11 +219,8 @@ def served(
     tmp_path_factory: pytest.TempPathFactory, minilm: SentenceTransformerEmbedder,
     scifact_sample: list[SourceDocument],
 ) -> Iterator[tuple[Served, Quarry]]:
-    try:
-        httpx.get(LLM_URL.split("?")[0].replace("openai+", "") + "/models", timeout=60).raise_for_status()
-    except httpx.HTTPError as exc:
-        raise RuntimeError(f"no llama.cpp server at {LLM_URL}: run bash scripts/services/llama.sh start") from exc
-    llm = LLMSettings(url=LLM_URL, first_token_timeout_s=60, stall_timeout_s=20)
+    require_llama()
+    llm = llama_settings()
     settings = Settings(data_dir=tmp_path_factory.mktemp("cache-data"), llm=llm)
     q = Quarry(settings, embedder=minilm)
     q.create_collection(COLLECTION, language="en")

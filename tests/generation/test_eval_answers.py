@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.core.conftest import write_jsonl
-from tests.generation.test_answer_llama import LLM_URL
+from tests.llama import LLM_URL
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,7 @@ def test_eval_answers_writes_the_answers_section(tmp_path: Path, shared_data: Pa
     done = _cli(
         ["eval", "--beir", str(beir), "--modes", "bm25", "--answers", "--answers-queries", "3", "--out", str(out)],
         tmp_path / "data", QUARRY_LLM__URL=LLM_URL, QUARRY_LLM__MAX_TOKENS="32", QUARRY_LLM__CONTEXT_TOKENS="600",
-        QUARRY_LLM__FIRST_TOKEN_TIMEOUT_S="120", QUARRY_LLM__STALL_TIMEOUT_S="60",
+        QUARRY_LLM__FIRST_TOKEN_TIMEOUT_S="300", QUARRY_LLM__STALL_TIMEOUT_S="60",
     )
     assert done.returncode == 0, done.stderr
     answers = json.loads((out / "summary.json").read_text())["answers"]
