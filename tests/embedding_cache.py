@@ -23,6 +23,7 @@ import os
 import re
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -35,6 +36,7 @@ CACHE_ENV = "QUARRY_TEST_EMBEDDING_CACHE"
 MODEL_CACHE_ENV = "QUARRY_EMBEDDING__CACHE_DIR"  # the setting every Quarry of the suite reads it from
 _file_digests: dict[tuple[Path, int, int], str] = {}
 _SLICE = 512  # texts a process embeds while it holds a cache's file lock
+_TURN_S = 0.05  # pause between slices, so a process waiting for the lock gets it
 
 
 def cache_dir() -> Path | None:
@@ -188,8 +190,13 @@ class CachedEmbedder:
         # workers that need the same texts (the torch SciFact pass of test_quality and test_onnx)
         # read the rows another stored instead of computing them again, and one that needs a few
         # texts waits for one slice, not for another's whole corpus.
+        # flock wakes a waiter on release but does not hand it the lock: a holder that takes it again
+        # at once keeps it, and a worker needing 1,000 short texts waited 130 s behind the SciFact
+        # pass (a cold run, 3 workers). A pause between slices lets a waiter take its turn.
         todo = list(missing.items())
         for start in range(0, len(todo), _SLICE):
+            if start:
+                time.sleep(_TURN_S)
             with _file_lock(self.path):
                 remaining = self._stored(dict(todo[start : start + _SLICE]))
                 if remaining:
