@@ -22,6 +22,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # The default encoder (ONNX int8) is exported once for the whole suite, not once per test's data
 # dir: every Settings() here and every child process that inherits the environment reads it.
 os.environ.setdefault(MODEL_CACHE_ENV, str(shared_model_cache()))
+# A REST query waits QUARRY_SEARCH__DENSE_TIMEOUT_S (5 s by default) for its query vector before it
+# degrades to BM25. Three workers on 2 loaded cores passed that deadline (a cold CI run: three
+# test_api searches came back BM25-only), so the suite's services wait 120 s; the tests of the
+# deadline itself set their own (0.5-30 s) against a store or embedder that stalls on purpose.
+os.environ.setdefault("QUARRY_SEARCH__DENSE_TIMEOUT_S", "120")
 
 REPO = Path(__file__).resolve().parents[1]
 

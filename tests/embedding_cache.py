@@ -37,6 +37,7 @@ MODEL_CACHE_ENV = "QUARRY_EMBEDDING__CACHE_DIR"  # the setting every Quarry of t
 _file_digests: dict[tuple[Path, int, int], str] = {}
 _SLICE = 512  # texts a process embeds while it holds a cache's file lock
 _TURN_S = 0.05  # pause between slices, so a process waiting for the lock gets it
+_UNLOCKED = 16  # at most this many missing texts (a query, a few documents) run without the lock
 
 
 def cache_dir() -> Path | None:
@@ -179,7 +180,11 @@ class CachedEmbedder:
         self._db = db
 
     def embed(self, texts: Sequence[str]) -> Embeddings:
-        """Rows for ``texts``: from the cache, else from ``inner.embed`` on the missing ones (slices of 512)."""
+        """Rows for ``texts``: from the cache, else from ``inner.embed`` on the missing ones.
+
+        Up to 16 missing texts run at once without the file lock; more run in slices of 512, one
+        process at a time.
+        """
         self.warm_up()
         if not texts or not all(isinstance(t, str) for t in texts):
             return self.inner.embed(texts)  # nothing to remember (an empty call, or bad input to fail on)
@@ -193,7 +198,14 @@ class CachedEmbedder:
         # flock wakes a waiter on release but does not hand it the lock: a holder that takes it again
         # at once keeps it, and a worker needing 1,000 short texts waited 130 s behind the SciFact
         # pass (a cold run, 3 workers). A pause between slices lets a waiter take its turn.
+        # A handful of texts (a query) runs without the lock: waiting for another's slice took
+        # longer than a REST query's deadline, and two processes embedding one query twice cost
+        # nothing (INSERT OR IGNORE keeps the first row, and both then use it).
         todo = list(missing.items())
+        if len(todo) <= _UNLOCKED:
+            if todo and (remaining := self._stored(dict(todo))):
+                self._run(remaining)
+            todo = []
         for start in range(0, len(todo), _SLICE):
             if start:
                 time.sleep(_TURN_S)
@@ -231,6 +243,9 @@ class CachedEmbedder:
                     "INSERT OR IGNORE INTO rows VALUES (?, ?, ?)",
                     [(k, v.tobytes(), int(t)) for k, (v, t) in fresh.items()],
                 )
+        # another process may have stored some of these texts first (a few run without the lock,
+        # in a batch padded differently): every process uses the stored row
+        self._stored(missing)
 
     def close(self) -> None:
         with self._lock:

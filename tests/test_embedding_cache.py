@@ -40,12 +40,12 @@ def test_a_worker_that_opened_the_file_earlier_reads_rows_another_stored_and_run
     # two pytest-xdist workers: both open the file, one embeds, the other then needs the same texts
     first, second = (CachedEmbedder(minilm, tmp_path / "rows.sqlite") for _ in range(2))
     first.warm_up(), second.warm_up()
-    texts = ["mitochondria and ageing", "p53 in tumour suppression"]
+    texts = [f"mitochondria and ageing, study {i}" for i in range(20)]  # more than run without the lock
     want = first.embed(texts)
-    assert first.model_runs == 2
+    assert first.model_runs == 20
     got = second.embed([*texts, "one new text"])
     assert second.model_runs == 1  # only the text nobody stored ran
-    assert np.array_equal(got.vectors[:2], want.vectors)
+    assert np.array_equal(got.vectors[:20], want.vectors)
     assert (tmp_path / "rows.sqlite.lock").is_file()
     first.close(), second.close()
 
@@ -66,3 +66,29 @@ def test_the_cache_folder_is_set_by_its_variable(monkeypatch: pytest.MonkeyPatch
     assert cache_dir() == tmp_path and cache_file("org/model", "ab" * 32) == tmp_path / f"org_model-{'ab' * 16}.sqlite"
     monkeypatch.setenv(CACHE_ENV, "off")
     assert cache_dir() is None and cache_file("m", "00") is None
+
+
+def test_a_query_does_not_wait_for_another_process_holding_the_lock(
+    minilm: st.SentenceTransformerEmbedder, tmp_path: Path
+) -> None:
+    """A few texts (a query) run while another process embeds a corpus slice under the lock."""
+    import fcntl
+    import threading
+
+    cached = CachedEmbedder(minilm, tmp_path / "rows.sqlite")
+    cached.warm_up()
+    results: list[np.ndarray] = []
+    with open(tmp_path / "rows.sqlite.lock", "a") as held:  # "another process" holds the lock
+        fcntl.flock(held, fcntl.LOCK_EX)
+        worker = threading.Thread(target=lambda: results.append(cached.embed(["a query"] * 3 + ["x"] * 13).vectors))
+        worker.start()
+        worker.join(timeout=120)
+        finished = not worker.is_alive()
+        fcntl.flock(held, fcntl.LOCK_UN)
+    worker.join()
+    assert finished and results[0].shape == (16, 384)
+    np.testing.assert_allclose(results[0][0], minilm.embed(["a query"]).vectors[0], atol=2e-6)
+    # the row in memory is the stored row, so every process uses the same vector
+    other = CachedEmbedder(minilm, tmp_path / "rows.sqlite")
+    assert np.array_equal(other.embed(["a query"]).vectors[0], results[0][0]) and other.model_runs == 0
+    cached.close(), other.close()
