@@ -205,6 +205,9 @@ class CachedEmbedder:
         if len(todo) <= _UNLOCKED:
             if todo and (remaining := self._stored(dict(todo))):
                 self._run(remaining)
+                # another process may have stored some first (in a batch padded differently):
+                # every process uses the stored row
+                self._stored(remaining)
             todo = []
         for start in range(0, len(todo), _SLICE):
             if start:
@@ -243,9 +246,6 @@ class CachedEmbedder:
                     "INSERT OR IGNORE INTO rows VALUES (?, ?, ?)",
                     [(k, v.tobytes(), int(t)) for k, (v, t) in fresh.items()],
                 )
-        # another process may have stored some of these texts first (a few run without the lock,
-        # in a batch padded differently): every process uses the stored row
-        self._stored(missing)
 
     def close(self) -> None:
         with self._lock:

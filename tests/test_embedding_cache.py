@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -72,9 +74,6 @@ def test_a_query_does_not_wait_for_another_process_holding_the_lock(
     minilm: st.SentenceTransformerEmbedder, tmp_path: Path
 ) -> None:
     """A few texts (a query) run while another process embeds a corpus slice under the lock."""
-    import fcntl
-    import threading
-
     cached = CachedEmbedder(minilm, tmp_path / "rows.sqlite")
     cached.warm_up()
     results: list[np.ndarray] = []
