@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client import REGISTRY
 
 from quarry.api.app import create_app
 from quarry.service import Quarry
@@ -37,10 +38,20 @@ def service(tmp_path: Path, minilm_vectors: CachedEmbedder) -> Iterator[Quarry]:
     quarry.close()
 
 
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 def test_live_searches_are_sampled_and_reported(service: Quarry) -> None:
+    # The metrics registry is the process's and other tests in this worker sample their
+    # collections at the default 1 % rate: a name of its own, and the metrics read as deltas.
+    unfiltered = {"collection": "live_recall", "selectivity": "none"}
+    half = {"collection": "live_recall", "selectivity": ">=10%", "le": "1.0"}
+    none_before = metric("quarry_recall_samples_total", **unfiltered)
+    half_before = metric("quarry_recall_bucket", **half)
     with TestClient(create_app(service)) as client:
-        assert client.post("/v1/collections", json={"name": "docs"}).status_code == 201
-        assert client.post("/v1/collections/docs/documents", json={"documents": DOCS}).status_code == 200
+        assert client.post("/v1/collections", json={"name": "live_recall"}).status_code == 201
+        assert client.post("/v1/collections/live_recall/documents", json={"documents": DOCS}).status_code == 200
         for body in (
             {"query": "gas giant", "mode": "hybrid"},
             {"query": "blood", "mode": "hybrid", "top_k": 5},
@@ -48,9 +59,9 @@ def test_live_searches_are_sampled_and_reported(service: Quarry) -> None:
             {"query": "sugar from light", "mode": "dense", "filters": {"half": "a"}},
             {"query": "cells", "mode": "bm25"},  # no dense channel: not sampled
         ):
-            assert client.post("/v1/collections/docs/search", json=body).status_code == 200
+            assert client.post("/v1/collections/live_recall/search", json=body).status_code == 200
         assert service.monitor.drain(60)
-        got = client.get("/v1/collections/docs/recall")
+        got = client.get("/v1/collections/live_recall/recall")
         assert got.status_code == 200
         figures = got.json()
         assert figures["buckets"]["none"] == {"samples": 3, "mean_recall": 1.0, "p10_recall": 1.0}
@@ -58,11 +69,13 @@ def test_live_searches_are_sampled_and_reported(service: Quarry) -> None:
         assert figures["buckets"]["<1%"]["samples"] == 0 and figures["buckets"]["<1%"]["mean_recall"] is None
         assert figures["sample_rate"] == 1.0 and figures["dropped"] == 0 and not figures["trigger"]["fired"]
         metrics = client.get("/metrics").text
-        assert 'quarry_recall_samples_total{collection="docs",selectivity="none"} 3.0' in metrics
-        assert 'quarry_recall_bucket{collection="docs",le="1.0",selectivity=">=10%"} 1.0' in metrics
+        assert 'quarry_recall_samples_total{collection="live_recall",selectivity="none"}' in metrics
+        assert 'quarry_recall_bucket{collection="live_recall",le="1.0",selectivity=">=10%"}' in metrics
+        assert metric("quarry_recall_samples_total", **unfiltered) - none_before == 3
+        assert metric("quarry_recall_bucket", **half) - half_before == 1
         missing = client.get("/v1/collections/nope/recall")
         assert missing.status_code == 404 and missing.json()["error"]["type"] == "CollectionNotFound"
-    recent = service.check_recall("docs", 10)
+    recent = service.check_recall("live_recall", 10)
     assert recent.source == "recent" and recent.queries == 4
     assert {b.bucket: b.samples for b in recent.buckets} == {"none": 3, ">=10%": 1}
     assert all(b.mean_recall == 1.0 for b in recent.buckets)
