@@ -1,7 +1,10 @@
 """A replica's BM25 built from the change log ranks like one process does (issue 25, acceptance 3).
 
-Per dataset (SciFact test, CMRC2018 test), three services embed with the torch MiniLM's vectors
-from the test memo (``tests/embedding_cache.py``):
+Per dataset (SciFact test, CMRC2018 test), three services share one embedder: on SciFact the
+torch MiniLM's vectors from the test memo (``tests/embedding_cache.py``); on CMRC, where only
+BM25 is scored and no vector is read, the tiny random bi-encoder through the real torch embedder
+(``tests/tiny_embedder.py``), as ``test_cmrc_chinese_bm25`` does (MiniLM over CMRC's 2,767 chunks
+cost a cold run ~90 s of both cores for vectors nothing read):
 
 * the single process: the embedded default (Milvus Lite + a SQLite docstore), which ingests;
 * the writer: pgvector + a PostgreSQL docstore (a schema of its own), which ingests the same;
@@ -23,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from embedding.sentence_transformers import SentenceTransformerEmbedder
 from eval.beir import load_split
 from eval.runner import collection_search, evaluate
 from indexing.sources import read_documents
@@ -30,7 +34,7 @@ from quarry.service import Quarry
 from quarry.settings import Settings
 from retrieval.bm25_live import LiveView
 from retrieval.bm25_registry import BM25Registry
-from tests.embedding_cache import CachedEmbedder
+from tests.embedding_cache import CachedEmbedder, torch_vectors
 from tests.state.conftest import PG_URL, pg_schema
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -62,17 +66,21 @@ def _statistics(view: LiveView) -> tuple[int, float, dict[str, int]]:
 @pytest.mark.parametrize(("name", "folder", "language", "modes"), DATASETS)
 def test_a_change_log_replica_scores_like_one_process(  # noqa: PLR0913 - fixtures
     name: str, folder: str, language: str, modes: tuple[str, ...], state_url: str, tmp_path: Path, shared_data: Path,
-    minilm_vectors: CachedEmbedder,
+    minilm_vectors: CachedEmbedder, tiny_bi_encoder: Path,
 ) -> None:
     beir = shared_data / folder
+    embedder: CachedEmbedder
     if "hybrid" in modes:
+        embedder = minilm_vectors
         minilm_vectors.embed(list(load_split(beir, "test").queries.values()))  # query rows: one batched pass
+    else:  # BM25 alone: the vectors are stored, never read
+        embedder = torch_vectors(SentenceTransformerEmbedder(str(tiny_bi_encoder), batch_size=64, device="cpu"))
     docs = list(read_documents(beir))
     collection = f"replica_quality_{name}_{uuid.uuid4().hex[:8]}"  # a killed run's table stays: never reuse
     shared = {"store": {"url": PG_URL}, "docstore": {"url": state_url}}
-    single = Quarry(Settings(data_dir=tmp_path / "single"), embedder=minilm_vectors)
-    writer = Quarry(Settings(data_dir=tmp_path / "writer", **shared), embedder=minilm_vectors)  # type: ignore[arg-type]
-    replica = Quarry(Settings(data_dir=tmp_path / "replica", **shared), embedder=minilm_vectors)  # type: ignore[arg-type]
+    single = Quarry(Settings(data_dir=tmp_path / "single"), embedder=embedder)
+    writer = Quarry(Settings(data_dir=tmp_path / "writer", **shared), embedder=embedder)  # type: ignore[arg-type]
+    replica = Quarry(Settings(data_dir=tmp_path / "replica", **shared), embedder=embedder)  # type: ignore[arg-type]
     figures: dict[str, Any] = {}
     try:
         for quarry in (single, writer):
@@ -102,3 +110,5 @@ def test_a_change_log_replica_scores_like_one_process(  # noqa: PLR0913 - fixtur
                 quarry.drop_collection(collection)
         for quarry in (single, writer, replica):
             quarry.close()
+        if embedder is not minilm_vectors:
+            embedder.close()
