@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from prometheus_client import REGISTRY
 
 from quarry.api.app import create_app
 from quarry.service import Quarry
@@ -18,6 +17,7 @@ from quarry.settings import MonitorSettings, Settings
 from tests.core.conftest import write_jsonl
 from tests.core.test_cli import Runner, quarry_cli  # noqa: F401 - the fixture
 from tests.embedding_cache import CachedEmbedder
+from tests.monitoring.test_monitor import sample_value
 
 TOPICS = [
     "the mitochondria is the powerhouse of the cell", "jupiter is a gas giant planet",
@@ -38,17 +38,13 @@ def service(tmp_path: Path, minilm_vectors: CachedEmbedder) -> Iterator[Quarry]:
     quarry.close()
 
 
-def metric(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
-
-
 def test_live_searches_are_sampled_and_reported(service: Quarry) -> None:
     # The metrics registry is the process's and other tests in this worker sample their
     # collections at the default 1 % rate: a name of its own, and the metrics read as deltas.
     unfiltered = {"collection": "live_recall", "selectivity": "none"}
     half = {"collection": "live_recall", "selectivity": ">=10%", "le": "1.0"}
-    none_before = metric("quarry_recall_samples_total", **unfiltered)
-    half_before = metric("quarry_recall_bucket", **half)
+    none_before = sample_value("quarry_recall_samples_total", **unfiltered)
+    half_before = sample_value("quarry_recall_bucket", **half)
     with TestClient(create_app(service)) as client:
         assert client.post("/v1/collections", json={"name": "live_recall"}).status_code == 201
         assert client.post("/v1/collections/live_recall/documents", json={"documents": DOCS}).status_code == 200
@@ -71,8 +67,8 @@ def test_live_searches_are_sampled_and_reported(service: Quarry) -> None:
         metrics = client.get("/metrics").text
         assert 'quarry_recall_samples_total{collection="live_recall",selectivity="none"}' in metrics
         assert 'quarry_recall_bucket{collection="live_recall",le="1.0",selectivity=">=10%"}' in metrics
-        assert metric("quarry_recall_samples_total", **unfiltered) - none_before == 3
-        assert metric("quarry_recall_bucket", **half) - half_before == 1
+        assert sample_value("quarry_recall_samples_total", **unfiltered) - none_before == 3
+        assert sample_value("quarry_recall_bucket", **half) - half_before == 1
         missing = client.get("/v1/collections/nope/recall")
         assert missing.status_code == 404 and missing.json()["error"]["type"] == "CollectionNotFound"
     recent = service.check_recall("live_recall", 10)
