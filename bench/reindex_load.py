@@ -56,8 +56,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.monitor import ingest  # noqa: E402
-from bench.search import _free_port, load_wrk, start_server  # noqa: E402
+from bench.search import load_wrk  # noqa: E402
 from eval.beir import load_split  # noqa: E402
+from tests.serve import QuarryServer  # noqa: E402
 
 PG_URL = "postgresql://postgres@127.0.0.1:5433/quarry"
 Answers = list[list[tuple[str, float]]]  # per query: (chunk id, score), best first
@@ -134,10 +135,9 @@ def one_round(args: argparse.Namespace, store: str, queries: list[str]) -> dict[
     if not marker.exists():  # a re-run embeds nothing, but starting the CLI's model costs minutes on a busy machine
         ingest(args.scifact, args.docs, env, collection)
         marker.touch()
-    port = _free_port()
-    proc = start_server(port, env)
+    server = QuarryServer(env).wait_ready()
     try:
-        root = f"http://127.0.0.1:{port}"
+        root = server.url
         base = f"{root}/v1/collections/{collection}"
         for q in queries[:32]:  # warm-up: the first calls load the model and the collection (a cold start
             httpx.post(f"{base}/search", json={"query": q, "top_k": 10}, timeout=60)  # may degrade on a busy host)
@@ -160,8 +160,7 @@ def one_round(args: argparse.Namespace, store: str, queries: list[str]) -> dict[
             **{f"{m}_top10": compare(before[m], after[m], args.tie) for m in before},
         }
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        server.stop()
 
 
 def main() -> None:

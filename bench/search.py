@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +49,7 @@ from indexing.sources import iter_jsonl  # noqa: E402
 from quarry.settings import BM25Settings  # noqa: E402
 from retrieval.bm25 import BM25Index  # noqa: E402
 from retrieval.text import tokenize  # noqa: E402
+from tests.serve import QuarryServer  # noqa: E402
 
 console = Console()
 
@@ -81,35 +81,6 @@ def _timed(fn: Any) -> float:
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    # stderr goes to a file, not a pipe: nobody reads a pipe while the load runs, and once its 64 KiB
-    # filled with access-log lines the server blocked in logging and answered nothing more
-    log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "quarry.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=log,
-    )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"server exited: {log.read().decode(errors='replace')[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("server did not become ready in 300 s")
 
 
 async def _client(http: httpx.AsyncClient, url: str, queries: list[str], until: float, offset: int,
@@ -212,10 +183,9 @@ def bench_api(
         env["QUARRY_EMBEDDING__URL"] = embedding_url
     subprocess.run([sys.executable, "-m", "quarry.cli", "ingest", str(scifact), "--collection", collection],
                    env=env, check=True)
-    port = _free_port()
-    proc = start_server(port, env)
+    server = QuarryServer(env).wait_ready()
     try:
-        url = f"http://127.0.0.1:{port}/v1/collections/{collection}/search"
+        url = f"{server.url}/v1/collections/{collection}/search"
         queries = list(load_split(scifact, "test").queries.values())
         for q in queries[:32]:  # warm-up: first calls pay for lazy initialisation
             httpx.post(url, json={"query": q, "top_k": 10}, timeout=60)
@@ -227,8 +197,7 @@ def bench_api(
 
         return {"embedding_url": embedding_url or "torch://all-MiniLM-L6-v2", "1_client": run(1), "32_clients": run(32)}
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        server.stop()
 
 
 def main() -> None:

@@ -40,6 +40,7 @@ from rerank.cross_encoder import CrossEncoderReranker
 from rerank.tiny import build_tiny_cross_encoder
 from tests.core.conftest import CountingEmbedder
 from tests.llama import llama_settings
+from tests.serve import free_port
 
 COLLECTION = "obs_docs"
 STAGES = ("embed", "bm25", "ann", "fusion", "rerank", "hydrate")
@@ -249,7 +250,7 @@ def test_every_log_line_carries_its_request_id(up: Quarry) -> None:
     # A real uvicorn with `quarry serve`'s logging (JSON lines): its access log lines carry the id.
     root = logging.getLogger()
     saved = root.handlers[:], root.level
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(up), host="127.0.0.1", port=port, log_config=uvicorn_log_config("json", "DEBUG"))
     )
@@ -299,12 +300,6 @@ def test_no_log_line_of_a_failing_llm_holds_the_prompt_or_its_key(
 ) -> None:
     logged = _grep_logs(down, caplog)
     assert SECRET_TEXT not in logged and SECRET_KEY not in logged
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(condition: object) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -23,51 +22,21 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.serve import QuarryServer
+
 REPO = Path(__file__).resolve().parents[2]
 MAX_EXAMPLES = 25  # cases per operation and phase: ~2-3 min on 2 busy cores
 SEED = 20
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``http://127.0.0.1:<port>`` of a ``quarry serve`` child holding collection ``docs``."""
     data = tmp_path_factory.mktemp("conformance")
-    port = _free_port()
     env = {**os.environ, "QUARRY_DATA_DIR": str(data), "PYTHONPATH": str(REPO)}
-    log = (data / "server.log").open("wb")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "quarry.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, server, data / "server.log")
-        _ingest(url)
-        yield url
-    finally:
-        server.terminate()
-        server.wait(30)
-        log.close()
-
-
-def _wait_ready(url: str, server: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise AssertionError(f"server exited ({server.returncode}):\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"server not ready in 300 s:\n{log.read_text()[-3000:]}")
+    with QuarryServer(env, log=data / "server.log", cwd=REPO).wait_ready() as server:
+        _ingest(server.url)
+        yield server.url
 
 
 def _ingest(url: str) -> None:
