@@ -30,7 +30,7 @@ from indexing.schedule import ReindexScheduler
 from indexing.sources import SourceDocument, parse_document
 from quarry import errors as e
 from quarry import heap, metrics, tracing
-from quarry.api import access, answer, errors
+from quarry.api import access, answer, edge, errors
 from quarry.api.access import Access
 from quarry.api.browser import BrowserGuard
 from quarry.api.errors import error_responses
@@ -138,9 +138,11 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     app.add_middleware(RequestGuard)
     app.add_middleware(BrowserGuard)
     app.add_middleware(ObserveMiddleware)
-    # every route passes the access layer first (keys, scopes, collections, rates)
-    app.include_router(router, dependencies=[Depends(access.authorize)])
-    app.include_router(answer.router, dependencies=[Depends(access.authorize)])
+    # every route checks its path and query parameters (quarry.api.edge), then passes the access
+    # layer (keys, scopes, collections, rates), before anything reads the state or a store
+    first = [Depends(edge.check_params), Depends(access.authorize)]
+    app.include_router(router, dependencies=first)
+    app.include_router(answer.router, dependencies=first)
     return app
 
 
