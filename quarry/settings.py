@@ -491,7 +491,7 @@ class AuthSettings(BaseModel):
     """API keys and rate limits (:mod:`quarry.api.access`).
 
     Attributes:
-        required: Every request (but ``/healthz``, ``/readyz``, ``/metrics``) needs a key even
+        required: Every request (but ``/healthz``, ``/readyz``) needs a key even
             before any key exists. Keys are required anyway once one exists.
         allow_insecure: Let ``quarry serve`` bind beyond loopback with no API keys.
         rate_storage: Where the per-key rate windows live, as the ``limits`` library names it:

@@ -63,11 +63,14 @@ log = logging.getLogger(__name__)
 
 
 # (method, route template) -> scope needed; None: open to anyone who reaches the port.
-# A tuple: any one of those scopes.
+# A tuple: any one of those scopes. docs/access.md's scope table and the OpenAPI's per-route
+# security (quarry.api.security) say the same (tests/core/test_scopes.py walks the routes).
 POLICY: dict[tuple[str, str], str | tuple[str, ...] | None] = {
     ("GET", "/healthz"): None,
     ("GET", "/readyz"): None,
-    ("GET", "/metrics"): None,
+    # every tenant's collection names are label values: a Prometheus key (or an admin's); a key
+    # of a tenant other than the operator's sees its own tenant's series only (metrics.TenantView)
+    ("GET", "/metrics"): ("metrics", "admin"),
     ("GET", "/v1/collections"): "read",
     ("POST", "/v1/collections"): "admin",
     ("GET", "/v1/collections/{name}"): "read",
@@ -80,8 +83,9 @@ POLICY: dict[tuple[str, str], str | tuple[str, ...] | None] = {
     ("GET", "/v1/collections/{name}/recall"): "read",
     ("POST", "/v1/collections/{name}/reindex"): "admin",
     ("POST", "/v1/collections/{name}/rollback"): "admin",
-    # a reindex job needs admin, an ingest job write (checked by the handler, check_job); the
-    # tenant is checked in Quarry.get_job, the key's collections in ingest_jobs.job_or_404
+    # submitting an ingest job writes documents, as an upsert does: write. Reading or cancelling a
+    # job: a reindex job's needs admin, an ingest job's write or admin (the handler's check_job);
+    # the tenant is checked in Quarry.get_job, the key's collections in ingest_jobs.job_or_404
     ("GET", "/v1/jobs/{job_id}"): ("write", "admin"),
     ("DELETE", "/v1/jobs/{job_id}"): ("write", "admin"),
     ("POST", "/v1/collections/{name}/jobs"): "write",
@@ -555,6 +559,12 @@ def check_job(request: Request, kind: str) -> None:
                         + " or ".join(f"'{s}'" for s in sorted(any_of)))
 
 
+def tenant_of(request: Request) -> str:
+    """The tenant of the request's key (the open server's: ``default``)."""
+    who: Principal = getattr(request.state, "principal", OPEN)
+    return who.tenant_id
+
+
 def collections_of(request: Request) -> frozenset[str] | None:
     """The collections the request's key is limited to (``None``: all of its tenant's)."""
     who: Principal = getattr(request.state, "principal", OPEN)
@@ -601,7 +611,7 @@ def is_loopback(host: str) -> bool:
 def check_bind(host: str, state: StateStore, settings: AuthSettings) -> None:
     """Refuse to serve beyond loopback with no API keys, unless keys are required or insecure is allowed.
 
-    With ``QUARRY_AUTH__REQUIRED=true`` nothing but the open routes (health, readiness, metrics)
+    With ``QUARRY_AUTH__REQUIRED=true`` nothing but the open routes (health, readiness)
     answers without a key, so a server may start before its first key exists (a container's
     first start: create the key then, in the shared docstore).
 

@@ -259,7 +259,7 @@ def _llm_metrics(
         return None
 
     def observe(ttft_s: float | None, total_s: float, error: GenerationError | None) -> None:
-        metrics.observe_llm(name, body.mode, ttft_s, total_s)
+        metrics.observe_llm(q.tenant_id, name, body.mode, ttft_s, total_s)
         if error is not None and not body.require_answer:  # answered without the LLM's text
             metrics.DEGRADED.labels("llm_failed").inc()
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from indexing.docstore import DEFAULT_TENANT, ApiKeyRecord, StateStore
 from quarry.errors import InvalidRequest, RateLimited, Unauthenticated, clip
 
-SCOPES = ("read", "write", "admin")
+SCOPES = ("read", "write", "admin", "metrics")  # metrics: GET /metrics only (a Prometheus key)
 PRIORITIES = {"low": -1, "normal": 0, "high": 1}
 # no "__": a tenant's vector-store names are t_<tenant>__<collection>, and collection names may hold
 # "__", so tenant "acme" collection "corp__docs" and tenant "acme__corp" collection "docs" were one
