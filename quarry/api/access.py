@@ -53,7 +53,7 @@ from starlette.datastructures import Headers
 
 from indexing.docstore import AuditEntry, StateStore
 from quarry.api import pacing
-from quarry.api.keys import OPEN, KeyVerifier, Principal
+from quarry.api.keys import OPEN, CheckSlots, KeyVerifier, Principal
 from quarry.errors import ConfigError, Forbidden, Overloaded, RateLimited, Unauthenticated, clip
 from quarry.metrics import AUTH_FAILURES, IN_FLIGHT, RATE_LIMITED, SHED, TOKEN_LIMITED
 from quarry.service import Quarry
@@ -285,7 +285,8 @@ class Access:
         """Check keys against ``state``; rates in ``settings.rate_storage``."""
         self.state = state
         self.settings = settings
-        self.verifier = verifier or KeyVerifier(state)
+        # the wrong-secret bound counted in the state of record too: every worker and replica sharing it
+        self.verifier = verifier or KeyVerifier(state, slots=CheckSlots(state))
         self.limiter = RateLimiter(settings.rate_storage)
         self.tokens = TokenQuota(self.limiter.storage)
         self._keys_exist = False
