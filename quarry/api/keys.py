@@ -250,6 +250,7 @@ class KeyVerifier:
         self._wrong: dict[str, deque[float]] = {}
         self._good: OrderedDict[tuple[str, str], bytes] = OrderedDict()  # (id, stored hash) -> sha256(secret)
         self._bad: OrderedDict[bytes, None] = OrderedDict()
+        self._verified: OrderedDict[bytes, None] = OrderedDict()  # sha256(presented key) of keys verified
         # sha256(presented key) -> (change token before its record was read, expires_at, principal)
         self._principals: OrderedDict[bytes, tuple[int, float | None, Principal]] = OrderedDict()
         self._size = memo_size
@@ -284,12 +285,34 @@ class KeyVerifier:
             collections=None if record.collections is None else frozenset(record.collections),
             rate=record.rate, priority=record.priority, token_rate=record.token_rate,
         )
-        if token is not None:
-            with self._lock:
+        with self._lock:
+            self._verified[seen] = None
+            while len(self._verified) > self._size:
+                self._verified.popitem(last=False)
+            if token is not None:
                 self._principals[seen] = (token, record.expires_at, who)
                 while len(self._principals) > self._size:
                     self._principals.popitem(last=False)
         return who
+
+    def throttled(self, key_id: str, key: str) -> RateLimited | None:
+        """The 429 a check of ``key`` would get now without reading anything, or ``None``.
+
+        ``key_id``'s secret checks fill the last second, and ``key`` is not one verified before
+        (such a key is verified as usual: its record read again, its secret from the memo).
+        """
+        places = self._wrong.get(key_id)
+        if places is None or len(places) < self._wrong_per_s:
+            return None
+        now = self._now()
+        with self._lock:
+            recent = [t for t in places if t > now - 1.0]
+            if len(recent) < self._wrong_per_s or hashlib.sha256(key.encode()).digest() in self._verified:
+                return None
+        return RateLimited(
+            f"API key qk_{key_id}_… got {len(recent)} wrong secrets in the last second; retry in 1 s",
+            retry_after_s=max(1.0, recent[0] + 1.0 - now),
+        )
 
     def cached(self, key: str) -> Principal | None:
         """The principal of a key verified before, if nothing was committed since (no record read); else ``None``."""
@@ -329,7 +352,7 @@ class KeyVerifier:
                 slot = self._slots.take(record.id)
                 if slot is None:
                     raise RateLimited(
-                        f"API key qk_{record.id}_… got {self._wrong_per_s} secret checks in the last second on "
+                        f"API key qk_{record.id}_… got {self._wrong_per_s} wrong secrets in the last second on "
                         "the servers sharing this state; retry in 1 s",
                         retry_after_s=1.0,
                     )
@@ -378,7 +401,7 @@ class KeyVerifier:
             places.popleft()
         if len(places) >= self._wrong_per_s:
             raise RateLimited(
-                f"API key qk_{key_id}_… got {len(places)} secret checks in the last second; retry in 1 s",
+                f"API key qk_{key_id}_… got {len(places)} wrong secrets in the last second; retry in 1 s",
                 retry_after_s=max(1.0, places[0] + 1.0 - now),
             )
         places.append(now)
