@@ -12,6 +12,10 @@ id with a new random secret each time. Each 401 ``wrong secret`` is one secret c
 each 429 one refused unchecked: checks per second = 401s / seconds, to stay <= 5 (the documented
 bound per key id), and the victim's p50 within 2x of idle.
 
+Early 429s are held ``QUARRY_AUTH__LIMIT_HOLD_S`` (default 1 s) before they go: an abuser that
+ignores ``Retry-After`` is paced to about one request per connection and second. ``--limit-hold-s
+0`` turns that off, to measure what each 429 costs.
+
 ``flood``: the abuser's key has ``--rate 10/s`` and sends on ``--flood-clients`` connections,
 ignoring ``Retry-After``, ``--flood-rps`` requests/s in all (default 1,000; each connection
 pauses between requests; 0: a closed loop, as fast as the server answers), nearly all 429. The victim's
@@ -174,8 +178,9 @@ def _beside(
 
 
 def bench(what: str, work: Path, base: Path, bodies: Path, rounds: int, seconds: float,  # noqa: PLR0913
-          flood_clients: int, flood_rps: float = 0) -> dict[str, Any]:
-    env = _env(copy_data(base, work / "abuse"))
+          flood_clients: int, flood_rps: float = 0, hold_s: str = "") -> dict[str, Any]:
+    settings = {"QUARRY_AUTH__LIMIT_HOLD_S": hold_s} if hold_s else {}
+    env = _env(copy_data(base, work / "abuse"), **settings)
     victim = _quarry(env, "keys", "create", "--tenant", "default", "--scopes", "read", "--name", "victim").strip()
     rate = ["--rate", "10/s"] if what == "flood" else []
     abuser = _quarry(env, "keys", "create", "--tenant", "acme", "--scopes", "read", *rate, "--name", "abuser").strip()
@@ -239,6 +244,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="duration of each phase")
     parser.add_argument("--flood-clients", type=int, default=16, help="flood: the abuser's connections")
     parser.add_argument("--flood-rps", type=float, default=1000, help="flood: the rate offered (0: closed loop)")
+    parser.add_argument("--limit-hold-s", default="", help="QUARRY_AUTH__LIMIT_HOLD_S of the server (default: its "
+                        "own, 1; 0: early 429s answered at once, to measure their path's cost)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if shutil.which("wrk") is None:
@@ -246,7 +253,8 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     base, queries = prepare(args.work, args.scifact, args.docs)
     bodies = _bodies(args.work, queries, "bm25")
-    results = {w: bench(w, args.work, base, bodies, args.rounds, args.seconds, args.flood_clients, args.flood_rps)
+    results = {w: bench(w, args.work, base, bodies, args.rounds, args.seconds, args.flood_clients, args.flood_rps,
+                        args.limit_hold_s)
                for w in (("wrong", "flood") if args.what == "all" else (args.what,))}
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

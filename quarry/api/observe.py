@@ -23,11 +23,13 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from quarry import tracing
+from quarry.api import pacing
 from quarry.api.access import Shed, limited_early, shed_early
 from quarry.api.errors import error_body
 from quarry.errors import Overloaded, RateLimited
 from quarry.logs import REQUEST_ID, SHED_REPLY, request_id
 from quarry.metrics import IN_FLIGHT, LATENCY, REQUESTS
+from quarry.settings import AuthSettings
 
 log = logging.getLogger(__name__)
 HEADER = b"x-request-id"
@@ -67,6 +69,9 @@ class ObserveMiddleware:
         try:
             limited = _limited_early(scope, headers)
             if limited is not None:  # over its rate, or its id flooded with wrong secrets: 429 before routing
+                auth = _auth_settings(scope)
+                if auth is not None:  # held a moment (not in flight meanwhile): paced, as a shed 503
+                    await pacing.hold(auth.limit_hold_s, limited.retry_after_s or 1.0, auth.shed_hold_max)
                 await _reply_early(limited, 429, scope, receive, send_status)
                 return
             if _shedding_on(scope):
@@ -119,6 +124,12 @@ def _shedding_on(scope: Scope) -> bool:
     service = getattr(getattr(scope.get("app"), "state", None), "quarry", None)
     settings = getattr(service, "settings", None)
     return settings is not None and settings.auth.shed_in_flight > 0
+
+
+def _auth_settings(scope: Scope) -> AuthSettings | None:
+    service = getattr(getattr(scope.get("app"), "state", None), "quarry", None)
+    settings = getattr(service, "settings", None)
+    return None if settings is None else settings.auth
 
 
 def _limited_early(scope: Scope, headers: Headers) -> RateLimited | None:

@@ -264,7 +264,9 @@ def test_describe_of_a_shared_collection_reads_its_own_key_range_only(
         quarry.close()
 
 
-def test_an_over_rate_keys_429_and_a_flooded_ids_are_answered_before_routing(tmp_path: Path) -> None:
+def test_an_over_rate_keys_429_and_a_flooded_ids_are_answered_before_routing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Each 429 of an over-rate key went through routing, the dependencies and the exception handler.
 
     ~420 µs of server CPU each (``bench/abuse.py``): 1,700 of them a second took the victim
@@ -273,6 +275,7 @@ def test_an_over_rate_keys_429_and_a_flooded_ids_are_answered_before_routing(tmp
     """
     from starlette.datastructures import Headers
 
+    from quarry.api import pacing
     from quarry.api.observe import ObserveMiddleware
 
     state = open_docstore("", tmp_path)
@@ -309,13 +312,23 @@ def test_an_over_rate_keys_429_and_a_flooded_ids_are_answered_before_routing(tmp
         async def receive() -> dict[str, object]:
             return {"type": "http.request", "body": b""}
 
+        held: list[tuple[float, float, int]] = []
+
+        async def hold(hold_s: float, retry_after_s: float, max_held: int) -> bool:
+            held.append((hold_s, retry_after_s, max_held))
+            return True
+
+        monkeypatch.setattr(pacing, "hold", hold)
+        service = SimpleNamespace(settings=SimpleNamespace(auth=AuthSettings(), metrics=SimpleNamespace(enabled=False)))
         scope = {
             "type": "http", "method": "POST", "path": "/v1/collections/c/search", "query_string": b"",
             "headers": [(b"authorization", f"Bearer {key}".encode())],
-            "app": SimpleNamespace(state=SimpleNamespace(access=layer)),
+            "app": SimpleNamespace(state=SimpleNamespace(access=layer, quarry=service)),
         }
         asyncio.run(ObserveMiddleware(app)(scope, receive, send))  # type: ignore[arg-type]
         assert reached == [] and sent[0]["status"] == 429
         assert (b"retry-after", b"1") in sent[0]["headers"]  # type: ignore[operator]
+        # held before it goes (QUARRY_AUTH__LIMIT_HOLD_S, at most Retry-After), as a shed 503: paced
+        assert len(held) == 1 and held[0][0] == 1.0 and held[0][2] == 256
     finally:
         state.close()
