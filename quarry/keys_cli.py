@@ -35,7 +35,9 @@ def _state() -> StateStore:
 @keys_app.command("create")
 def create(  # noqa: PLR0913 - the key's attributes
     tenant: Annotated[str, typer.Option(help="Tenant the key belongs to (created if new).")] = "default",
-    scopes: Annotated[str, typer.Option(help="Comma-separated: read, write, admin.")] = "read",
+    scopes: Annotated[
+        str, typer.Option(help="Comma-separated: read, write, admin, metrics (GET /metrics only: for Prometheus).")
+    ] = "read",
     collections: Annotated[str | None, typer.Option(help="Comma-separated collections (default: all).")] = None,
     rate: Annotated[str | None, typer.Option(help="Request rate, e.g. 50/s or 600/min (default: unlimited).")] = None,
     tokens: Annotated[

@@ -207,10 +207,11 @@ class Quarry:
         recent = RecentQueries(
             self.settings.data_dir / "monitor" / f"recent@{tenant_id}.sqlite", self.settings.monitor.recent_queries
         )
-        view.monitor = RecallMonitor(view.store, self.settings.monitor, recent=recent)  # exact re-runs in scope
+        view.monitor = RecallMonitor(view.store, self.settings.monitor, recent=recent, tenant=tenant_id)  # in scope
+        view.telemetry = self.telemetry.for_tenant(tenant_id)  # its series carry the tenant
         view.searcher = Searcher(
             view.store, view.docstore, self.query_embedder, view.bm25, self.settings.search, self.reranker,
-            clock=self._clock, observe=self.telemetry, sample_dense=view.monitor.offer,
+            clock=self._clock, observe=view.telemetry, sample_dense=view.monitor.offer,
         )
         view._versions, view._models, view._models_guard = {}, self._models, self._models_guard
         view.reindexer = Reindexer(

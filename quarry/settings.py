@@ -491,7 +491,7 @@ class AuthSettings(BaseModel):
     """API keys and rate limits (:mod:`quarry.api.access`).
 
     Attributes:
-        required: Every request (but ``/healthz``, ``/readyz``, ``/metrics``) needs a key even
+        required: Every request (but ``/healthz``, ``/readyz``) needs a key even
             before any key exists. Keys are required anyway once one exists.
         allow_insecure: Let ``quarry serve`` bind beyond loopback with no API keys.
         rate_storage: Where the per-key rate windows live, as the ``limits`` library names it:
@@ -512,7 +512,12 @@ class AuthSettings(BaseModel):
             ~800 503s a second, which took the event loop from high-priority requests
             (:mod:`quarry.api.pacing`).
         shed_hold_max: At most this many shed requests are held at once; beyond it a shed
-            request gets its 503 at once (many connections cannot pin memory and sockets).
+            request gets its 503 at once (many connections cannot pin memory and sockets). The
+            429s held by ``limit_hold_s`` count against the same bound.
+        limit_hold_s: How long a 429 answered before routing (a key over its rate, an id whose
+            wrong secrets fill the second) is held before it goes, in seconds, at most its
+            ``Retry-After`` (0: at once): a client that ignores ``Retry-After`` is paced to one
+            request per connection and hold (:mod:`quarry.api.pacing`, ``bench/abuse.py``).
     """
 
     required: bool = False
@@ -524,6 +529,7 @@ class AuthSettings(BaseModel):
     shed_retry_after_s: float = Field(1.0, gt=0, le=3600, allow_inf_nan=False)
     shed_hold_s: float = Field(1.0, ge=0, le=60, allow_inf_nan=False)
     shed_hold_max: int = Field(256, ge=0, le=100_000)
+    limit_hold_s: float = Field(1.0, ge=0, le=60, allow_inf_nan=False)
 
 
 class Settings(BaseSettings):

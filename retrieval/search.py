@@ -457,6 +457,8 @@ class Searcher:
         if is_blank(query):  # "   ", and "\u200b", "\u0000", "\ufeff": nothing visible, nothing to rank by
             raise InvalidQuery("query must not be empty (it holds no visible character)")
         check_unicode(query, "query", InvalidQuery)
+        if "\x00" in query:  # as in a document's text: nothing stores or tokenizes it
+            raise InvalidQuery(f"query holds a NUL character at character {query.index(chr(0))}")
         if mode not in MODES:
             raise InvalidQuery(f"unknown mode {clip(mode)}; use one of {', '.join(MODES)}")
         if top_k < 1:

@@ -42,8 +42,9 @@ from indexing.collections import CollectionConfig
 from indexing.sources import is_blank
 from quarry import errors as e
 from quarry import metrics
-from quarry.api import access
+from quarry.api import access, edge
 from quarry.api import cache as answer_cache
+from quarry.api.edge import Checked, Identifier
 from quarry.api.errors import error_responses
 from quarry.api.models import RerankIn, SearchIn, _Body
 from quarry.errors import GenerationError, InvalidRequest, LLMNotConfigured, clip
@@ -69,6 +70,8 @@ router = APIRouter(lifespan=_lifespan)
 
 class AnswerIn(_Body):
     """``POST /v1/collections/{name}/answer``."""
+
+    parsed_later = frozenset({"query", "filters"})  # the search's own checks (InvalidQuery, InvalidFilter)
 
     query: str = Field(description="The question (same limits as a search query).")
     top_k: int = Field(5, ge=1, le=50, description="Chunks retrieved for the prompt (best first).")
@@ -230,7 +233,9 @@ async def _cache_plan(  # noqa: PLR0913 - the request's parts
 ) -> answer_cache.Plan:
     """Bypass (cache off, no LLM, asked by a header, a query search will refuse), or look it up."""
     read, store = answer_cache.directives(headers)
+    # a query the search refuses (blank, too long, a NUL or a lone surrogate) is refused there, uncached
     query_ok = not is_blank(body.query) and len(body.query) <= q.settings.search.max_query_chars
+    query_ok = query_ok and edge.is_text(body.query)
     if cache is None or generator is None or not query_ok or not (read or store):
         return answer_cache.Plan("bypass")
     key = answer_cache.cache_key(q, collection, body, generator, params, budget)
@@ -254,7 +259,7 @@ def _llm_metrics(
         return None
 
     def observe(ttft_s: float | None, total_s: float, error: GenerationError | None) -> None:
-        metrics.observe_llm(name, body.mode, ttft_s, total_s)
+        metrics.observe_llm(q.tenant_id, name, body.mode, ttft_s, total_s)
         if error is not None and not body.require_answer:  # answered without the LLM's text
             metrics.DEGRADED.labels("llm_failed").inc()
 
@@ -355,6 +360,8 @@ class ChatMessageIn(BaseModel):
 class QuarryOptions(_Body):
     """Quarry's own knobs of a chat completion (send them in the body's ``quarry`` field)."""
 
+    parsed_later = frozenset({"filters"})  # parse_filter names the field at fault
+
     top_k: int = Field(5, ge=1, le=50)
     mode: Literal["bm25", "dense", "hybrid"] = "hybrid"
     filters: dict[str, Any] | None = None
@@ -363,15 +370,17 @@ class QuarryOptions(_Body):
     require_answer: bool = False
 
 
-class ChatIn(BaseModel):
+class ChatIn(Checked):
     """``POST /v1/chat/completions`` with ``model: "quarry/<collection>"``: RAG through an OpenAI client.
 
     The last user message is the query. Other OpenAI fields are accepted and ignored.
     """
 
+    parsed_later = frozenset({"messages"})  # the query: the search's own checks (InvalidQuery)
+
     model_config = ConfigDict(extra="allow")
 
-    model: str = Field(description='"quarry/<collection>"')
+    model: Identifier = Field(description='"quarry/<collection>"')
     messages: list[ChatMessageIn] = Field(min_length=1)
     stream: bool = False
     max_tokens: int | None = Field(None, ge=1, le=32_768)
@@ -405,6 +414,7 @@ async def chat_completions(
     collection = body.model.removeprefix("quarry/")
     if collection == body.model or not collection:
         raise InvalidRequest(f'model must be "quarry/<collection>", got {clip(body.model)}')
+    edge.name(collection, "collection name of the model")
     access.check_collection(request, collection)
     q = q.for_collection(collection)  # a shared collection: scoped to the key's tenant
     users = [m.text() for m in body.messages if m.role == "user"]

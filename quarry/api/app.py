@@ -26,11 +26,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from indexing.collections import CollectionConfig
+from indexing.docstore import DEFAULT_TENANT
 from indexing.schedule import ReindexScheduler
 from indexing.sources import SourceDocument, parse_document
 from quarry import errors as e
 from quarry import heap, metrics, tracing
-from quarry.api import access, answer, errors
+from quarry.api import access, answer, edge, errors, security
 from quarry.api.access import Access
 from quarry.api.browser import BrowserGuard
 from quarry.api.errors import error_responses
@@ -130,17 +131,22 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     # Swagger UI and ReDoc from the assets fastapi-offline ships: /docs works offline.
     # redirect_slashes=False: a trailing slash is a 404 in the envelope, not a 307 whose Location
     # echoes the client's Host header (an open redirect through a spoofed Host).
+    # Swagger's Authorize keeps the key entered there across reloads (the schemes: quarry.api.security).
     app = FastAPIOffline(
-        title="Quarry", version="0.1.0", lifespan=lifespan, summary="Hybrid retrieval service", redirect_slashes=False
+        title="Quarry", version="0.1.0", lifespan=lifespan, summary="Hybrid retrieval service", redirect_slashes=False,
+        swagger_ui_parameters={"persistAuthorization": True},
     )
     app.state.ready = False
     errors.install(app)
     app.add_middleware(RequestGuard)
     app.add_middleware(BrowserGuard)
     app.add_middleware(ObserveMiddleware)
-    # every route passes the access layer first (keys, scopes, collections, rates)
-    app.include_router(router, dependencies=[Depends(access.authorize)])
-    app.include_router(answer.router, dependencies=[Depends(access.authorize)])
+    # every route checks its path and query parameters (quarry.api.edge), then passes the access
+    # layer (keys, scopes, collections, rates), before anything reads the state or a store
+    first = [Depends(edge.check_params), Depends(access.authorize)]
+    app.include_router(router, dependencies=first)
+    app.include_router(answer.router, dependencies=first)
+    security.install(app)  # the OpenAPI's securitySchemes and per-route security, from access.POLICY
     return app
 
 
@@ -199,9 +205,16 @@ async def readyz(request: Request, response: Response) -> dict[str, Any]:
 
 
 @router.get("/metrics", tags=["ops"], include_in_schema=False)
-def prometheus() -> Response:
-    """Prometheus metrics (:mod:`quarry.metrics`: requests, query stages, degradations, queue depths)."""
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+def prometheus(request: Request) -> Response:
+    """Prometheus metrics (:mod:`quarry.metrics`: requests, query stages, degradations, queue depths).
+
+    A key with the ``metrics`` or ``admin`` scope once keys exist (:data:`~quarry.api.access.POLICY`);
+    a key of the operator's tenant (``default``) reads every series, another tenant's key its
+    own tenant's and those of no tenant (:class:`~quarry.metrics.TenantView`).
+    """
+    tenant = access.tenant_of(request)
+    view = metrics.TenantView(tenant) if tenant != DEFAULT_TENANT else None
+    return Response(generate_latest() if view is None else generate_latest(view), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get(
