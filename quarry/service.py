@@ -89,6 +89,7 @@ class Quarry:
         self.docstore = open_docstore(
             settings.docstore.url, settings.data_dir,
             pool_size=settings.docstore.pool_size, connect_timeout_s=settings.docstore.connect_timeout_s,
+            timeout_s=settings.docstore.timeout_s,
         )
         self.bm25 = BM25Registry(self.docstore, settings.data_dir / "bm25", settings.bm25)
         self.ingestor = Ingestor(
