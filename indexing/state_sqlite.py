@@ -150,4 +150,5 @@ def _on_connect(dbapi: sqlite3.Connection, record: Any) -> None:
 
 def _on_begin(conn: sa.Connection) -> None:
     """``BEGIN IMMEDIATE`` for a write (the file's write lock now, or the busy timeout), else ``BEGIN``."""
-    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("quarry_write") else "BEGIN")
+    write = conn.get_execution_options().get("quarry_write")
+    conn.connection.driver_connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")  # type: ignore[union-attr]
