@@ -144,6 +144,33 @@ class SqlBase:
         if notify:
             self._changed()
 
+    def _fetch(self, statement: sa.Executable, params: dict[str, Any]) -> list[Any]:
+        """The rows of one read-only statement (one snapshot: a statement's own), on a pooled DBAPI connection.
+
+        The search page's read (~10 rows): SQLAlchemy's ``Connection`` and ``Result`` layers cost
+        more than SQLite took to answer. The SQL is still SQLAlchemy's, rendered for the dialect.
+        """
+        sql, order, fixed = rendered(statement, self._engine.dialect)
+        values = {**fixed, **params}
+        args: Any = values if order is None else tuple(values[k] for k in order)
+        driver = self._engine.dialect.loaded_dbapi
+        with self._errors():
+            conn = self._engine.raw_connection()
+            try:
+                cursor = conn.cursor()
+                cursor.execute(sql, args)
+                rows = list(cursor.fetchall())
+                cursor.close()
+                conn.commit()  # PostgreSQL: ends the statement's transaction; SQLite: none was begun
+            except driver.OperationalError as exc:
+                conn.invalidate()
+                raise self._unavailable(exc) from exc
+            except driver.Error as exc:
+                raise StoreError(f"the state store {self.location} failed", detail=str(exc)) from exc
+            finally:
+                conn.close()
+        return rows
+
     def _begin_read(self, conn: sa.Connection) -> sa.Connection:
         return conn
 
@@ -193,6 +220,21 @@ class SqlBase:
         """Stop the deadlines and close the connections."""
         self._calls.close()
         self._engine.dispose()
+
+
+RENDERED: dict[tuple[int, str], tuple[str, tuple[str, ...] | None, dict[str, Any]]] = {}
+
+
+def rendered(statement: sa.Executable, dialect: sa.Dialect) -> tuple[str, tuple[str, ...] | None, dict[str, Any]]:
+    """``statement``'s SQL for ``dialect``, its parameters' order (positional styles) and its literal values."""
+    key = (id(statement), dialect.name)
+    found = RENDERED.get(key)
+    if found is None:
+        compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
+        order = tuple(compiled.positiontup) if compiled.positional else None
+        fixed = {name: b.value for name, b in compiled.binds.items() if not b.required}
+        found = RENDERED[key] = (compiled.string, order, fixed)
+    return found
 
 
 def loads(text: str | bytes) -> Any:

@@ -21,7 +21,7 @@ from sqlalchemy.sql.functions import FunctionElement
 
 from indexing.docstore import Change, CollectionState, StoredChunk, StoredDocument, chunking_id_of
 from indexing.schema import change_log, chunks, collection_versions, collections, documents, pending_deletes
-from indexing.state_db import SqlBase, cached, loads, timed
+from indexing.state_db import SqlBase, cached, loads, rendered, timed
 from quarry.errors import CollectionNotFound
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -325,10 +325,10 @@ class SqlCollections(SqlBase):
         """
         query = _CHUNKS_TOKENS if with_tokens else _CHUNKS
         rows: list[Any] = []
-        with self._read() as conn:  # JSON is decoded after the transaction
-            if chunking is None and not with_tokens and len(chunk_ids) <= _BATCH:
-                rows = conn.execute(_LIVE_CHUNKS, {**self._key(name), "ids": json.dumps(list(chunk_ids))}).all()
-            else:
+        if chunking is None and not with_tokens and len(chunk_ids) <= _BATCH:  # a search page: one statement
+            rows = self._fetch(_LIVE_CHUNKS, {**self._key(name), "ids": json.dumps(list(chunk_ids))})
+        else:
+            with self._read() as conn:  # JSON is decoded after the transaction
                 key = {**self._key(name), "chunking": self._chunking(conn, name, chunking)}
                 for part in _batches(list(chunk_ids)):
                     rows += conn.execute(query, {**key, "ids": json.dumps(part)}).all()
@@ -493,9 +493,19 @@ class SqlCollections(SqlBase):
 
 
 def _many(conn: sa.Connection, statement: sa.Executable, rows: list[dict[str, Any]]) -> None:
-    """Execute ``statement`` once per row (the driver's executemany), nothing for no rows."""
-    if rows:
-        conn.execute(statement, rows)
+    """Execute ``statement`` once per row (the driver's ``executemany``), nothing for no rows.
+
+    The statement is rendered once per dialect by SQLAlchemy's compiler and run with
+    ``exec_driver_sql``: SQLAlchemy's per-row parameter processing cost ~7 µs a row, twice what
+    the database took for a batch of 64 documents on SQLite. The values are plain ``str``,
+    ``int``, ``float`` or ``None``: no type needs a bind processor.
+    """
+    if not rows:
+        return
+    sql, order, fixed = rendered(statement, conn.dialect)
+    full = [{**fixed, **row} for row in rows] if fixed else rows
+    params: list[Any] = full if order is None else [tuple(row[k] for k in order) for row in full]
+    conn.exec_driver_sql(sql, params)
 
 
 def _chunk_row(cid: int, chunking: str, c: StoredChunk) -> dict[str, Any]:

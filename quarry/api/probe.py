@@ -18,16 +18,18 @@ from quarry.errors import StoreUnavailable
 
 
 class StoreProbe:
-    """Checks that the vector store answers.
+    """Checks that a store answers (the vector store, or the state of record).
 
     Args:
-        check: A cheap store call (``list_collections``); raises ``StoreUnavailable`` on an outage.
+        check: A cheap store call (``list_collections``, ``healthy``); raises ``StoreUnavailable`` on an outage.
         timeout_s: Longest a probe waits for it, in seconds.
+        what: The store, for the message (``"the vector store"``).
     """
 
-    def __init__(self, check: Callable[[], object], timeout_s: float = 2.0) -> None:
+    def __init__(self, check: Callable[[], object], timeout_s: float = 2.0, what: str = "the vector store") -> None:
         self._check = check
         self._timeout_s = timeout_s
+        self._what = what
         self._lock = threading.Lock()
         self._inflight: Future[object] | None = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quarry-readyz")
@@ -46,7 +48,7 @@ class StoreProbe:
         waiting.add_done_callback(lambda done: done.cancelled() or done.exception())  # read, if late
         finished, _ = await asyncio.wait({waiting}, timeout=self._timeout_s)
         if not finished:
-            return StoreUnavailable(f"the vector store did not answer within {self._timeout_s:g} s")
+            return StoreUnavailable(f"{self._what} did not answer within {self._timeout_s:g} s")
         try:
             inflight.result()
         except StoreUnavailable as exc:
