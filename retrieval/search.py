@@ -37,7 +37,7 @@ import numpy as np
 from embedding.base import Embeddings, QueryEncoder
 from indexing.chunking import document_id_of
 from indexing.collections import CollectionConfig, FusionConfig, model_mismatch
-from indexing.docstore import DocStore
+from indexing.docstore import DocStore, cache_only
 from indexing.sources import check_unicode, is_blank
 from quarry.breaker import OutageBreaker, failed
 from quarry.errors import (
@@ -345,7 +345,7 @@ class Searcher:
         deadline = time.monotonic() + self._settings.dense_timeout_s
         request = self._request(cfg, fusion, min_score)
         steps = self._steps(cfg, query, top_k, mode, flt, offset, group, None, request, target, within)
-        if mode != "dense" and (len(query) > LOOP_QUERY_CHARS or flt is not None):
+        if mode != "dense" and (len(query) > LOOP_QUERY_CHARS or flt is not None or not self._bm25_current(cfg.name)):
             step = await asyncio.to_thread(_advance, steps, None)
         else:
             step = _advance(steps, None)
@@ -360,6 +360,15 @@ class Searcher:
             done, _ = await asyncio.wait({waiting}, timeout=max(0.0, deadline - time.monotonic()))
             step = _advance(steps, step) if done else _advance(steps, None, _Late())
         return step
+
+    def _bm25_current(self, name: str) -> bool:
+        """Whether the collection's BM25 view is at hand without a state read (else the first step goes to a thread)."""
+        try:
+            with cache_only():
+                self._bm25.get(name)
+        except Exception:  # noqa: BLE001 - a read needed (CacheMiss), or an error the thread will raise again
+            return False
+        return True
 
     def _steps(  # noqa: PLR0913 - the request's fields
         self,
