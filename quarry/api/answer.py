@@ -38,7 +38,7 @@ from generation.base import GenerationParams, Generator
 from generation.cache import AnswerCache, open_cache
 from generation.factory import open_generator
 from generation.prompt import Candidate, Prompt, approx_tokens, build_prompt
-from indexing.collections import CollectionConfig
+from indexing.collections import CollectionConfig, check_name_length
 from indexing.docstore import off_loop
 from indexing.sources import is_blank
 from quarry import errors as e
@@ -97,6 +97,7 @@ def _cache(request: Request) -> AnswerCache | None:
 
 
 async def _quarry(request: Request) -> Quarry:
+    check_name_length(request.path_params.get("name", ""))  # 400 before any store is asked about it
     return await off_loop(access.service, request)  # the key's tenant's view (state reads off the loop)
 
 
@@ -406,6 +407,7 @@ async def chat_completions(
     collection = body.model.removeprefix("quarry/")
     if collection == body.model or not collection:
         raise InvalidRequest(f'model must be "quarry/<collection>", got {clip(body.model)}')
+    check_name_length(collection)
     access.check_collection(request, collection)
     q = await off_loop(q.for_collection, collection)  # a shared collection: scoped to the key's tenant
     users = [m.text() for m in body.messages if m.role == "user"]

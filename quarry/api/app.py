@@ -25,7 +25,7 @@ from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
-from indexing.collections import CollectionConfig
+from indexing.collections import CollectionConfig, check_name_length
 from indexing.docstore import off_loop
 from indexing.schedule import ReindexScheduler
 from indexing.sources import SourceDocument, parse_document
@@ -71,7 +71,11 @@ async def get_quarry(request: Request) -> Quarry:
     """FastAPI dependency: the shared service as the key's tenant sees it.
 
     On the event loop from the state's caches; in a thread when it must read (``off_loop``).
+
+    Raises:
+        InvalidRequest: The ``{name}`` is longer than any collection's (before any store is asked).
     """
+    check_name_length(request.path_params.get("name", ""))
     return await off_loop(access.service, request)
 
 
