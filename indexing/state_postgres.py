@@ -23,6 +23,7 @@ import re
 import socket
 import threading
 import time
+import uuid
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -89,7 +90,8 @@ class PostgresState(SqlCollections, SqlAdmin, WriteLocks):
             pool_timeout=timeout_s, pool_reset_on_return="rollback",
         )
         self._setup(engine, timeout_s, pool_size, inline=False)
-        self._listened = 0  # notifications seen
+        self._listened = 0  # notifications of other processes seen
+        self._me = uuid.uuid4().hex
         self._listening = False
         self._stop = threading.Event()
         self._listener: threading.Thread | None = None
@@ -123,7 +125,8 @@ class PostgresState(SqlCollections, SqlAdmin, WriteLocks):
         return conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
 
     def _notify(self, conn: sa.Connection) -> None:
-        conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
+        # the payload names this process's store: its own listener skips it (_changed() counted it at once)
+        conn.execute(sa.text("SELECT pg_notify(:channel, :me)"), {"channel": CHANNEL, "me": self._me})
 
     def _abort(self, dbapi_connection: Any) -> None:
         """Shut the late call's socket down: its thread's wait returns, the pool discards the connection."""
@@ -149,8 +152,9 @@ class PostgresState(SqlCollections, SqlAdmin, WriteLocks):
                     self._listened += 1  # whatever was missed while not listening
                     self._listening = True
                     while not self._stop.is_set():
-                        for _ in conn.notifies(timeout=LISTEN_CHECK_S):
-                            self._listened += 1
+                        for note in conn.notifies(timeout=LISTEN_CHECK_S):
+                            if note.payload != self._me:
+                                self._listened += 1
                         with self._calls.guard(conn):
                             conn.execute("SELECT 1")
             except (psycopg.Error, StateStoreUnavailable, OSError) as exc:
