@@ -116,7 +116,7 @@ def known() -> int:
     return int(head)
 
 
-_LINE_COMMENT = re.compile(r"^--[^\n]*$", re.MULTILINE)
+_LINE_COMMENT = re.compile(r"^--[^\n]*", re.MULTILINE)
 
 
 def steps(dialect: str, now: float) -> list[Step]:

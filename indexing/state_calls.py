@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from typing import Any, ParamSpec, TypeVar
 
+from sqlalchemy import exc as sa_exc
+
 from quarry.errors import StateStoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -134,6 +136,8 @@ class Deadlines:
         """
         if getattr(_local, "call", None) is not None:
             return fn(*args, **kwargs)
+        if self._closed:
+            raise sa_exc.ResourceClosedError(f"the state store {self._location} is closed")
         if caching_only():
             raise CacheMiss(getattr(fn, "__name__", "call"))
         self._on_loop(fn)
@@ -154,6 +158,8 @@ class Deadlines:
 
     def submit(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         """``fn(...)`` on the pool: a future that holds its outcome, or ``StateStoreUnavailable`` at the deadline."""
+        if self._closed:
+            raise sa_exc.ResourceClosedError(f"the state store {self._location} is closed")
         call = self._arm()
         self._pool.submit(self._run, call, fn, args, kwargs)
         return call.future
