@@ -184,8 +184,9 @@ async def readyz(request: Request, response: Response) -> dict[str, Any]:
     """Readiness for search, and each dependency's state in ``dependencies``.
 
     Not ready (503): starting; the state store (where every search reads its chunk texts) does
-    not answer within 2 s or its deadline (``state store unavailable``, with the reason); the vector store failed with another error than an outage (``store error``); a
-    collection whose BM25 index can be neither loaded nor rebuilt (``collection error``).
+    not answer within 2 s or its deadline (``state store unavailable``, with the reason); the
+    vector store failed with another error than an outage (``store error``); a collection whose
+    BM25 index can be neither loaded nor rebuilt (``collection error``).
 
     Ready but ``degraded`` (200), with what is skipped in ``degraded``: the vector store cannot
     be reached (hybrid search answers from BM25 and says so; every replica shares the store, so
