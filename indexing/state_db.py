@@ -157,11 +157,14 @@ class SqlBase:
         with self._errors():
             conn = self._engine.raw_connection()
             try:
-                cursor = conn.cursor()
-                cursor.execute(sql, args)
-                rows = list(cursor.fetchall())
-                cursor.close()
-                conn.commit()  # PostgreSQL: ends the statement's transaction; SQLite: none was begun
+                self._autocommit(conn, True)  # one statement, its own snapshot: no BEGIN/COMMIT round trips
+                try:
+                    cursor = conn.cursor()
+                    cursor.execute(sql, args)
+                    rows = list(cursor.fetchall())
+                    cursor.close()
+                finally:
+                    self._autocommit(conn, False)
             except driver.OperationalError as exc:
                 conn.invalidate()
                 raise self._unavailable(exc) from exc
@@ -170,6 +173,9 @@ class SqlBase:
             finally:
                 conn.close()
         return rows
+
+    def _autocommit(self, conn: Any, on: bool) -> None:
+        """Set a pooled DBAPI connection's autocommit (PostgreSQL; SQLite's connections always are)."""
 
     def _begin_read(self, conn: sa.Connection) -> sa.Connection:
         return conn

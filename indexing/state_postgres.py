@@ -124,6 +124,9 @@ class PostgresState(SqlCollections, SqlAdmin, WriteLocks):
     def _begin_read(self, conn: sa.Connection) -> sa.Connection:
         return conn.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
 
+    def _autocommit(self, conn: Any, on: bool) -> None:
+        conn.driver_connection.autocommit = on  # idle: psycopg sets it without a round trip
+
     def _notify(self, conn: sa.Connection) -> None:
         # the payload names this process's store: its own listener skips it (_changed() counted it at once)
         conn.execute(sa.text("SELECT pg_notify(:channel, :me)"), {"channel": CHANNEL, "me": self._me})
