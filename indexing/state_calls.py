@@ -73,10 +73,11 @@ async def off_loop(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
 class _Call:
     """One call's deadline, outcome and the connection it holds (to abort)."""
 
-    __slots__ = ("deadline", "future", "handle", "finished", "expired", "lock")
+    __slots__ = ("timeout_s", "deadline", "future", "handle", "finished", "expired", "lock")
 
-    def __init__(self, deadline: float) -> None:
-        self.deadline = deadline
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
         self.future: Future[Any] = Future()
         self.handle: Any = None
         self.finished = False
@@ -111,15 +112,15 @@ class Deadlines:
         self._watchdog.start()
         self._warned: set[str] = set()
 
-    def _late(self) -> StateStoreUnavailable:
+    def _late(self, timeout_s: float | None = None) -> StateStoreUnavailable:
+        waited = self.timeout_s if timeout_s is None else timeout_s
         return StateStoreUnavailable(
-            f"the state store {self._location} did not answer within {self.timeout_s:g} s "
-            "(QUARRY_DOCSTORE__TIMEOUT_S)",
+            f"the state store {self._location} did not answer within {waited:g} s (QUARRY_DOCSTORE__TIMEOUT_S)",
             retry_after_s=max(1.0, self.timeout_s),
         )
 
     def _arm(self, timeout_s: float | None = None) -> _Call:
-        call = _Call(time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s))
+        call = _Call(self.timeout_s if timeout_s is None else timeout_s)
         with self._cv:
             first = not self._heap or call.deadline < self._heap[0][0]
             heapq.heappush(self._heap, (call.deadline, next(self._order), call))
@@ -134,6 +135,15 @@ class Deadlines:
             StateStoreUnavailable: No answer within ``timeout_s``.
             CacheMiss: Inside :func:`cache_only`.
         """
+        return self.call_within(self.timeout_s, fn, *args, **kwargs)
+
+    def call_within(self, timeout_s: float, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """:meth:`call` with a deadline of its own (a bulk read of a whole collection's rows).
+
+        Raises:
+            StateStoreUnavailable: No answer within ``timeout_s``.
+            CacheMiss: Inside :func:`cache_only`.
+        """
         if getattr(_local, "call", None) is not None:
             return fn(*args, **kwargs)
         if self._closed:
@@ -142,14 +152,14 @@ class Deadlines:
             raise CacheMiss(getattr(fn, "__name__", "call"))
         self._on_loop(fn)
         if not self._inline:
-            return self.submit(fn, *args, **kwargs).result()
-        call = self._arm()
+            return self._submit(timeout_s, fn, args, kwargs).result()
+        call = self._arm(timeout_s)
         _local.call = call
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
             if call.expired:
-                raise self._late() from exc
+                raise self._late(timeout_s) from exc
             raise
         finally:
             _local.call = None
@@ -158,9 +168,12 @@ class Deadlines:
 
     def submit(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         """``fn(...)`` on the pool: a future that holds its outcome, or ``StateStoreUnavailable`` at the deadline."""
+        return self._submit(self.timeout_s, fn, args, kwargs)
+
+    def _submit(self, timeout_s: float, fn: Callable[..., T], args: Any, kwargs: Any) -> Future[T]:
         if self._closed:
             raise sa_exc.ResourceClosedError(f"the state store {self._location} is closed")
-        call = self._arm()
+        call = self._arm(timeout_s)
         self._pool.submit(self._run, call, fn, args, kwargs)
         return call.future
 
@@ -195,7 +208,7 @@ class Deadlines:
             yield
         except Exception as exc:
             if call.expired:
-                raise self._late() from exc
+                raise self._late(call.timeout_s) from exc
             raise
         finally:
             with call.lock:
@@ -240,7 +253,7 @@ class Deadlines:
             call.expired = True
             handle = call.handle
         with contextlib.suppress(InvalidStateError):
-            call.future.set_exception(self._late())
+            call.future.set_exception(self._late(call.timeout_s))
         if handle is not None:
             try:
                 self._abort(handle)

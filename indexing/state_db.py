@@ -47,6 +47,19 @@ def timed(fn: Callable[Concatenate[S, P], T]) -> Callable[Concatenate[S, P], T]:
     return cast(Callable[Concatenate[S, P], T], run)
 
 
+BULK_TIMEOUT_S = 600.0  # a read or delete of a whole collection's rows (millions of chunks): a stall still ends
+
+
+def timed_bulk(fn: Callable[Concatenate[S, P], T]) -> Callable[Concatenate[S, P], T]:
+    """:func:`timed` with the deadline of :data:`BULK_TIMEOUT_S` (or the setting's, if longer)."""
+
+    @functools.wraps(fn)
+    def run(self: S, *args: P.args, **kwargs: P.kwargs) -> T:
+        return self._calls.call_within(max(BULK_TIMEOUT_S, self.timeout_s), fn, self, *args, **kwargs)
+
+    return cast(Callable[Concatenate[S, P], T], run)
+
+
 def cached(kind: str) -> Callable[[Callable[[S, str], T]], Callable[[S, str], T]]:
     """Answer ``fn(self, name)`` from the cache while the change token is unchanged (see the module doc)."""
 

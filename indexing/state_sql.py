@@ -23,7 +23,7 @@ from sqlalchemy.sql.functions import FunctionElement
 
 from indexing.docstore import Change, CollectionState, StoredChunk, StoredDocument, chunking_id_of
 from indexing.schema import change_log, chunks, collection_versions, collections, documents, pending_deletes
-from indexing.state_db import SqlBase, cached, loads, rendered, timed
+from indexing.state_db import SqlBase, cached, loads, rendered, timed, timed_bulk
 from quarry.errors import CollectionNotFound
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -247,7 +247,7 @@ class SqlCollections(SqlBase):
         with self._write() as conn:
             conn.execute(_UPSERT_COLLECTION, {**self._key(name), "config": json.dumps(config), "at": time.time()})
 
-    @timed
+    @timed_bulk
     def drop_collection(self, name: str) -> None:
         """Delete a collection with its documents, chunks, change log and versions (jobs stay)."""
         with self._write() as conn:
@@ -341,7 +341,7 @@ class SqlCollections(SqlBase):
             return {r[0]: StoredChunk(r[0], r[1], r[2], r[3], loads(r[5]), _payload(r[4])) for r in rows}
         return {r[0]: StoredChunk(r[0], r[1], r[2], r[3], [], _payload(r[4])) for r in rows}
 
-    @timed
+    @timed_bulk
     def bm25_rows(
         self, name: str, *, chunking: str | None = None
     ) -> tuple[int, list[tuple[str, str, list[str], dict[str, Any]]]]:
@@ -356,7 +356,7 @@ class SqlCollections(SqlBase):
             rows = conn.execute(query.order_by(self.chunk_order), key).all()
         return (0 if seq is None else int(seq)), [(r[0], r[1], loads(r[2]), _payload(r[3])) for r in rows]
 
-    @timed
+    @timed_bulk
     def bm25_chunk_ids(self, name: str, *, chunking: str | None = None) -> tuple[int, list[str]]:
         """``(seq, chunk ids)`` of the chunks with BM25 tokens, in insertion order, one snapshot.
 
@@ -413,7 +413,7 @@ class SqlCollections(SqlBase):
             _many(conn, _DEL_CHUNKS_OF, [{"cid": cid, "chunking": chunking, "id": d} for d in document_ids])
             _many(conn, _INSERT_CHUNK, [_chunk_row(cid, chunking, c) for c in chunks])
 
-    @timed
+    @timed_bulk
     def drop_chunking(self, name: str, chunking: str) -> int:
         """Delete every chunk of ``chunking`` (a version's, once no version uses it); returns the rows deleted."""
         with self._write(notify=False) as conn:
