@@ -394,7 +394,6 @@ class SqlCollections(SqlBase):
             n_chunks = conn.execute(_COUNT_CHUNKS, key).scalar()
         return int(docs or 0), int(n_chunks or 0)
 
-    @timed
     def replace_chunks(
         self, name: str, chunking: str, document_ids: Sequence[str], chunks: Sequence[StoredChunk]
     ) -> None:
@@ -406,6 +405,13 @@ class SqlCollections(SqlBase):
         Raises:
             CollectionNotFound: No such collection.
         """
+        rows = len(document_ids) + len(chunks)
+        deadline_s = self.timeout_s + rows / 1000  # 1 s more per 1,000 rows
+        self._calls.call_within(deadline_s, self._replace_chunks, name, chunking, document_ids, chunks)
+
+    def _replace_chunks(
+        self, name: str, chunking: str, document_ids: Sequence[str], chunks: Sequence[StoredChunk]
+    ) -> None:
         with self._write(notify=False) as conn:
             cid = conn.execute(_COLLECTION_ID, self._key(name)).scalar()
             if cid is None:
@@ -421,7 +427,6 @@ class SqlCollections(SqlBase):
             return int(result.rowcount)
 
     # --- the write path ------------------------------------------------------------------
-    @timed
     def write_batch(
         self,
         name: str,
@@ -459,6 +464,22 @@ class SqlCollections(SqlBase):
             CollectionNotFound: The collection does not exist (dropped meanwhile): nothing written.
             StateStoreUnavailable: The database is locked past the deadline, or unreachable.
         """
+        rows = len(documents) + len(chunks) + len(deleted_chunk_ids) + len(deleted_document_ids) + len(pending)
+        return self._calls.call_within(  # the deadline grows with the batch: 1 s more per 1,000 rows
+            self.timeout_s + rows / 1000, self._write_batch, name, documents, chunks, deleted_chunk_ids,
+            deleted_document_ids, config, pending,
+        )
+
+    def _write_batch(
+        self,
+        name: str,
+        documents: Sequence[StoredDocument | tuple[str, str]],
+        chunks: Sequence[StoredChunk],
+        deleted_chunk_ids: Sequence[str],
+        deleted_document_ids: Sequence[str],
+        config: dict[str, Any] | None,
+        pending: Sequence[str],
+    ) -> int:
         docs = [d if isinstance(d, StoredDocument) else StoredDocument(d[0], d[1]) for d in documents]
         now = time.time()
         with self._write() as conn:
