@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import operator
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -254,6 +255,44 @@ def rendered(statement: sa.Executable, dialect: sa.Dialect) -> tuple[str, tuple[
         fixed = {name: b.value for name, b in compiled.binds.items() if not b.required}
         found = RENDERED[key] = (compiled.string, order, fixed)
     return found
+
+
+def first(conn: sa.Connection, statement: sa.Executable, params: dict[str, Any]) -> Any:
+    """The first row of ``statement`` (all of them read: a ``RETURNING`` statement must finish), or ``None``.
+
+    Rendered once per dialect and run with ``exec_driver_sql``, as :func:`many`: the write path's
+    per-statement cost.
+    """
+    sql, order, fixed = rendered(statement, conn.dialect)
+    values = {**fixed, **params}
+    rows = conn.exec_driver_sql(sql, values if order is None else tuple(values[k] for k in order)).all()
+    return rows[0] if rows else None
+
+
+def many(conn: sa.Connection, statement: sa.Executable, rows: list[dict[str, Any]]) -> None:
+    """Execute ``statement`` once per row (the driver's ``executemany``), nothing for no rows.
+
+    The statement is rendered once per dialect by SQLAlchemy's compiler and run with
+    ``exec_driver_sql``: SQLAlchemy's per-row parameter processing cost ~7 µs a row, twice what
+    the database took for a batch of 64 documents on SQLite. The values are plain ``str``,
+    ``int``, ``float`` or ``None``: no type needs a bind processor.
+    """
+    if not rows:
+        return
+    sql, order, fixed = rendered(statement, conn.dialect)
+    if fixed:
+        for row in rows:
+            row.update(fixed)
+    params: list[Any] = rows if order is None else list(map(_getter(order), rows))
+    conn.exec_driver_sql(sql, params)
+
+
+@functools.cache
+def _getter(order: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """A row's values in ``order`` (C ``itemgetter``: a batch has ~1,000 rows)."""
+    if len(order) == 1:
+        return lambda row: (row[order[0]],)
+    return operator.itemgetter(*order)
 
 
 def loads(text: str | bytes) -> Any:

@@ -7,23 +7,20 @@ for the dialect and caches its compiled form; ``IN`` lists are expanding paramet
 
 from __future__ import annotations
 
-import functools
 import json
-import operator
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import orjson
 import sqlalchemy as sa
 from sqlalchemy import bindparam as bp
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql.functions import FunctionElement
 
 from indexing.docstore import Change, CollectionState, StoredChunk, StoredDocument, chunking_id_of
 from indexing.schema import change_log, chunks, collection_versions, collections, documents, pending_deletes
-from indexing.state_db import SqlBase, cached, loads, rendered, timed, timed_bulk
+from indexing.state_db import SqlBase, cached, first, loads, many, timed, timed_bulk
+from indexing.state_dialect import json_id, json_in
 from quarry.errors import CollectionNotFound
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -65,48 +62,6 @@ def _batches(items: list[str], size: int = _BATCH) -> Iterator[list[str]]:
 _C, _D, _K, _P, _L, _V = collections.c, documents.c, chunks.c, pending_deletes.c, change_log.c, collection_versions.c
 _NAMED = sa.and_(_C.tenant_id == bp("tenant"), _C.name == bp("cname"))
 CID = sa.select(_C.id).where(_NAMED).scalar_subquery()  # the collection's id from (tenant, name)
-
-
-class json_id(FunctionElement[str]):  # noqa: N801 - an SQL function's name
-    """``"id"`` of a JSON text column, as text (SQLite ``json_extract``, PostgreSQL ``->>``)."""
-
-    type = sa.Text()
-    inherit_cache = True
-
-
-@compiles(json_id, "sqlite")
-def _json_id_sqlite(element: json_id, compiler: Any, **kw: Any) -> str:
-    return f"json_extract({compiler.process(element.clauses, **kw)}, '$.id')"
-
-
-@compiles(json_id, "postgresql")
-def _json_id_postgres(element: json_id, compiler: Any, **kw: Any) -> str:
-    return f"(CAST({compiler.process(element.clauses, **kw)} AS json) ->> 'id')"
-
-
-class json_in(FunctionElement[Any]):  # noqa: N801 - an SQL function's name
-    """``column IN (the strings of a JSON array bound as one text parameter)``.
-
-    One parameter whatever the list's length: SQLAlchemy's expanding ``IN`` re-renders the
-    statement for every call (~60 µs of a ~100 µs search-page read on SQLite).
-    """
-
-    type = sa.types.NullType()  # not Boolean: SQLite would compare it "= 1" and lose the index
-    inherit_cache = True
-
-
-@compiles(json_in, "sqlite")
-def _json_in_sqlite(element: json_in, compiler: Any, **kw: Any) -> str:
-    column, values = (compiler.process(c, **kw) for c in element.clauses)
-    return f"{column} IN (SELECT value FROM json_each({values}))"
-
-
-@compiles(json_in, "postgresql")
-def _json_in_postgres(element: json_in, compiler: Any, **kw: Any) -> str:
-    column, values = (compiler.process(c, **kw) for c in element.clauses)
-    # = ANY(ARRAY(...)): an init plan, so the primary key's index takes the list (IN (SELECT ...) was a
-    # hash semi-join over every chunk of the collection)
-    return f"{column} = ANY(ARRAY(SELECT json_array_elements_text(CAST({values} AS json))))"
 
 
 _IDS = bp("ids", type_=sa.Text())
@@ -208,7 +163,7 @@ class SqlCollections(SqlBase):
         """``chunking``, or (``None``) the chunking id of the collection's live version, in ``conn``'s snapshot."""
         if chunking is not None:
             return chunking
-        row = _first(conn, _LIVE_CHUNKING, self._key(name))
+        row = first(conn, _LIVE_CHUNKING, self._key(name))
         raw = None if row is None else row[0]
         return "" if raw is None else chunking_id_of(loads(raw or "{}"))
 
@@ -416,8 +371,8 @@ class SqlCollections(SqlBase):
             cid = conn.execute(_COLLECTION_ID, self._key(name)).scalar()
             if cid is None:
                 raise CollectionNotFound(name)
-            _many(conn, _DEL_CHUNKS_OF, [{"cid": cid, "chunking": chunking, "id": d} for d in document_ids])
-            _many(conn, _INSERT_CHUNK, [_chunk_row(cid, chunking, c) for c in chunks])
+            many(conn, _DEL_CHUNKS_OF, [{"cid": cid, "chunking": chunking, "id": d} for d in document_ids])
+            many(conn, _INSERT_CHUNK, [_chunk_row(cid, chunking, c) for c in chunks])
 
     @timed_bulk
     def drop_chunking(self, name: str, chunking: str) -> int:
@@ -483,22 +438,22 @@ class SqlCollections(SqlBase):
         docs = [d if isinstance(d, StoredDocument) else StoredDocument(d[0], d[1]) for d in documents]
         now = time.time()
         with self._write() as conn:
-            row = _first(conn, _NEXT_SEQ, self._key(name))
+            row = first(conn, _NEXT_SEQ, self._key(name))
             if row is None:
                 raise CollectionNotFound(name)
             cid, seq, tenant = int(row[0]), int(row[1]), row[2]
             chunking = self._chunking(conn, name, None)  # the live version's (a reindex replays into its own)
-            _many(conn, _ADD_PENDING, [{"cid": cid, "id": c} for c in pending])
-            _many(conn, _DEL_PENDING, [{"cid": cid, "id": c.chunk_id} for c in chunks])
-            _many(conn, _UPSERT_DOCUMENT, [_document_row(cid, tenant, seq, d) for d in docs])
+            many(conn, _ADD_PENDING, [{"cid": cid, "id": c} for c in pending])
+            many(conn, _DEL_PENDING, [{"cid": cid, "id": c.chunk_id} for c in chunks])
+            many(conn, _UPSERT_DOCUMENT, [_document_row(cid, tenant, seq, d) for d in docs])
             gone = [*deleted_chunk_ids, *(c.chunk_id for c in chunks)]
-            _many(conn, _DEL_CHUNK, [{"cid": cid, "chunking": chunking, "id": c} for c in gone])
-            _many(conn, _DEL_CHUNKS_OF, [{"cid": cid, "chunking": chunking, "id": d} for d in deleted_document_ids])
-            _many(conn, _DEL_DOC, [{"cid": cid, "id": d} for d in deleted_document_ids])
-            _many(conn, _INSERT_CHUNK, [_chunk_row(cid, chunking, c) for c in chunks])
+            many(conn, _DEL_CHUNK, [{"cid": cid, "chunking": chunking, "id": c} for c in gone])
+            many(conn, _DEL_CHUNKS_OF, [{"cid": cid, "chunking": chunking, "id": d} for d in deleted_document_ids])
+            many(conn, _DEL_DOC, [{"cid": cid, "id": d} for d in deleted_document_ids])
+            many(conn, _INSERT_CHUNK, [_chunk_row(cid, chunking, c) for c in chunks])
             changes = [_change(cid, seq, d.document_id, "upsert", d.content_hash, now) for d in docs]
             changes += [_change(cid, seq, d, "delete", None, now) for d in deleted_document_ids]
-            _many(conn, _LOG_CHANGE, changes)
+            many(conn, _LOG_CHANGE, changes)
             if config is not None:
                 conn.execute(collections.update().where(_C.id == cid).values(config=json.dumps(config)))
         return seq
@@ -516,44 +471,6 @@ class SqlCollections(SqlBase):
                 return []
             rows = conn.execute(_LOG, {**self._key(name), "seq": seq, "last": last}).all()
         return [Change(int(r[0]), r[1], r[2], r[3], float(r[4])) for r in rows]
-
-
-def _first(conn: sa.Connection, statement: sa.Executable, params: dict[str, Any]) -> Any:
-    """The first row of ``statement`` (all of them read: a ``RETURNING`` statement must finish), or ``None``.
-
-    Rendered once per dialect and run with ``exec_driver_sql``, as :func:`_many`: the write path's
-    per-statement cost.
-    """
-    sql, order, fixed = rendered(statement, conn.dialect)
-    values = {**fixed, **params}
-    rows = conn.exec_driver_sql(sql, values if order is None else tuple(values[k] for k in order)).all()
-    return rows[0] if rows else None
-
-
-def _many(conn: sa.Connection, statement: sa.Executable, rows: list[dict[str, Any]]) -> None:
-    """Execute ``statement`` once per row (the driver's ``executemany``), nothing for no rows.
-
-    The statement is rendered once per dialect by SQLAlchemy's compiler and run with
-    ``exec_driver_sql``: SQLAlchemy's per-row parameter processing cost ~7 µs a row, twice what
-    the database took for a batch of 64 documents on SQLite. The values are plain ``str``,
-    ``int``, ``float`` or ``None``: no type needs a bind processor.
-    """
-    if not rows:
-        return
-    sql, order, fixed = rendered(statement, conn.dialect)
-    if fixed:
-        for row in rows:
-            row.update(fixed)
-    params: list[Any] = rows if order is None else list(map(_getter(order), rows))
-    conn.exec_driver_sql(sql, params)
-
-
-@functools.cache
-def _getter(order: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
-    """A row's values in ``order`` (C ``itemgetter``: a batch has ~1,000 rows)."""
-    if len(order) == 1:
-        return lambda row: (row[order[0]],)
-    return operator.itemgetter(*order)
 
 
 def _chunk_row(cid: int, chunking: str, c: StoredChunk) -> dict[str, Any]:

@@ -57,8 +57,8 @@ from quarry.api.models import (
     UpsertDocuments,
 )
 from quarry.api.observe import ObserveMiddleware
-from quarry.api.probe import StoreProbe
-from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, QuarryError, clip
+from quarry.api.probe import StoreProbe, degradations, dependencies
+from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, clip
 from quarry.ingest_jobs import IngestJobs, job_or_404, progress_of
 from quarry.ingest_upload import is_upload_type, new_job_id, spool, upload_options
 from quarry.service import Quarry
@@ -199,7 +199,7 @@ async def readyz(request: Request, response: Response) -> dict[str, Any]:
         response.status_code = 503
         return {"status": "starting"}
     service: Quarry = request.app.state.quarry
-    deps = await _dependencies(request, service)
+    deps = await dependencies(request.app.state, service)
     if service.bm25.failures:
         response.status_code = 503
         return {"status": "collection error", "collections": dict(service.bm25.failures), "dependencies": deps}
@@ -212,49 +212,10 @@ async def readyz(request: Request, response: Response) -> dict[str, Any]:
         response.status_code = 503
         return {"status": "store error", "message": store.get("message"), "dependencies": deps}
     ready: dict[str, Any] = {"status": "ready", "embedding_model": service.embedder.model_id, "dependencies": deps}
-    down = [name for name in _DEGRADED if deps[name]["status"] == "unavailable"]
-    degraded = [f"{_DEGRADED[name]}: {deps[name]['message']}" for name in down]
+    degraded = degradations(deps)
     if degraded:
         ready["status"], ready["degraded"] = "degraded", degraded
     return ready
-
-
-_DEGRADED = {  # a dependency that is unavailable -> what search and answers do meanwhile
-    "vector_store": "vector store unavailable, BM25 only",
-    "embedder": "query model unavailable, BM25 only",
-    "llm": "LLM unavailable: answers carry the retrieved sources without generated text",
-}
-
-
-async def _dependencies(request: Request, service: Quarry) -> dict[str, dict[str, str]]:
-    """Each dependency's state: ``{"status": "ok" | "unavailable" | "error" | "off", "message": ...}``."""
-    deps: dict[str, dict[str, str]] = {}
-    outage = service.searcher.store_outage
-    try:
-        if outage is None:
-            outage = await request.app.state.store_probe()
-        deps["vector_store"] = _dep(outage)
-    except QuarryError as exc:
-        deps["vector_store"] = {"status": "error", "message": exc.message}
-    try:
-        deps["state_store"] = _dep(await request.app.state.state_probe())
-    except QuarryError as exc:
-        deps["state_store"] = {"status": "unavailable", "message": exc.message}
-    deps["embedder"] = _dep(service.searcher.embed_outage)
-    generator = getattr(request.app.state, "generator", None)
-    probe = getattr(generator, "probe", None)
-    deps["llm"] = {"status": "off", "message": "no LLM configured (QUARRY_LLM__URL)"} if probe is None else _dep(
-        await probe()
-    )
-    deps["reranker"] = (
-        {"status": "off", "message": "no reranker configured (QUARRY_RERANK__MODEL)"}
-        if service.reranker is None else {"status": "ok", "message": service.reranker.model_id}
-    )
-    return deps
-
-
-def _dep(outage: QuarryError | None) -> dict[str, str]:
-    return {"status": "ok"} if outage is None else {"status": "unavailable", "message": outage.message}
 
 
 @router.get("/metrics", tags=["ops"], include_in_schema=False)
