@@ -8,6 +8,7 @@ takes one, and the state store is not asked.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from indexing.docstore import open_docstore
 from quarry.api import create_app
 from quarry.service import Quarry
 from quarry.settings import Settings
@@ -87,3 +89,37 @@ def test_a_chat_model_naming_a_250_character_collection_is_a_400(served: tuple[T
     body = {"model": "quarry/" + "a" * 250, "messages": [{"role": "user", "content": "words?"}]}
     r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 400 and r.json()["error"]["type"] == "InvalidRequest", r.text
+
+
+def test_no_state_call_waits_on_the_event_loop(
+    served: tuple[TestClient, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Searches, answers, chat and the open server's key check read the state off the loop (or from its caches)."""
+    client, data = served
+    assert client.post("/v1/collections", json={"name": "loopy"}).status_code == 201
+    doc = {"documents": [{"id": "a", "text": "giraffes browse acacia leaves"}]}
+    assert client.post("/v1/collections/loopy/documents", json=doc).status_code == 200
+    caplog.set_level("WARNING", logger="indexing.state_calls")
+    for _ in range(2):  # after a commit (cache misses), then from the caches
+        for mode in ("bm25", "dense", "hybrid"):
+            r = client.post("/v1/collections/loopy/search", json={"query": "giraffes", "mode": mode})
+            assert r.status_code == 200 and r.json()["hits"], r.text
+        assert client.post("/v1/collections/loopy/answer", json={"query": "what do giraffes eat?"}).status_code == 200
+        chat = {"model": "quarry/loopy", "messages": [{"role": "user", "content": "giraffes?"}]}
+        assert client.post("/v1/chat/completions", json=chat).status_code == 200
+        assert client.get("/readyz").status_code == 200
+        doc = {"documents": [{"id": "b", "text": "acacia trees grow on the savanna"}]}
+        assert client.post("/v1/collections/loopy/documents", json=doc).status_code == 200
+    on_loop = [r.getMessage() for r in caplog.records if "waits on the event loop" in r.getMessage()]
+    assert on_loop == []
+    # the detector itself: a state call made on a running loop is reported
+    state = open_docstore("", data)
+
+    async def on_the_loop() -> None:
+        state.list_tenants()
+
+    try:
+        asyncio.run(on_the_loop())
+    finally:
+        state.close()
+    assert any("list_tenants waits on the event loop" in r.getMessage() for r in caplog.records)
