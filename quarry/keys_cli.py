@@ -28,7 +28,7 @@ def _state() -> StateStore:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     return open_docstore(
         settings.docstore.url, settings.data_dir,
-        pool_size=2, connect_timeout_s=settings.docstore.connect_timeout_s,
+        pool_size=2, connect_timeout_s=settings.docstore.connect_timeout_s, timeout_s=settings.docstore.timeout_s,
     )
 
 

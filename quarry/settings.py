@@ -56,13 +56,19 @@ class DocstoreSettings(BaseModel):
         url: ``""`` (default): SQLite at ``<data_dir>/docstore.sqlite``, for one process;
             ``sqlite:///abs/path.sqlite``; ``postgresql://user:pass@host:5432/db`` to share it
             between processes and hosts (API replicas, several workers).
-        pool_size: Most connections a process holds to a PostgreSQL docstore.
-        connect_timeout_s: Longest wait for a PostgreSQL connection before ``StoreUnavailable``.
+            ``?schema=name`` puts the tables in that schema (created if missing).
+        pool_size: Most connections a process holds to the docstore (and threads that run its calls).
+        connect_timeout_s: Longest wait for the first PostgreSQL connection at startup before
+            ``StateStoreUnavailable``.
+        timeout_s: Every call's deadline, in seconds (pool checkout, connect and query together):
+            past it the call fails with ``StateStoreUnavailable`` (HTTP 503, ``Retry-After``) and
+            its connection is discarded. SQLite's busy timeout is the same.
     """
 
     url: str = ""
     pool_size: int = Field(8, ge=1, le=256)
     connect_timeout_s: float = Field(10.0, gt=0)
+    timeout_s: float = Field(5.0, gt=0, le=300)
 
 
 class EmbeddingSettings(BaseModel):

@@ -51,7 +51,7 @@ from limits.storage import MemoryStorage, Storage, storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 from starlette.datastructures import Headers
 
-from indexing.docstore import AuditEntry, StateStore
+from indexing.docstore import AuditEntry, StateStore, off_loop
 from quarry.api import pacing
 from quarry.api.keys import OPEN, CheckSlots, KeyVerifier, Principal
 from quarry.errors import ConfigError, Forbidden, Overloaded, RateLimited, Unauthenticated, clip
@@ -326,17 +326,17 @@ class Access:
         """Whether a request must carry a key: forced by settings, or some key (even revoked) exists.
 
         Once true it stays true for this process (keys are never deleted, only revoked). While
-        none exists the docstore is asked again only after a commit, where it has a change token
-        (:class:`~quarry.api.keys.KeyVerifier` explains it): a key created by the CLI counts on the
-        next request.
+        none exists the state is asked again only after a commit (its change token moved): a key
+        created by the CLI or another replica counts on the next request. On an event loop call
+        it inside :func:`~indexing.docstore.cache_only` (it raises ``CacheMiss`` when it would
+        have to read).
         """
         if self.settings.required or self._keys_exist:
             return True
-        change_token = getattr(self.state, "change_token", None)
-        token = None if change_token is None else int(change_token())
+        token = self.state.change_token()
         if token is not None and token == self._no_keys_at:
             return False
-        self._keys_exist = bool(self.state.list_api_keys())
+        self._keys_exist = self.state.any_api_key()
         self._no_keys_at = None if self._keys_exist else token
         return self._keys_exist
 
@@ -375,7 +375,7 @@ class Access:
             Unauthenticated: See :meth:`principal`.
             RateLimited: See :meth:`~quarry.api.keys.KeyVerifier.verify`.
         """
-        if not self.keys_required():
+        if not await off_loop(self.keys_required):  # a read only after a commit, and then in a thread
             return OPEN
         key = _presented_key(request)
         if key is None:

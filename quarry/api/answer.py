@@ -38,7 +38,8 @@ from generation.base import GenerationParams, Generator
 from generation.cache import AnswerCache, open_cache
 from generation.factory import open_generator
 from generation.prompt import Candidate, Prompt, approx_tokens, build_prompt
-from indexing.collections import CollectionConfig
+from indexing.collections import CollectionConfig, check_name_length
+from indexing.docstore import off_loop
 from indexing.sources import is_blank
 from quarry import errors as e
 from quarry import metrics
@@ -99,7 +100,8 @@ def _cache(request: Request) -> AnswerCache | None:
 
 
 async def _quarry(request: Request) -> Quarry:
-    return access.service(request)  # the key's tenant's view
+    check_name_length(request.path_params.get("name", ""))  # 400 before any store is asked about it
+    return await off_loop(access.service, request)  # the key's tenant's view (state reads off the loop)
 
 
 # What retrieval can raise (as search) and what the LLM can (with ``require_answer``).
@@ -167,7 +169,7 @@ async def _events(  # noqa: PLR0913 - the request and its dependencies
     cfg: LLMSettings = q.settings.llm
     if body.require_answer:
         _check_available(generator)
-    collection = q.get_collection(name)
+    collection = await off_loop(q.get_collection, name)
     budget = body.context_tokens or cfg.context_tokens
     params = GenerationParams(
         max_tokens=body.max_tokens or cfg.max_tokens,
@@ -238,7 +240,7 @@ async def _cache_plan(  # noqa: PLR0913 - the request's parts
     query_ok = query_ok and edge.is_text(body.query)
     if cache is None or generator is None or not query_ok or not (read or store):
         return answer_cache.Plan("bypass")
-    key = answer_cache.cache_key(q, collection, body, generator, params, budget)
+    key = await off_loop(answer_cache.cache_key, q, collection, body, generator, params, budget)
     return await answer_cache.lookup(q, cache, key, body.query, collection.language, read=read)
 
 
@@ -416,7 +418,7 @@ async def chat_completions(
         raise InvalidRequest(f'model must be "quarry/<collection>", got {clip(body.model)}')
     edge.name(collection, "collection name of the model")
     access.check_collection(request, collection)
-    q = q.for_collection(collection)  # a shared collection: scoped to the key's tenant
+    q = await off_loop(q.for_collection, collection)  # a shared collection: scoped to the key's tenant
     users = [m.text() for m in body.messages if m.role == "user"]
     if not users or is_blank(users[-1]):
         raise InvalidRequest("no user message to answer")

@@ -25,8 +25,8 @@ from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
-from indexing.collections import CollectionConfig
-from indexing.docstore import DEFAULT_TENANT
+from indexing.collections import CollectionConfig, check_name_length
+from indexing.docstore import DEFAULT_TENANT, off_loop
 from indexing.schedule import ReindexScheduler
 from indexing.sources import SourceDocument, parse_document
 from quarry import errors as e
@@ -57,8 +57,8 @@ from quarry.api.models import (
     UpsertDocuments,
 )
 from quarry.api.observe import ObserveMiddleware
-from quarry.api.probe import StoreProbe
-from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, QuarryError, clip
+from quarry.api.probe import StoreProbe, degradations, dependencies
+from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, clip
 from quarry.ingest_jobs import IngestJobs, job_or_404, progress_of
 from quarry.ingest_upload import is_upload_type, new_job_id, spool, upload_options
 from quarry.service import Quarry
@@ -68,8 +68,15 @@ log = logging.getLogger(__name__)
 
 
 async def get_quarry(request: Request) -> Quarry:
-    """FastAPI dependency: the shared service as the key's tenant sees it (async: no thread hop)."""
-    return access.service(request)
+    """FastAPI dependency: the shared service as the key's tenant sees it.
+
+    On the event loop from the state's caches; in a thread when it must read (``off_loop``).
+
+    Raises:
+        InvalidRequest: The ``{name}`` is longer than any collection's (before any store is asked).
+    """
+    check_name_length(request.path_params.get("name", ""))
+    return await off_loop(access.service, request)
 
 
 Service = Annotated[Quarry, Depends(get_quarry)]
@@ -101,6 +108,9 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
         traced = tracing.configure(service.settings.tracing)
         app.state.access = Access(service.docstore, service.settings.auth)
         app.state.store_probe = StoreProbe(service.store.list_collections)
+        app.state.state_probe = StoreProbe(
+            service.docstore.healthy, timeout_s=min(2.0, service.docstore.timeout_s), what="the state store"
+        )
         try:
             await run_in_threadpool(service.warm_up)
         except EmbeddingUnavailable as exc:  # serve BM25 meanwhile; dense retries per request
@@ -123,6 +133,7 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
             service.bm25.on_swap = previous_hook
             heap.release()
             app.state.store_probe.close()
+            app.state.state_probe.close()
             if traced:
                 tracing.shutdown()
             if not isinstance(quarry, Quarry):
@@ -169,38 +180,46 @@ async def healthz() -> dict[str, str]:
     responses={
         503: {
             "model": ReadyOut,
-            "description": "Starting, the vector store failed (not an outage), or a collection cannot serve.",
+            "description": "Starting, the state store or the vector store failed (not an outage of the latter), "
+            "or a collection cannot serve.",
         }
     },
 )
 async def readyz(request: Request, response: Response) -> dict[str, Any]:
-    """Readiness: the model is loaded and queries can be answered.
+    """Readiness for search, and each dependency's state in ``dependencies``.
 
-    A vector store that cannot be reached leaves the server ready but ``degraded`` (200), as a
-    remote embedder that is down does: hybrid search still answers from BM25 and says so, and
-    every replica shares the store, so taking them all out of rotation would turn degraded
-    answers into none. While searches skip the store after an outage it is not asked again here;
-    otherwise the check waits at most 2 s. Any other store error is 503, and so is a collection
-    whose BM25 index can be neither loaded nor rebuilt from the stored documents (this server cannot
-    answer that collection).
+    Not ready (503): starting; the state store (where every search reads its chunk texts) does
+    not answer within 2 s or its deadline (``state store unavailable``, with the reason); the
+    vector store failed with another error than an outage (``store error``); a collection whose
+    BM25 index can be neither loaded nor rebuilt (``collection error``).
+
+    Ready but ``degraded`` (200), with what is skipped in ``degraded``: the vector store cannot
+    be reached (hybrid search answers from BM25 and says so; every replica shares the store, so
+    taking them all out of rotation would turn degraded answers into none), the query model is
+    being skipped after an outage, or the LLM does not answer (``/answer`` and chat completions
+    then return the retrieved sources without generated text). While searches skip the vector
+    store it is not asked again here; otherwise each check waits at most 2 s (the LLM's 1 s).
     """
     if not request.app.state.ready:
         response.status_code = 503
         return {"status": "starting"}
     service: Quarry = request.app.state.quarry
+    deps = await dependencies(request.app.state, service)
     if service.bm25.failures:
         response.status_code = 503
-        return {"status": "collection error", "collections": dict(service.bm25.failures)}
-    ready = {"status": "ready", "embedding_model": service.embedder.model_id}
-    outage = service.searcher.store_outage
-    try:
-        if outage is None:
-            outage = await request.app.state.store_probe()
-    except QuarryError as exc:
+        return {"status": "collection error", "collections": dict(service.bm25.failures), "dependencies": deps}
+    state = deps["state_store"]
+    if state["status"] != "ok":
         response.status_code = 503
-        return {"status": "store error", "message": exc.message}
-    if outage is not None:
-        return {**ready, "status": "degraded", "degraded": [f"vector store unavailable, BM25 only: {outage.message}"]}
+        return {"status": "state store unavailable", "message": state.get("message"), "dependencies": deps}
+    store = deps["vector_store"]
+    if store["status"] == "error":
+        response.status_code = 503
+        return {"status": "store error", "message": store.get("message"), "dependencies": deps}
+    ready: dict[str, Any] = {"status": "ready", "embedding_model": service.embedder.model_id, "dependencies": deps}
+    degraded = degradations(deps)
+    if degraded:
+        ready["status"], ready["degraded"] = "degraded", degraded
     return ready
 
 
@@ -345,13 +364,13 @@ async def submit_ingest_job(name: str, request: Request, q: Service) -> dict[str
         job = await run_in_threadpool(
             partial(jobs.submit_upload, q, name, job_id, part, size, on_error=on_error, prune=prune)
         )
-        access.audit(request, "ingest.submit", name, job=job.id, upload_bytes=size)
+        await run_in_threadpool(access.audit, request, "ingest.submit", name, job=job.id, upload_bytes=size)
     else:
         body = _ingest_job_body(await request.body(), request.headers.get("content-type"))
         job = await run_in_threadpool(
             partial(jobs.submit, q, name, body.path, on_error=body.on_error, prune=body.prune)
         )
-        access.audit(request, "ingest.submit", name, job=job.id, path=job.params["path"])
+        await run_in_threadpool(access.audit, request, "ingest.submit", name, job=job.id, path=job.params["path"])
     return _job(await run_in_threadpool(q.get_job, job.id))
 
 

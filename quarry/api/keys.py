@@ -16,7 +16,9 @@ event loop per request on SQLite (a transaction on the docstore's shared connect
 data_version``, which moves on any commit of any process, ~20 µs) the verifier also keeps the
 principal of each verified key, under the SHA-256 of the presented key, with the token read before
 its record was: while the token is unchanged nothing was revoked, and the first request after any
-commit reads the record again. Without a token (PostgreSQL) the record is read on every request.
+commit reads the record again. PostgreSQL's token counts the ``NOTIFY`` every write of a key sends
+(:mod:`indexing.state_postgres`); while its listener is down there is none, and the record is read on
+every request.
 
 A key id is no secret (messages, logs and the audit name it), and each *new* wrong secret for a
 real id costs one scrypt: so at most ``wrong_per_s`` (default 5) secrets per key id are checked
@@ -330,7 +332,8 @@ class KeyVerifier:
     def _token(self) -> int | None:
         """The state of record's change token, or ``None`` where it has none (read every record)."""
         change_token = getattr(self.state, "change_token", None)
-        return None if change_token is None else int(change_token())
+        token = None if change_token is None else change_token()  # None: no listener now (PostgreSQL)
+        return None if token is None else int(token)
 
     def _secret_ok(self, record: ApiKeyRecord, secret: str) -> bool:
         """Whether ``secret`` is the record's: from the memos, else one check (scrypt) within the bound.

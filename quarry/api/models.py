@@ -406,13 +406,28 @@ class HealthOut(BaseModel):
     status: Literal["ok"]
 
 
-class ReadyOut(BaseModel):
-    """Readiness (200 ``ready`` or ``degraded``; 503 ``starting``, ``store error`` or ``collection error``)."""
+class DependencyOut(BaseModel):
+    """One dependency's state in ``/readyz``."""
 
-    status: Literal["starting", "ready", "degraded", "store error", "collection error"]
+    status: Literal["ok", "unavailable", "error", "off"]
+    message: str | None = Field(None, description="Why it is not ok (or, for the reranker, its model).")
+
+
+class ReadyOut(BaseModel):
+    """Readiness (200 ``ready``/``degraded``; 503 ``starting``, ``state store unavailable``, ``store error``...).
+
+    503 ``collection error`` too; ``dependencies`` gives each dependency's state.
+    """
+
+    status: Literal["starting", "ready", "degraded", "state store unavailable", "store error", "collection error"]
     embedding_model: str | None = None
     degraded: list[str] | None = Field(None, description="What is skipped and why.")
-    message: str | None = Field(None, description="The store's error (``store error``).")
+    message: str | None = Field(
+        None, description="The store's error (``store error``), or why the state store is unavailable."
+    )
+    dependencies: dict[Literal["vector_store", "state_store", "embedder", "llm", "reranker"], DependencyOut] | None = (
+        Field(None, description="Each dependency's state (after ``starting``).")
+    )
     collections: dict[str, str] | None = Field(
         None,
         description="Collections whose BM25 index can be neither loaded nor rebuilt, and why (``collection error``).",
