@@ -6,6 +6,7 @@ No model and no vector store where the hole does not need one: these run in well
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 import threading
@@ -325,6 +326,8 @@ def test_an_over_rate_keys_429_and_a_flooded_ids_are_answered_before_routing(
             "headers": [(b"authorization", f"Bearer {key}".encode())],
             "app": SimpleNamespace(state=SimpleNamespace(access=layer, quarry=service)),
         }
+        with contextlib.suppress(RateLimited):  # the window again: the wrong-secret checks above can outlast it
+            layer.limiter.spend(record.id, 1.0)
         asyncio.run(ObserveMiddleware(app)(scope, receive, send))  # type: ignore[arg-type]
         assert reached == [] and sent[0]["status"] == 429
         assert (b"retry-after", b"1") in sent[0]["headers"]  # type: ignore[operator]

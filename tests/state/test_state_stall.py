@@ -32,8 +32,9 @@ import pytest
 
 from indexing.docstore import open_docstore
 from quarry.api.keys import new_key
+from tests.serve import QuarryServer
 from tests.state.conftest import PG_URL
-from tests.state.test_workers import REPO, _free_port, _serve
+from tests.state.test_workers import REPO, _serve
 
 pytestmark = pytest.mark.integration
 
@@ -71,10 +72,10 @@ def _url(port: int, schema: str) -> str:
     return parts._replace(netloc=host, query=f"schema={schema}").geturl()
 
 
-def _wait(client: httpx.Client, server: subprocess.Popen[str], path: str = "/readyz", bound_s: float = 400) -> None:
+def _wait(client: httpx.Client, server: QuarryServer, path: str = "/readyz", bound_s: float = 400) -> None:
     deadline = time.monotonic() + bound_s
     while time.monotonic() < deadline:
-        assert server.poll() is None, "the server exited"
+        assert server.proc.poll() is None, f"the server exited:\n{server.tail()}"
         try:
             if client.get(path).status_code == 200:
                 return
@@ -111,16 +112,12 @@ def test_a_stalled_state_store_is_a_503_in_time_and_the_server_recovers(
 ) -> None:
     proxy_proc, proxy_port = proxy
     schema = f"stall_{uuid.uuid4().hex[:10]}"
-    port = _free_port()
     llm = f"openai+http://127.0.0.1:{_closed_port()}/v1?model=smollm2" if keys else LLM_URL
     server = _serve(
-        ["--port", str(port)], tmp_path, QUARRY_DOCSTORE__URL=_url(proxy_port, schema),
+        [], tmp_path, QUARRY_DOCSTORE__URL=_url(proxy_port, schema),
         QUARRY_DOCSTORE__TIMEOUT_S=str(TIMEOUT_S), QUARRY_LLM__URL=llm, QUARRY_SEARCH__DENSE_TIMEOUT_S="60",
     )
-    base = f"http://127.0.0.1:{port}"
-    log: list[str] = []  # the server's output, read as it comes: a full pipe would block its event loop
-    reader = threading.Thread(target=lambda: log.extend(server.stdout or []), daemon=True)
-    reader.start()
+    base = server.url
     try:
         with httpx.Client(base_url=base, timeout=60) as client:
             _wait(client, server)
@@ -161,16 +158,10 @@ def test_a_stalled_state_store_is_a_503_in_time_and_the_server_recovers(
                 assert time.monotonic() < deadline, "searches did not recover within 60 s"
                 time.sleep(0.5)
             _wait(client, server, bound_s=60)
-            assert server.poll() is None
+            assert server.proc.poll() is None
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        reader.join(10)
-        print("".join(log)[-20000:])  # the server's log, shown when the test fails
+        server.stop()
+        print(server.tail(20000))  # the server's log, shown when the test fails
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
