@@ -22,9 +22,9 @@ from typing import Any
 from generation.base import GenerationParams, Generator, Usage
 from generation.citations import CitationScanner, SourceRef
 from generation.prompt import Prompt
+from indexing.text import Language
 from quarry import tracing
 from quarry.errors import GenerationError, QuarryError
-from retrieval.text import Language
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,16 @@ as documents bring new fields; a field never changes type, and filters are check
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from indexing.text import Language
 from quarry.errors import InvalidRequest, ModelMismatch
-from retrieval.fusion import Fusion
-from retrieval.text import Language
 from stores.base import Metric
 from stores.filters import FieldType
 
@@ -35,6 +36,24 @@ def check_name_length(name: str) -> None:
         )
 BUILTIN_FIELDS: dict[str, FieldType] = {"document_id": "str"}
 Weight = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class _FusionSetting(Protocol):
+    """What :meth:`FusionConfig.over` reads of a fusion setting (:class:`retrieval.fusion.Fusion`, a dataclass)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    @property
+    def method(self) -> str: ...  # noqa: D102
+    @property
+    def k(self) -> int: ...  # noqa: D102
+    @property
+    def weights(self) -> Mapping[str, float]: ...  # noqa: D102
+    @property
+    def normalization(self) -> str: ...  # noqa: D102
+
+
+_F = TypeVar("_F", bound=_FusionSetting)
 
 
 class FusionConfig(BaseModel):
@@ -62,13 +81,14 @@ class FusionConfig(BaseModel):
         "distribution-based score fusion: (s - (mean - 3 sd)) / 6 sd, clipped to [0, 1]).",
     )
 
-    def over(self, base: Fusion) -> Fusion:
-        """``base`` with this config's set fields applied (weights merged per channel)."""
-        return Fusion(
-            self.method or base.method,
-            base.k if self.k is None else self.k,
-            {**base.weights, **{str(c): w for c, w in (self.weights or {}).items()}},
-            self.normalization or base.normalization,
+    def over(self, base: _F) -> _F:
+        """``base`` (a :class:`retrieval.fusion.Fusion`) with this config's set fields applied (weights per channel)."""
+        return dataclasses.replace(
+            base,
+            method=self.method or base.method,
+            k=base.k if self.k is None else self.k,
+            weights={**base.weights, **{str(c): w for c, w in (self.weights or {}).items()}},
+            normalization=self.normalization or base.normalization,
         )
 
 
@@ -91,9 +111,9 @@ class CollectionConfig(BaseModel):
         created_at: Unix time of creation.
         fusion: The collection's default hybrid fusion (``None``: the server's settings).
         tenancy: ``shared``: a collection of every tenant, each one's documents carrying its
-            ``tenant_id`` (:mod:`quarry.shared`); ``tenant``: the tenant's own.
+            ``tenant_id`` (:mod:`quarry.services.namespace`); ``tenant``: the tenant's own.
         tenant_schemas: In a shared collection, whether ``schema_`` holds each tenant's fields
-            under its own keys (``<tenant>__m_<field>``, :func:`quarry.shared.stored_field`), so that
+            under its own keys (``<tenant>__m_<field>``, :func:`quarry.services.namespace.stored_field`), so that
             every tenant has a schema of its own; set when a shared collection is created.
     """
 

@@ -96,7 +96,7 @@ def list_documents(
         collection: Collection name (checked by the caller).
         cursor: The ``next_cursor`` of the previous page (a document id), ``None`` for the first.
         limit: Documents per page, 1 to :data:`MAX_PAGE`.
-        prefix: Only ids starting with it (a shared collection's tenant, ``quarry.shared``); the
+        prefix: Only ids starting with it (a shared collection's tenant, ``quarry.services.namespace``); the
             cursor must be one of them or the prefix itself.
     """
     ids = docstore.document_ids(collection, after=cursor, limit=limit + 1)

@@ -26,13 +26,13 @@ import numpy as np
 import numpy.typing as npt
 
 from embedding.base import Embedder
+from indexing.bm25_registry import BM25Registry
 from indexing.chunking import chunk_sections, make_chunk_id
 from indexing.collections import CollectionConfig, model_mismatch
 from indexing.docstore import DocStore, StoredChunk, StoredDocument
 from indexing.sources import SourceDocument, check_sizes
+from indexing.text import tokenize
 from quarry.errors import InvalidDocument, ModelDimensionMismatch
-from retrieval.bm25_registry import BM25Registry
-from retrieval.text import tokenize
 from stores.base import VectorRecord, VectorStore
 from stores.filters import FieldType, field_type
 

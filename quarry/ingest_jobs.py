@@ -30,7 +30,10 @@ removed; a server that resumes the job without seeing it (a replica with another
 fails the job, saying so.
 
 **Scope.** A job belongs to the tenant of the key that submitted it (``Quarry.get_job`` answers
-404 to any other); it runs on that tenant's view of the service.
+404 to any other); it runs on that tenant's view of the service. A job of a shared collection
+is recorded with the collection (tenant ``_shared``) and its tenant in ``params.tenant``; it
+writes, and resumes, through that tenant's scope (:mod:`quarry.services.namespace`), and a
+job without one is failed rather than resumed unscoped.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from indexing.reindex import new_owner
 from indexing.sources import Source, SourceDocument, is_inside
 from quarry.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuarryError, clip
 from quarry.service import Quarry
+from quarry.tenancy import SHARED
 
 log = logging.getLogger(__name__)
 
@@ -223,58 +227,62 @@ class IngestJobs:
     def resume_lapsed(self) -> list[str]:
         """Claim and start every unfinished ingest job, of any tenant, whose lease is free or lapsed."""
         started = []
-        tenants = {DEFAULT_TENANT} | {t for t, _ in self.quarry.docstore.list_tenants()}
+        tenants = {DEFAULT_TENANT, SHARED} | {t for t, _ in self.quarry.docstore.list_tenants()}
         for tenant in sorted(tenants):
-            view = self.quarry.for_tenant(tenant)
+            view = self.quarry.shared_view() if tenant == SHARED else self.quarry.for_tenant(tenant)
             for state in RESUMABLE:
                 for job in view.docstore.list_jobs(state=state, limit=1000):
                     if job.kind != KIND or job.id in self._held or self._stopping.is_set():
                         continue
                     owner = new_owner()
                     if view.docstore.claim_job(job.id, owner, self.lease_s):
+                        try:
+                            writer = self._writer(view, job)
+                        except QuarryError as exc:  # fails closed: never resumed without its tenant's scope
+                            view.docstore.update_job(job.id, state="failed", error=exc.message)
+                            view.docstore.release_job(job.id, owner)
+                            continue
                         log.info("ingest job %s of %r (tenant %s): resuming from its checkpoint", job.id,
-                                 job.collection, tenant)
-                        self._launch(view, job, owner)
+                                 job.collection, job.params.get("tenant", tenant))
+                        self._launch(writer, job, owner)
                         started.append(job.id)
         return started
 
     # --- the REST verbs ------------------------------------------------------------------------
-    def admit(self, view: Quarry, name: str) -> None:
-        """Check that ``view`` may start an ingest job of its collection ``name`` now.
+    def admit(self, view: Quarry, name: str) -> Quarry:
+        """Check that ``view`` may start an ingest job of its collection ``name`` now; the view that writes it.
+
+        A shared collection's job writes through the caller's scope (its tenant is in the job's
+        ``params``, so a resumed job keeps it).
 
         Raises:
             CollectionNotFound: No such collection (a job does not create one).
-            Forbidden: The collection is shared (a job's resume would not keep the tenant's scope).
-            Conflict: Another ingest job of this collection is unfinished (409).
+            Conflict: Another ingest job of this collection (of this tenant) is unfinished (409).
         """
-        view.get_collection(name)
-        from quarry.shared import ScopedQuarry
-
-        if isinstance(view, ScopedQuarry):  # fails closed: a resumed job must never lose the tenant's scope
-            raise Forbidden(
-                f"collection {clip(name)} is shared: ingest jobs write a tenant's own collections; "
-                "send a shared collection's documents to POST /v1/collections/{name}/documents"
-            )
+        writer = view.for_collection(name)
+        writer.get_collection(name)
+        tenant = writer.tenant_id if writer.ns.shared else None
         for state in RESUMABLE:
-            for other in view.docstore.list_jobs(collection=name, state=state, limit=1000):
-                if other.kind == KIND:
+            for other in writer.docstore.list_jobs(collection=name, state=state, limit=1000):
+                if other.kind == KIND and other.params.get("tenant") == tenant:
                     raise Conflict(f"ingest job {other.id} of collection {clip(name)} is {state}; "
                                    "wait for it or cancel it (DELETE /v1/jobs/{id})")
+        return writer
 
     def submit(self, view: Quarry, name: str, path_text: str, *, on_error: str | None, prune: bool) -> Job:
         """Record an ingest job of ``view``'s collection ``name`` and start it here.
 
         Raises:
             CollectionNotFound: No such collection (a job does not create one).
-            Forbidden: The path is outside the ingest roots, or none are configured; or the
-                collection is shared (a job's resume would not keep the tenant's scope).
+            Forbidden: The path is outside the ingest roots, or none are configured.
             InvalidRequest: The path does not exist.
             Conflict: Another ingest job of this collection is unfinished (409).
         """
-        self.admit(view, name)
+        writer = self.admit(view, name)
         path = confine(path_text, view.settings.ingest.roots)
-        params = {"path": str(path), "on_error": on_error or view.settings.ingest.on_error, "prune": prune}
-        return self._start(view, view.docstore.create_job(KIND, collection=name, params=params))
+        params = {"path": str(path), "on_error": on_error or view.settings.ingest.on_error, "prune": prune,
+                  **_scope(writer)}
+        return self._start(writer, writer.docstore.create_job(KIND, collection=name, params=params))
 
     @property
     def spool_dir(self) -> Path:
@@ -293,16 +301,16 @@ class IngestJobs:
             CollectionNotFound, Forbidden, Conflict: As :meth:`admit` (the spool is removed).
         """
         try:
-            self.admit(view, name)  # again: another job may have started while the body streamed in
+            writer = self.admit(view, name)  # again: another job may have started while the body streamed in
         except BaseException:
             part.unlink(missing_ok=True)
             raise
         spooled = part.with_suffix(".jsonl")
         params = {"upload": str(spooled), "upload_bytes": size, "on_error": on_error or view.settings.ingest.on_error,
-                  "prune": prune}
-        job = view.docstore.create_job(KIND, collection=name, params=params, job_id=job_id)
+                  "prune": prune, **_scope(writer)}
+        job = writer.docstore.create_job(KIND, collection=name, params=params, job_id=job_id)
         part.replace(spooled)
-        return self._start(view, job)
+        return self._start(writer, job)
 
     def _start(self, view: Quarry, job: Job) -> Job:
         owner = new_owner()
@@ -326,6 +334,12 @@ class IngestJobs:
             drop_spool(job)
             return view.docstore.update_job(job.id, state="cancelled")
         return view.docstore.update_job(job.id, state="cancelling")
+
+    def _writer(self, view: Quarry, job: Job) -> Quarry:
+        """The view a resumed job writes through: a shared collection's job, its tenant's scope (fails closed)."""
+        if view.tenant_id != SHARED:
+            return view
+        return self.quarry.scoped(str(job.params.get("tenant", "")))  # Forbidden without one: the job fails
 
     # --- running -------------------------------------------------------------------------------
     def _launch(self, view: Quarry, job: Job, owner: str) -> None:
@@ -420,7 +434,7 @@ class IngestJobs:
         if seen is not None:
             kept = seen | {Path(p).relative_to(source.path).as_posix() for p, _ in source.report.errors
                            if source.format == "folder"}
-            stale = [d for d in view.docstore.document_ids(name) if d not in kept]
+            stale = [d for d in view.document_ids(name) if d not in kept]
             if stale:
                 view.delete_documents(name, stale)
             counters["pruned"] = len(stale)
@@ -456,6 +470,11 @@ class IngestJobs:
 def _batches(docs: Iterator[SourceDocument], size: int) -> Iterator[list[SourceDocument]]:
     while batch := list(islice(docs, size)):
         yield batch
+
+
+def _scope(writer: Quarry) -> dict[str, str]:
+    """What a job of ``writer``'s collection records of its scope: a shared collection's tenant."""
+    return {"tenant": writer.tenant_id} if writer.ns.shared else {}
 
 
 def drop_spool(job: Job) -> None:

@@ -45,7 +45,7 @@ from quarry.microbatch import queue_depths
 
 if TYPE_CHECKING:
     from quarry.settings import MetricsSettings
-    from retrieval.search import SearchResult
+    from quarry.tracing import SearchResult
 
 # 100 µs (BM25 over a small collection, fusion) to 2 min (an LLM's whole answer).
 STAGE_BUCKETS = (

@@ -14,7 +14,7 @@ through the tenant's view and cannot name another tenant's data: a name of anoth
 absent (404) like any missing one. A default-tenant collection named like another tenant's
 physical name (``t_acme__docs``) cannot be created while that one exists (409, the store has it).
 
-Shared collections (every tenant's, each document carrying its tenant) are :mod:`quarry.shared`'s.
+Shared collections (every tenant's, each document carrying its tenant) are :mod:`quarry.services.namespace`'s.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ PREFIX = "t_"
 SHARED = "_shared"
 """The state of record's tenant of the shared collections (no key can name it: tenant ids start with a letter)."""
 TENANT_FIELD = "tenant_id"
-"""The payload field of a shared collection's documents: the tenant that wrote it (:mod:`quarry.shared`)."""
+"""The payload field of a shared collection's documents: the tenant that wrote it (:mod:`quarry.services.namespace`)."""
 TENANT_ID = re.compile(r"\A[a-z][a-z0-9_]{0,31}\Z")  # quarry.api.keys.TENANT
 
 

@@ -21,16 +21,48 @@ Query text, document text and prompts are never put in a span.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.trace import Span, Tracer
 
-    from generation.base import GenerationParams, Usage
     from quarry.settings import TracingSettings
-    from retrieval.search import SearchResult
+
+
+
+class SearchResult(Protocol):
+    """What a search span reads of a search's answer (:class:`retrieval.search.SearchResult`)."""
+
+    @property
+    def hits(self) -> Sequence[Any]: ...  # noqa: D102
+    @property
+    def degraded(self) -> Sequence[str]: ...  # noqa: D102
+    @property
+    def stage_times(self) -> Mapping[str, tuple[float, float]]: ...  # noqa: D102
+
+
+class GenerationParams(Protocol):
+    """What an LLM span reads of a call's parameters (:class:`generation.base.GenerationParams`)."""
+
+    @property
+    def max_tokens(self) -> int: ...  # noqa: D102
+    @property
+    def temperature(self) -> float: ...  # noqa: D102
+    @property
+    def seed(self) -> int | None: ...  # noqa: D102
+
+
+class Usage(Protocol):
+    """What an LLM span reads of a call's token counts (:class:`generation.base.Usage`)."""
+
+    @property
+    def prompt_tokens(self) -> int | None: ...  # noqa: D102
+    @property
+    def completion_tokens(self) -> int | None: ...  # noqa: D102
+
 
 TRACER: Tracer | None = None
 """The tracer of Quarry's spans, or ``None`` while tracing is off."""

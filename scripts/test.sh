@@ -34,6 +34,7 @@ for svc in "${STARTED[@]}"; do bash "scripts/services/$svc.sh" start; done
 eval "$(bash scripts/services.sh env)"
 echo "== ruff"; ruff check .
 echo "== mypy"; mypy
+echo "== import layers"; lint-imports
 echo "== pytest"
 # --durations=25: the run ends with its 25 slowest setups, calls and teardowns (where the time goes).
 # Workers (pytest-xdist), each taking whole test files (--dist loadfile: a file's module fixtures,

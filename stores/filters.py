@@ -49,7 +49,7 @@ FIELD_NAME = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
 """A metadata field name as clients write it (documents and filters)."""
 PAYLOAD_KEY = re.compile(r"\A[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 """A payload key the stores take: a field name, or a shared collection's per-tenant key
-(``<tenant>__m_<field>``, :func:`quarry.shared.stored_field`), up to 32 + 4 + 64 characters."""
+(``<tenant>__m_<field>``, :func:`quarry.services.namespace.stored_field`), up to 32 + 4 + 64 characters."""
 
 
 @dataclass(frozen=True)

@@ -569,7 +569,7 @@ def service(request: Request) -> Quarry:
     """The service as the request's tenant sees it (:meth:`~quarry.service.Quarry.for_tenant`).
 
     For a route naming a shared collection, that collection scoped to the tenant
-    (:meth:`~quarry.service.Quarry.for_collection`, :mod:`quarry.shared`).
+    (:meth:`~quarry.service.Quarry.for_collection`, :mod:`quarry.services.namespace`).
 
     Raises:
         Forbidden: The key's tenant is unknown (never an unscoped service).

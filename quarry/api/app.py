@@ -27,7 +27,6 @@ from pydantic import ValidationError
 
 from indexing.collections import CollectionConfig, check_name_length
 from indexing.docstore import DEFAULT_TENANT, off_loop
-from indexing.schedule import ReindexScheduler
 from indexing.sources import SourceDocument, parse_document
 from quarry import errors as e
 from quarry import heap, metrics, tracing
@@ -61,6 +60,7 @@ from quarry.api.probe import StoreProbe, degradations, dependencies
 from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, clip
 from quarry.ingest_jobs import IngestJobs, job_or_404, progress_of
 from quarry.ingest_upload import is_upload_type, new_job_id, spool, upload_options
+from quarry.scheduler import ReindexScheduler
 from quarry.service import Quarry
 from retrieval.search import RerankOptions
 

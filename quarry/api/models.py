@@ -9,9 +9,9 @@ from pydantic.config import JsonDict
 
 from indexing.collections import CollectionConfig, FusionConfig
 from indexing.sources import RESERVED_FIELDS
+from indexing.text import Language
 from quarry.api.edge import Checked, Identifier
 from quarry.settings import SearchSettings
-from retrieval.text import Language
 from stores.filters import FIELD_NAME
 
 _MAX_QUERY_CHARS = SearchSettings.model_fields["max_query_chars"].default

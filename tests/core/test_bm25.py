@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
 
+from indexing.bm25 import BM25Index
 from indexing.sources import iter_jsonl
+from indexing.text import tokenize
 from quarry.settings import BM25Settings
-from retrieval.bm25 import BM25Index
-from retrieval.text import tokenize
 
 
 @pytest.fixture(scope="module")

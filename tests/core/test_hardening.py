@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from starlette.routing import Match, Route
 
 from embedding.sentence_transformers import SentenceTransformerEmbedder, resolve_model_path
+from indexing.bm25_live import LiveBM25
 from indexing.collections import NAME
 from indexing.sources import SourceDocument, is_blank, parse_document, read_documents
 from quarry.api import create_app
@@ -25,7 +26,6 @@ from quarry.api.models import SearchIn
 from quarry.errors import ECHO_CHARS, InvalidDocument, InvalidFilter, InvalidRequest, clip
 from quarry.service import Quarry
 from quarry.settings import BM25Settings
-from retrieval.bm25_live import LiveBM25
 from stores import milvus, pgvector_sql, qdrant_common
 from stores.filters import FIELD_NAME, PAYLOAD_KEY, parse_filter
 

@@ -24,8 +24,9 @@ from quarry.api import create_app
 from quarry.api.keys import new_key
 from quarry.errors import Forbidden
 from quarry.service import Quarry
+from quarry.services.namespace import refuse_tenant_field
+from quarry.services.view import Engines, scoped
 from quarry.settings import Settings, StoreSettings
-from quarry.shared import refuse_tenant_field, scoped
 from quarry.tenancy import SHARED
 from rerank.cross_encoder import CrossEncoderReranker
 from rerank.tiny import build_tiny_cross_encoder
@@ -255,11 +256,21 @@ def test_a_shared_collection_scopes_every_path_to_the_key_tenant(  # noqa: C901,
         assert resp.status_code == 200 and resp.json()["added"] == 2, resp.text
     forged = [{"id": "d9", "text": B_TEXT, "metadata": {"tenant_id": tenant_b}}]
     _error(c.post(f"{url}/documents", json={"documents": forged}, headers=a), 400, "InvalidDocument")
-    # an ingest job (resumed by any server, later) would not keep the tenant's scope: refused
-    assert "is shared" in _error(c.post(f"{url}/jobs", json={"path": "/tmp"}, headers=a), 403, "Forbidden")
-    upload = c.post(f"{url}/jobs", content=b'{"id": "d7", "text": "x"}\n',
+    # an ingest job writes through the key's scope too (its tenant is kept in the job for a resume)
+    upload = c.post(f"{url}/jobs", content=b'{"id": "d7", "text": "Seven sailors share one raft at dusk."}\n',
                     headers={**a, "Content-Type": "application/x-ndjson"})
-    assert "is shared" in _error(upload, 403, "Forbidden")  # an upload job too, before a byte is spooled
+    assert upload.status_code == 202, upload.text
+    job_id = upload.json()["id"]
+    deadline = time.monotonic() + 120
+    while (job := c.get(f"/v1/jobs/{job_id}", headers=a).json())["state"] not in ("done", "partial", "failed"):
+        assert time.monotonic() < deadline, job
+        time.sleep(0.1)
+    assert job["state"] == "done" and job["counters"]["added"] == 1, job
+    _error(c.get(f"/v1/jobs/{job_id}", headers=b), 404, "NotFound")  # another tenant's job
+    seven = c.get(f"{url}/documents/d7", headers=a)
+    assert seven.status_code == 200 and seven.json()["metadata"] == {}, seven.text  # no tenant_id shown
+    _error(c.get(f"{url}/documents/d7", headers=b), 404, "NotFound")
+    assert c.delete(f"{url}/documents/d7", headers=a).json()["deleted"] == 1
 
     # list and describe: both see it, each counts its own documents, chunks and vectors
     for headers in (a, b):
@@ -424,10 +435,10 @@ def test_answer_cache_hits_never_cross_tenants(
     assert resp.headers["retry-after"] == "1"
 
 
-@pytest.mark.parametrize("tenant", ["", "Acme", "a/b", SHARED, "x" * 40, "a__b"])  # a__b: quarry.shared.stored_field
+@pytest.mark.parametrize("tenant", ["", "Acme", "a/b", SHARED, "x" * 40, "a__b"])  # a__b: see stored_field
 def test_a_shared_scope_without_a_valid_tenant_fails_closed(tenant: str) -> None:
     with pytest.raises(Forbidden, match="refusing an unscoped request"):
-        scoped(cast(Quarry, None), tenant)  # refused before the shared view is even read
+        scoped(cast(Engines, None), tenant)  # refused before the shared view is even read
 
 
 def test_a_filter_naming_the_tenant_field_is_refused_at_any_depth() -> None:

@@ -31,8 +31,8 @@ from indexing.sources import SourceDocument
 from quarry.api import create_app
 from quarry.errors import Forbidden, InvalidDocument, InvalidFilter
 from quarry.service import Quarry
+from quarry.services.namespace import stored_field
 from quarry.settings import DocstoreSettings, Settings, StoreSettings
-from quarry.shared import create_shared, scoped, stored_field
 from tests.core.conftest import CountingEmbedder
 from tests.core.test_tenant_isolation import _admin, _error, _h, _key
 
@@ -196,7 +196,7 @@ def test_section_fields_are_the_tenant_s_own_too(setup: tuple[TestClient, Quarry
         created = c.post("/v1/collections", json={"name": name, "tenancy": "shared"}, headers=_h(keys["op"]))
         assert created.status_code == 201, created.text
     tenant_a = f"ta{keys['suffix']}"
-    scope = scoped(view, tenant_a)
+    scope = view.scoped(tenant_a)
     text = "Pears on the first page. " * 3 + "Plums on the second page. " * 3
     doc = SourceDocument("s1", text, metadata={"book": "fruit"},
                          sections=(Section(0, {"page": 1}), Section(text.index("Plums"), {"page": 2})))
@@ -207,7 +207,7 @@ def test_section_fields_are_the_tenant_s_own_too(setup: tuple[TestClient, Quarry
     assert scope.describe(name)["schema"]["page"] == "int"
     stored = view.docstore.list_documents(name, after=f"{tenant_a}/s", limit=1)[0]
     assert stored.metadata is not None and stored.metadata.get(stored_field(tenant_a, "book")) == "fruit"
-    other = scoped(view, f"tb{keys['suffix']}")
+    other = view.scoped(f"tb{keys['suffix']}")
     assert "page" not in other.describe(name)["schema"]
     with pytest.raises(InvalidDocument, match="the limit is"):  # stored keys are longer: still under Milvus's 64 KiB
         scope.upsert(name, [SourceDocument("big", "x", metadata={f"f{i}": 1 for i in range(3000)})])
@@ -221,12 +221,12 @@ def test_a_shared_collection_made_before_keeps_one_schema(
     old = f"{name}_old"
     view = quarry.shared_view()
 
-    create_shared(quarry, old, language="auto", chunk_size=None, chunk_overlap=None, exist_ok=False, fusion=None)
+    quarry.create_collection(old, shared=True)
     try:
         raw = view.docstore.collection_config(old)
         assert raw is not None and raw["tenant_schemas"] is True
         view.docstore.put_collection(old, {k: v for k, v in raw.items() if k != "tenant_schemas"})
-        a, b = scoped(view, f"ta{keys['suffix']}"), scoped(view, f"tb{keys['suffix']}")
+        a, b = view.scoped(f"ta{keys['suffix']}"), view.scoped(f"tb{keys['suffix']}")
         a.upsert(old, [SourceDocument("d1", A_TEXT, metadata={"secret_a": 7})])
         stored = view.docstore.list_documents(old, after="", limit=1)[0]
         assert stored.metadata is not None and stored.metadata.get("secret_a") == 7  # the plain key
@@ -244,7 +244,7 @@ def test_a_shared_collection_made_before_keeps_one_schema(
 def test_stored_keys_never_collide_and_replay() -> None:
     """Tenant ``a_``'s ``x`` and tenant ``a``'s ``_x`` are two keys; a recorded filter on a long key replays."""
     from indexing.collections import CollectionConfig
-    from quarry.shared import tenant_schema
+    from quarry.services.namespace import tenant_schema
     from stores.filters import Eq, parse_filter
 
     assert stored_field("a_", "x") != stored_field("a", "_x")
@@ -302,14 +302,14 @@ def test_a_section_cannot_set_the_tenant_field(
     _, quarry, keys, name = setup
     view = quarry.shared_view()
     coll = f"{name}_sec{int(per_tenant)}"
-    create_shared(quarry, coll, language="auto", chunk_size=None, chunk_overlap=None, exist_ok=False, fusion=None)
+    quarry.create_collection(coll, shared=True)
     try:
         if not per_tenant:
             raw = view.docstore.collection_config(coll)
             assert raw is not None
             view.docstore.put_collection(coll, {k: v for k, v in raw.items() if k != "tenant_schemas"})
         tenant_b = f"tb{keys['suffix']}"
-        a, b = scoped(view, f"ta{keys['suffix']}"), scoped(view, tenant_b)
+        a, b = view.scoped(f"ta{keys['suffix']}"), view.scoped(tenant_b)
         doc = SourceDocument("inj", "Injected plums. " * 4, sections=(Section(0, {"tenant_id": tenant_b}),))
         with pytest.raises(InvalidDocument, match="'tenant_id' is set by the server"):
             a.upsert(coll, [doc])

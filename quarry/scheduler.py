@@ -1,4 +1,4 @@
-"""Scheduled and triggered reindexing inside ``quarry serve`` (issue 22, APScheduler 3).
+"""Scheduled and triggered reindexing inside ``quarry serve`` (APScheduler 3).
 
 A :class:`ReindexScheduler` runs in each server process (every worker and replica may run
 one) and starts the same reindex jobs as ``POST /v1/collections/{name}/reindex`` (the jobs
@@ -28,68 +28,27 @@ scheduled.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from datetime import UTC
+from typing import TYPE_CHECKING
 
 from apscheduler.schedulers.background import BackgroundScheduler
-from apscheduler.triggers.base import BaseTrigger
-from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from indexing.reindex import new_owner
 from quarry.errors import CollectionNotFound, ReindexRunning
+from quarry.schedules import parse_schedule, period_s
 
 if TYPE_CHECKING:
-    from indexing.docstore import Job, StateStore
+    from indexing.docstore import Job
     from quarry.service import Quarry
     from quarry.settings import ReindexSettings
 
 log = logging.getLogger(__name__)
 
-_INTERVAL = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd]?)\Z")
-_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
 TRIGGERS = ("schedule", "recall", "growth", "churn")
-
-
-def parse_schedule(text: str) -> BaseTrigger | None:
-    """An APScheduler trigger from a schedule setting; ``None`` for ``""`` or ``off``.
-
-    Args:
-        text: An interval (``90s``, ``30m``, ``6h``, ``1d``, or plain seconds) or a five-field
-            crontab (``minute hour day month weekday``), read in UTC.
-
-    Raises:
-        ValueError: Neither (pydantic reports it as the setting's validation error).
-    """
-    value = text.strip()
-    if not value or value.lower() == "off":
-        return None
-    match = _INTERVAL.match(value.lower())
-    if match:
-        seconds = float(match[1]) * _UNIT_S[match[2]]
-        if seconds <= 0:
-            raise ValueError(f"schedule {value!r}: an interval must be positive")
-        return IntervalTrigger(seconds=seconds, timezone=UTC)
-    try:
-        return CronTrigger.from_crontab(value, timezone=UTC)
-    except ValueError as exc:
-        raise ValueError(
-            f"schedule {value!r} is neither an interval (90s, 30m, 6h, 1d) nor a five-field crontab: {exc}"
-        ) from exc
-
-
-def period_s(trigger: BaseTrigger, now: datetime | None = None) -> float:
-    """Seconds between the trigger's next two fire times after ``now`` (a crontab's may vary)."""
-    now = now or datetime.now(UTC)
-    first = trigger.get_next_fire_time(None, now)
-    if first is None:
-        return float("inf")
-    second = trigger.get_next_fire_time(first, first + timedelta(microseconds=1))
-    return float("inf") if second is None else (second - first).total_seconds()
 
 
 # --- the triggers: each returns why a reindex is due, or None ------------------------------------
@@ -163,15 +122,6 @@ class Due:
 
     trigger: str
     reason: str
-
-
-def last_trigger(docstore: StateStore, name: str) -> dict[str, Any] | None:
-    """The newest reindex job of ``name``: its id, state, trigger, reason, starter and time."""
-    job = next((j for j in docstore.list_jobs(collection=name, limit=50) if j.kind == "reindex"), None)
-    if job is None:
-        return None
-    return {"job": job.id, "state": job.state, "trigger": job.params.get("trigger", "api"),
-            "reason": job.params.get("reason", ""), "by": job.params.get("by"), "at": job.created_at}
 
 
 class ReindexScheduler:

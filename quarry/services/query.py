@@ -1,0 +1,128 @@
+"""Search: the request's collection, filter and live version, then the searcher; and recall figures.
+
+:meth:`~retrieval.search.Searcher.search_async` is the one implementation of a search; the
+synchronous :func:`search` adds the rerank stage, which runs in the caller's thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from indexing.collections import CollectionConfig, FusionConfig
+from indexing.docstore import off_loop
+from quarry.errors import CollectionNotFound
+from quarry.services import versions
+from quarry.services.view import View
+from retrieval.search import DenseTarget, Mode, RerankOptions, SearchResult
+from stores.filters import Filter, FilterLimits, parse_filter
+
+
+def target(v: View, name: str, filters: Mapping[str, Any] | None) -> tuple[CollectionConfig, Filter | None]:
+    """A search's collection and its filter, checked once for every mode.
+
+    Checked against the collection's schema (a shared one's: the caller's own fields), the
+    filter limits and the store's own limits; then narrowed to the namespace's rows.
+
+    Raises:
+        CollectionNotFound: No such collection.
+        Forbidden: A shared collection's filter names ``tenant_id``.
+        InvalidFilter: See :func:`stores.filters.parse_filter`; or the store cannot take it.
+    """
+    v.ns.check_filter(filters)
+    with v.ns.messages():  # an engine's limits (Milvus Lite's strings) name the stored keys
+        raw = v.docstore.collection_config(name)
+        if raw is None:
+            raise CollectionNotFound(name)
+        cfg = CollectionConfig.model_validate(raw)
+        search = v.settings.search
+        limits = FilterLimits(search.max_filter_in_values, search.max_filter_values, search.max_filter_depth)
+        flt = parse_filter(filters, v.ns.filter_schema(cfg), limits)
+        if flt is not None:
+            flt = v.ns.stored_filter(cfg, flt)
+        check = getattr(v.store, "check_filter", None)  # an engine's own limits (Milvus Lite's strings)
+        if flt is not None and check is not None:
+            check(flt)  # here, so that every mode, BM25 included, answers the same
+    return cfg, v.ns.scoped(flt)
+
+
+def _search_target(
+    v: View, name: str, filters: Mapping[str, Any] | None, mode: Mode
+) -> tuple[CollectionConfig, Filter | None, DenseTarget | None]:
+    cfg, flt = target(v, name, filters)
+    cfg, dense = versions.dense_target(v, cfg, mode)
+    return cfg, flt, dense
+
+
+def search(  # noqa: PLR0913 - mirrors the request body
+    v: View,
+    name: str,
+    query: str,
+    *,
+    top_k: int = 10,
+    mode: Mode = "hybrid",
+    filters: Mapping[str, Any] | None = None,
+    offset: int = 0,
+    group: bool = True,
+    rerank: RerankOptions | None = None,
+    dense_timeout_s: float | None = None,
+    fusion: FusionConfig | None = None,
+    min_score: float | None = None,
+) -> SearchResult:
+    """Search a collection (see :meth:`retrieval.search.Searcher.search`).
+
+    Raises:
+        CollectionNotFound: No such collection.
+        Forbidden: See :func:`target`.
+        InvalidFilter: Unknown field or wrong type in ``filters``.
+        InvalidQuery: Blank or over-long query, or bad paging.
+    """
+    cfg, flt, dense = _search_target(v, name, filters, mode)
+    with v.ns.messages():  # a store's filter errors name the stored keys
+        result = v.space.searcher.search(
+            cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank,
+            dense_timeout_s=dense_timeout_s, fusion=fusion, min_score=min_score, target=dense,
+            within=v.ns.bm25_within(),
+        )
+    return v.ns.result(name, result)
+
+
+async def search_async(  # noqa: PLR0913 - mirrors the request body
+    v: View,
+    name: str,
+    query: str,
+    *,
+    top_k: int = 10,
+    mode: Mode = "hybrid",
+    filters: Mapping[str, Any] | None = None,
+    offset: int = 0,
+    group: bool = True,
+    fusion: FusionConfig | None = None,
+    min_score: float | None = None,
+) -> SearchResult:
+    """:func:`search` without rerank, for an event loop (see ``Searcher.search_async``).
+
+    The collection's configuration and live version come from the state store's caches on the
+    loop; after a commit they are read again in a worker thread (``off_loop``).
+    """
+    cfg, flt, dense = await off_loop(_search_target, v, name, filters, mode)
+    with v.ns.messages():
+        result = await v.space.searcher.search_async(
+            cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, fusion=fusion,
+            min_score=min_score, target=dense, within=v.ns.bm25_within(),
+        )
+    return v.ns.result(name, result)
+
+
+def recall(v: View, name: str) -> dict[str, Any]:
+    """Recent recall figures of a collection's sampled searches (see ``RecallMonitor.figures``).
+
+    Raises:
+        CollectionNotFound: No such collection.
+        Forbidden: A shared collection (figures of every tenant's searches), asked by another
+            tenant than the operator's.
+    """
+    if v.docstore.collection_config(name) is None:
+        raise CollectionNotFound(name)
+    v.ns.require_operator(name, "read the recall figures of")
+    return v.space.monitor.figures(name)
