@@ -20,7 +20,7 @@ from embedding.process import ProcessEmbedder
 from indexing.collections import NAME, CollectionConfig, FusionConfig
 from indexing.docstore import DEFAULT_TENANT, CollectionVersion, Job, chunking_id_of, open_docstore
 from indexing.pipeline import Ingestor, IngestReport, Precomputed, Progress, Target
-from indexing.planner import GIB, IndexPlan, plan_for_store
+from indexing.planner import GIB, IndexPlan, plan_for_store, plan_kind
 from indexing.reindex import Build, Reindexer, ReindexReport, new_owner
 from indexing.schedule import ReindexScheduler, last_trigger
 from indexing.sources import SourceDocument
@@ -44,7 +44,7 @@ from rerank.base import Reranker
 from retrieval.bm25_registry import BM25Registry
 from retrieval.search import DenseTarget, Mode, RerankOptions, Searcher, SearchResult
 from retrieval.text import LANGUAGES, Language
-from stores.base import IndexSpec, VectorStore, redact_url
+from stores.base import IndexSpec, Metric, VectorStore, redact_url
 from stores.factory import open_store
 from stores.filters import FieldType, Filter, FilterLimits, matches, parse_filter
 from stores.routing import FilterRouter
@@ -362,6 +362,17 @@ class Quarry:
     def _plan(self, n_vectors: int, dim: int) -> IndexPlan:
         budget = int(self.settings.store.memory_budget_gib * GIB)
         return plan_for_store(self.store, n_vectors, dim, budget, top_k=self.searcher.depth)
+
+    def _index_spec(self, kind: str | None, n_vectors: int, dim: int, metric: Metric) -> IndexSpec | None:
+        """The index a reindex asks for: ``None``/``auto`` is the planner's, a kind the planner's parameters for it.
+
+        Raises:
+            UnsupportedIndex: An unknown kind, or one this engine cannot build.
+        """
+        if kind is None or kind.strip().lower() == "auto":
+            return None
+        budget = int(self.settings.store.memory_budget_gib * GIB)
+        return plan_kind(kind, n_vectors, dim, self.store.capabilities(), budget, metric, top_k=self.searcher.depth)
 
     def replan_index(self, name: str) -> IndexPlan | None:
         """Re-plan the index for the collection's current size; rebuild it if the kind changed.
@@ -692,8 +703,8 @@ class Quarry:
             embedder, url = self._reindex_model(live, model)
             embedder.warm_up()  # its dim and fingerprint (a fresh process, `quarry reindex`, had neither: dim 0)
             same = bool(embedder.fingerprint) and embedder.fingerprint == live.model_fingerprint
-            plan = self._plan(self.docstore.counts(name)[1], embedder.dim)
-            spec = index if isinstance(index, IndexSpec) else _index_spec(index, plan)
+            vectors = self.docstore.counts(name)[1]
+            spec = index if isinstance(index, IndexSpec) else self._index_spec(index, vectors, embedder.dim, cfg.metric)
             build = Build(live_config(cfg, live), live, embedder, url, same, spec, chunking)
             report = self.reindexer.run(build, owner, self._job_progress(job_id, progress))
             self._record_model(name, embedder, self.live_version(name))
@@ -976,16 +987,6 @@ MIN_CHUNK_SIZE = 8  # as QUARRY_INGEST__CHUNK_SIZE and the API's chunk_size
 def _counters(report: ReindexReport) -> dict[str, int]:
     return {"version": report.version, "previous": report.previous, "done": report.chunks, "total": report.chunks,
             "copied": report.copied, "embedded": report.embedded, "replayed": report.replayed}
-
-
-def _index_spec(kind: str | None, plan: IndexPlan) -> IndexSpec | None:
-    """The index a reindex asks for: ``None``/``auto`` is the planner's, a kind its own defaults or the plan's."""
-    if kind is None or kind.lower() == "auto":
-        return None
-    wanted = kind.upper()
-    if wanted == plan.spec.kind:
-        return plan.spec
-    return IndexSpec(wanted, plan.spec.metric)  # type: ignore[arg-type]  # the store checks the kind
 
 
 def _index_record(plan: IndexPlan) -> dict[str, Any]:

@@ -383,3 +383,33 @@ def test_rest_reindex_job_and_rollback(svc: Quarry, filled: str) -> None:
             assert nothing.status_code == 409 and nothing.json()["error"]["type"] == "Conflict", nothing.text
         finally:
             client.delete(f"/v1/collections/{fresh}")
+
+
+@pytest.mark.integration
+def test_reindex_to_an_index_kind_takes_the_planners_parameters_on_the_milvus_server(
+    tmp_path: Path, counting: CountingEmbedder, scifact_docs: list[SourceDocument]
+) -> None:
+    """``quarry reindex --index ivf_flat|hnsw``: the kind gets the planner's parameters for it (not ``{}``)."""
+    from quarry.settings import Settings, StoreSettings
+
+    url = os.environ.get("QUARRY_TEST_MILVUS_URL", "milvus://127.0.0.1:19530")
+    service = Quarry(Settings(data_dir=tmp_path, store=StoreSettings(url=url)), embedder=counting)
+    name = f"rxk{RUN}_{next(_names)}"
+    service.create_collection(name)
+    try:
+        service.upsert(name, scifact_docs[:40])
+        query = scifact_docs[5].title
+        before = _top(service, name, "dense", query)
+        for kind, params in (("ivf_flat", {"nlist"}), ("hnsw", {"M", "efConstruction"})):
+            report = service.reindex(name, index=kind)
+            live = service.live_version(name)
+            assert live.version == report.version and report.recall is not None and report.recall >= 0.9
+            plan = live.index_plan
+            assert plan["kind"] == kind.upper() and set(plan["params"]) == params, plan
+            built = service.store.describe_index(live.physical_name)
+            assert built is not None and built.kind == kind.upper(), built
+            assert _top(service, name, "dense", query) == before, kind
+    finally:
+        service.drop_collection(name)
+        service.close()
+
