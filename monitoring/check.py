@@ -1,10 +1,14 @@
 """The on-demand recall check (``quarry recall NAME --queries N``): the monitor's comparison, now.
 
+It measures what serves: the live version's store collection (after a reindex, not the
+collection's first one), searched as the live dense channel searches it (the ANN at the
+searcher's depth, the first ``top_k`` kept), against the exact answer of the same store
+collection (:meth:`monitoring.monitor.RecallMonitor.measure_many` without recording: one exact
+search for every query without a filter).
+
 Queries come from the collection's recorded recent searches (:mod:`monitoring.recent`) when
-there are any, else from its own chunks: ``N`` chunk texts drawn at random (seeded), embedded
-with the service's model. Each is searched as the live dense channel searches (the ANN at the
-searcher's depth, the first ``top_k`` kept) and compared with the exact answer
-(:meth:`monitoring.monitor.RecallMonitor.measure` without recording).
+there are any of the live version's dimension, else from its own chunks: ``N`` chunk texts
+drawn at random (seeded), embedded with the live version's model.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from monitoring.recent import RecordedQuery
 from quarry.errors import InvalidRequest
 
 if TYPE_CHECKING:
+    from embedding.base import Embedder
     from quarry.service import Quarry
 
 CHUNK_TOP_K = 10
@@ -39,17 +44,25 @@ class BucketFigures:
 
 @dataclass(frozen=True)
 class RecallCheck:
-    """An on-demand check's outcome: where the queries came from and per-bucket figures."""
+    """An on-demand check's outcome: the version measured, where the queries came from, per-bucket figures.
+
+    Attributes:
+        version: The live version measured; ``physical`` its store collection.
+        depth: Candidates the ANN was asked for (the searcher's depth).
+    """
 
     collection: str
     source: Literal["recent", "chunks"]
     queries: int
     buckets: list[BucketFigures]
     measurements: list[Measurement]
+    version: int = 1
+    physical: str = ""
+    depth: int = 0
 
 
 def check_recall(quarry: Quarry, name: str, n_queries: int, seed: int = 0) -> RecallCheck:
-    """Measure recall@k of ``n_queries`` queries on collection ``name`` now.
+    """Measure recall@k of ``n_queries`` queries on the live version of collection ``name`` now.
 
     Raises:
         CollectionNotFound: No such collection.
@@ -59,29 +72,38 @@ def check_recall(quarry: Quarry, name: str, n_queries: int, seed: int = 0) -> Re
     if n_queries < 1:
         raise InvalidRequest(f"queries must be >= 1, got {n_queries}")
     cfg = quarry.get_collection(name)
-    queries = quarry.monitor.recent.latest(name, n_queries) if quarry.monitor.recent is not None else []
+    live, model = quarry.recall_target(name)
+    recorded = quarry.monitor.recent.latest(name, n_queries) if quarry.monitor.recent is not None else []
+    queries = [q for q in recorded if live.dim in (0, q.vector.shape[0])]  # another model's vectors: not these
     source: Literal["recent", "chunks"] = "recent"
     if not queries:
         source = "chunks"
-        queries = _chunk_queries(quarry, name, n_queries, seed)
+        queries = _chunk_queries(quarry, model, name, n_queries, seed)
     depth = quarry.searcher.depth
-    measured = []
+    samples = []
     for q in queries:
-        found = quarry.store.search(name, q.vector[None, :], max(depth, q.top_k), q.flt, with_payload=False)[0]
-        sample = Sample(name, cfg.metric, q.vector, q.flt, q.top_k, tuple(h.id for h in found[: q.top_k]))
-        measured.append(quarry.monitor.measure(sample, record=False))
-    return RecallCheck(name, source, len(queries), _figures(measured), measured)
+        found = quarry.store.search(live.physical_name, q.vector[None, :], max(depth, q.top_k), q.flt,
+                                    with_payload=False)[0]
+        ids = tuple(h.id for h in found[: q.top_k])
+        samples.append(Sample(name, cfg.metric, q.vector, q.flt, q.top_k, ids, live.physical_name))
+    measured = []
+    for outcome in quarry.monitor.measure_many(samples, record=False):
+        if isinstance(outcome, Exception):
+            raise outcome
+        measured.append(outcome)
+    return RecallCheck(name, source, len(queries), _figures(measured), measured, live.version, live.physical_name,
+                       depth)
 
 
-def _chunk_queries(quarry: Quarry, name: str, n: int, seed: int) -> list[RecordedQuery]:
+def _chunk_queries(quarry: Quarry, model: Embedder, name: str, n: int, seed: int) -> list[RecordedQuery]:
     _, chunk_ids = quarry.docstore.bm25_chunk_ids(name)
     picked = random.Random(seed).sample(chunk_ids, min(n, len(chunk_ids)))
     chunks = quarry.docstore.get_chunks(name, picked)
     texts = [chunks[c].text for c in picked if c in chunks]
     if not texts:
         return []
-    quarry.embedder.warm_up()
-    vectors = quarry.embedder.embed(texts).vectors
+    model.warm_up()
+    vectors = model.embed(texts).vectors
     return [RecordedQuery(np.asarray(v, dtype=np.float32), None, CHUNK_TOP_K) for v in vectors]
 
 

@@ -118,7 +118,7 @@ class Quarry:
         self._models_guard = threading.Lock()
         self._model_urls: dict[str, str] = {}  # URL -> fingerprint of models registered by hand
         self.reindexer = Reindexer(
-            self.store, self.docstore, settings.reindex, self._writing, self._plan,
+            self.store, self.docstore, settings.reindex, self._writing, self._plan, depth=self.searcher.depth,
             index_timeout_s=settings.store.index_build_timeout_s,
         )
         self.scheduler: ReindexScheduler | None = None  # `quarry serve` starts one (indexing/schedule.py)
@@ -214,7 +214,7 @@ class Quarry:
         )
         view._versions, view._models, view._models_guard = {}, self._models, self._models_guard
         view.reindexer = Reindexer(
-            view.store, view.docstore, self.settings.reindex, view._writing, view._plan,
+            view.store, view.docstore, self.settings.reindex, view._writing, view._plan, depth=view.searcher.depth,
             index_timeout_s=self.settings.store.index_build_timeout_s,
         )
         view.scheduler = None  # the scheduler reindexes the default tenant's collections only
@@ -707,7 +707,9 @@ class Quarry:
             spec = index if isinstance(index, IndexSpec) else self._index_spec(index, vectors, embedder.dim, cfg.metric)
             build = Build(live_config(cfg, live), live, embedder, url, same, spec, chunking)
             report = self.reindexer.run(build, owner, self._job_progress(job_id, progress))
-            self._record_model(name, embedder, self.live_version(name))
+            swapped = self.live_version(name)
+            self.monitor.serving(name, swapped.physical_name)  # its recall figures start afresh
+            self._record_model(name, embedder, swapped)
             self.bm25.invalidate(name)  # a new chunking: the BM25 index is rebuilt from its rows now
             if job_id is not None:
                 self.docstore.update_job(job_id, state="done", counters=_counters(report))
@@ -840,6 +842,7 @@ class Quarry:
             same = bool(embedder.fingerprint) and embedder.fingerprint == live.model_fingerprint
             build = Build(live_config(self.get_collection(name), live), live, embedder, target.model_name, same, None)
             report = self.reindexer.rollback(build, target, lambda: self._record_model(name, embedder, target))
+            self.monitor.serving(name, target.physical_name)
             self.bm25.invalidate(name)  # back to the target's chunking: its BM25 index
             return report
         finally:
@@ -899,13 +902,23 @@ class Quarry:
 
     # --- recall monitoring -------------------------------------------------------------
     def recall(self, name: str) -> dict[str, Any]:
-        """Recent recall figures of a collection's sampled searches (see ``RecallMonitor.figures``).
+        """Recent recall figures of the live version's sampled searches (see ``RecallMonitor.figures``).
 
         Raises:
             CollectionNotFound: No such collection.
         """
         self.get_collection(name)
-        return self.monitor.figures(name)
+        live = self.live_version(name)
+        return {**self.monitor.figures(name, live.physical_name, live.swapped_at), "version": live.version}
+
+    def recall_target(self, name: str) -> tuple[CollectionVersion, Embedder]:
+        """The live version of ``name`` and its model (what ``quarry recall`` measures).
+
+        Raises:
+            CollectionNotFound: No such collection.
+        """
+        live = self.live_version(name)
+        return live, self._model_for(live)[0]
 
     def check_recall(self, name: str, queries: int) -> Any:
         """Measure recall@k now on ``queries`` queries (see :func:`monitoring.check.check_recall`).

@@ -22,9 +22,8 @@ import pytest
 
 from indexing.reindex import lease_name
 from indexing.sources import SourceDocument
-from quarry.errors import ReindexFailed, ReindexRunning
+from quarry.errors import ReindexRunning
 from quarry.service import Quarry
-from stores.base import IndexSpec
 from tests.core.conftest import PG_URL, CountingEmbedder
 
 _names = itertools.count()
@@ -229,17 +228,9 @@ def test_failed_verification_and_killed_run_leave_the_live_version(
     service = svc
     query = scifact_docs[3].title
     before = _top(service, filled, "hybrid", query)
-    if service.store.capabilities().engine == "pgvector":
-        # IVF with 16 lists, 1 probe, no iterative scan: full but wrong top-10s. (32 lists left some
-        # lists under 10 rows, whose short answers the store re-runs exactly: a CI run passed the check.)
-        # Milvus Lite answers its IVF_FLAT at recall 1.0 even at nprobe 1 (measured), so not there.
-        weak = IndexSpec("IVF_FLAT", params={"nlist": 16}, search_params={"nprobe": 1, "iterative_scan": "off"})
-        with pytest.raises(ReindexFailed, match="recall@10") as failed:
-            service.reindex(filled, index=weak)
-        assert "version 1 still serves" in failed.value.message
-        assert service.live_version(filled).version == 1
-        assert _top(service, filled, "hybrid", query) == before
-        assert service.docstore.list_versions(filled)[-1].state == "failed"
+    # A weak index refused by the recall check (at the live search depth, on pgvector and the Milvus
+    # server): tests/monitoring/test_recall_versions.py. At this size pgvector re-runs the short
+    # answers of a weak IVF exactly, so at the live depth (200) it serves exact answers and passes.
 
     def killed(phase: str, done: int) -> None:
         raise RuntimeError("killed mid-way")
