@@ -10,18 +10,21 @@ The steps (docs/design-state.md, issue 22), each safe to interrupt before the sw
    model call), else embed its text with the new model; re-plan the index for the current size
    (or build the one asked for);
 3. replay the change log after ``built_from_seq`` (upserts *and* deletes: each changed document's
-   vectors are deleted by ``document_id`` and its current chunks written again), once outside
-   and once more under the collection's write lock, so no write can land between the last
-   replay and the swap;
-4. verify, still under the lock: recall@10 of the new ANN index, searched at the searcher's
-   depth as live searches are (``depth``), against the store's exact search
+   vectors are deleted by ``document_id`` and its current chunks written again), in a few passes
+   each bounded by the seq at its start (writes that never stop cannot keep it going); writes
+   keep going to the live version meanwhile, under the collection's write lock, which the
+   build does not hold;
+4. verify recall, still without the lock: recall@10 of the new ANN index, searched at the
+   searcher's depth as live searches are (``depth``), against the store's exact search
    (:func:`monitoring.monitor.exact_recalls`), over a sample of its own vectors as queries, is
-   at least ``QUARRY_REINDEX__RECALL_FLOOR``, and the vector count equals the docstore's chunk
-   count; a failed check drops the new version (state ``failed``) and raises
-   :class:`~quarry.errors.ReindexFailed`;
-5. swap: ``live_version`` in the docstore (one transaction: Quarry's readers take the store
-   collection and the query model from that row), then the store alias where ``<name>`` is not
-   itself a physical collection; the old version stays ``retired`` until ``retire_after``.
+   at least ``QUARRY_REINDEX__RECALL_FLOOR``; replay the writes made meanwhile;
+5. under the write lock, for as long as the last few writes take: replay what is left (no
+   write can land between it and the swap), check that the vector count equals the docstore's
+   chunk count (a failed check drops the new version, state ``failed``, and raises
+   :class:`~quarry.errors.ReindexFailed`), then swap: ``live_version`` in the docstore (one
+   transaction: Quarry's readers take the store collection and the query model from that
+   row), then the store alias where ``<name>`` is not itself a physical collection; the old
+   version stays ``retired`` until ``retire_after``.
 
 With the chunking unchanged the new version shares the live version's chunks rows (and its BM25
 index). A reindex that re-chunks (another ``chunk_size``/``chunk_overlap``) re-cuts every
@@ -69,6 +72,7 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (chunks done, chunks in total)
 TOP_K = 10
+CATCH_UP_PASSES = 3  # replays of the writes made meanwhile before the write lock is taken
 
 
 def lease_name(collection: str) -> str:
@@ -149,9 +153,9 @@ class Reindexer:
             searches as deep.
 
     Attributes:
-        on_batch: Called with ``(phase, done)`` after every batch (``copy`` or ``replay``) and
-            before the recall check (``verify``, 0): a test injects a failure or concurrent
-            writes there.
+        on_batch: Called with ``(phase, done)`` after every batch (``copy``, ``replay``, or
+            ``final``: a replay under the write lock) and before the recall check (``verify``,
+            0): a test injects a failure or concurrent writes there.
     """
 
     def __init__(
@@ -241,12 +245,12 @@ class Reindexer:
             if self.on_batch is not None:
                 self.on_batch("copy", done)
         self._store.build_index(physical, spec, timeout_s=self._index_timeout_s)
-        seq = self._replay(build, physical, seq, report)  # the bulk of the writes made meanwhile
-        self._renew(name, owner)
+        seq = self._catch_up(build, physical, seq, report, owner)  # the bulk of the writes made meanwhile
         self._docstore.set_version_state(name, number, "verifying")
-        with self._writing(name):
-            self._replay(build, physical, seq, report)
-            self._check_recall(build, physical, spec, report)
+        self._check_recall(build, physical, spec, report)  # without the write lock: writes go on
+        seq = self._catch_up(build, physical, seq, report, owner)  # those made during the check
+        with self._writing(name):  # held for the last few writes, the counts and the swap
+            self._replay(build, physical, seq, report, phase="final")
             report.chunks = self._check_counts(build, physical, report)
             retire_after = time.time() + self._settings.retention_s
             self._docstore.set_live_version(name, number, retire_after=retire_after)
@@ -392,10 +396,35 @@ class Reindexer:
             out.extend(result.vectors)
         return out
 
-    def _replay(self, build: Build, physical: str, seq: int, report: ReindexReport) -> int:
-        """Bring ``physical`` up to the docstore's changes after ``seq``; returns the last seq applied."""
+    def _catch_up(self, build: Build, physical: str, seq: int, report: ReindexReport, owner: str) -> int:
+        """Replay, without the write lock, the writes made since ``seq`` in a few bounded passes.
+
+        Each pass replays up to the collection's seq at its start, so writes that keep coming
+        cannot keep it going (a replay slower than the writes would never find the log empty);
+        :data:`CATCH_UP_PASSES` passes leave the lock's final replay only the writes made during
+        the last one. Returns the last seq applied.
+        """
         name = build.cfg.name
-        while True:
+        self._renew(name, owner)
+        for _ in range(CATCH_UP_PASSES):
+            target = self._docstore.version(name)
+            if target <= seq:
+                break
+            seq = self._replay(build, physical, seq, report, until=target)
+            self._renew(name, owner)
+        return seq
+
+    def _replay(
+        self, build: Build, physical: str, seq: int, report: ReindexReport, *, until: int | None = None,
+        phase: str = "replay",
+    ) -> int:
+        """Bring ``physical`` up to the docstore's changes after ``seq`` (up to ``until``, else all).
+
+        ``phase`` names the batches to :attr:`on_batch` (``final``: under the write lock). Returns
+        the last seq applied.
+        """
+        name = build.cfg.name
+        while until is None or seq < until:
             changes = self._docstore.change_log_since(name, seq, limit=self._settings.batch_size)
             if not changes:
                 return seq
@@ -403,7 +432,8 @@ class Reindexer:
             self.refresh(build, physical, ids, report)
             seq = changes[-1].seq
             if self.on_batch is not None:
-                self.on_batch("replay", report.replayed)
+                self.on_batch(phase, report.replayed)
+        return seq
 
     def refresh(self, build: Build, physical: str, document_ids: Sequence[str], report: ReindexReport) -> None:
         """Make ``physical`` hold exactly the current chunks of ``document_ids`` (deleted ones: none)."""

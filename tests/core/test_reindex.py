@@ -142,6 +142,93 @@ def test_writes_during_reindex_reach_the_new_version(
     assert set(hits) == {d.id for d in changed[:10]} or len(set(hits) & {d.id for d in changed}) == 10
 
 
+def test_writes_during_the_recall_check_return_without_waiting_for_it(
+    svc: Quarry, filled: str, scifact_docs: list[SourceDocument]
+) -> None:
+    """The build holds no write lock while it checks recall: a write made then returns and reaches the new version.
+
+    The writer runs while the reindex waits in its ``verify`` hook; had the check held the
+    collection's write lock, the writer would wait for the hook to return, and the hook gives up
+    after 120 s (a bound on a deadlock, not a timing).
+    """
+    service = svc
+    extra = scifact_docs[DOCS : DOCS + 3]
+    doomed = scifact_docs[0].id
+    written = threading.Event()
+    errors: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            service.upsert(filled, extra)
+            service.delete_documents(filled, [doomed])
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            written.set()
+
+    def during(phase: str, done: int) -> None:
+        if phase == "verify":
+            threading.Thread(target=write).start()
+            assert written.wait(120), "a write waited for the reindex's recall check"
+
+    service.reindexer.on_batch = during
+    try:
+        report = service.reindex(filled)
+    finally:
+        service.reindexer.on_batch = None
+    assert not errors and written.is_set()
+    live = service.live_version(filled)
+    assert live.version == report.version
+    owned = service.docstore.chunk_ids_of(filled, [d.id for d in extra] + [doomed])
+    assert doomed not in owned and all(d.id in owned for d in extra)
+    chunks = [c for cs in owned.values() for c in cs]
+    assert len(service.store.get(live.physical_name, chunks)) == len(chunks)  # replayed onto the new version
+    assert service.store.count(live.physical_name) == _chunks(service, filled)
+
+
+def test_writes_that_never_stop_do_not_keep_the_build_replaying(
+    svc: Quarry, filled: str, scifact_docs: list[SourceDocument]
+) -> None:
+    """A write after every replay batch (a writer faster than the replay): the build still ends, in bounded passes.
+
+    The replay used to run until it found the change log empty, so writes arriving faster than
+    it replayed kept it going for as long as they came (here: up to the cap of 100 writes).
+    """
+    service = svc
+    doc = scifact_docs[1]
+    writes: list[int] = []
+    errors: list[BaseException] = []
+
+    def write(turn: int) -> None:  # delete, write back, delete, ...: each one a change
+        try:
+            if turn % 2:
+                service.upsert(filled, [doc])
+            else:
+                service.delete_documents(filled, [doc.id])
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    def during(phase: str, done: int) -> None:
+        if phase == "copy" and not writes or phase == "replay" and len(writes) < 100:
+            thread = threading.Thread(target=write, args=(len(writes),))  # the write lock is not the reindex's
+            writes.append(done)
+            thread.start()
+            thread.join()
+
+    service.reindexer.on_batch = during
+    try:
+        report = service.reindex(filled)
+    finally:
+        service.reindexer.on_batch = None
+    assert not errors
+    assert len(writes) <= 1 + 2 * 3, writes  # one write after the copy, then one per replay batch: 2 x 3 passes
+    live = service.live_version(filled)
+    assert live.version == report.version
+    present = doc.id in service.docstore.chunk_ids_of(filled, [doc.id])
+    assert present == (len(writes) % 2 == 0)  # the last write won, on the new version too
+    assert service.store.count(live.physical_name) == _chunks(service, filled)
+
+
 def _all_chunk_ids(service: Quarry, name: str, document_ids: list[str]) -> dict[str, list[str]]:
     return service.docstore.chunk_ids_of(name, document_ids)
 
