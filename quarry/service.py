@@ -782,9 +782,13 @@ class Quarry:
         Raises:
             CollectionNotFound: No such collection.
             InvalidRequest: See :meth:`reindex`.
+            UnsupportedIndex: ``index`` is not a kind this engine builds (checked before the job starts).
             ReindexRunning: Another reindex of it holds the lease.
         """
-        _chunking_asked(live_config(self.get_collection(name), self.live_version(name)), chunk_size, chunk_overlap)
+        cfg = self.get_collection(name)
+        _chunking_asked(live_config(cfg, self.live_version(name)), chunk_size, chunk_overlap)
+        if index is not None:  # an unknown kind, or one this engine cannot build: 400 now, not a failed job
+            self._index_spec(index, 0, max(cfg.dim, 1), cfg.metric)
         if owner is None:
             owner = new_owner()
             self.reindexer.acquire(name, owner)

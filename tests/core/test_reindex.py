@@ -22,7 +22,7 @@ import pytest
 
 from indexing.reindex import lease_name
 from indexing.sources import SourceDocument
-from quarry.errors import ReindexRunning
+from quarry.errors import ReindexRunning, UnsupportedIndex
 from quarry.service import Quarry
 from tests.core.conftest import PG_URL, CountingEmbedder
 
@@ -428,6 +428,14 @@ def test_processes_sharing_pgvector_reindex_once_and_a_killed_one_leaves_the_liv
     report = service.reindex(filled)
     assert service.live_version(filled).version == report.version
     assert _top(service, filled, "hybrid", query) == before
+
+
+def test_an_unknown_index_kind_is_refused_before_a_job_starts(svc: Quarry, filled: str) -> None:
+    jobs = len(svc.docstore.list_jobs(collection=filled, limit=50))
+    with pytest.raises(UnsupportedIndex, match="unknown index kind 'annoy'"):
+        svc.start_reindex(filled, index="annoy")
+    assert len(svc.docstore.list_jobs(collection=filled, limit=50)) == jobs
+    assert svc.docstore.get_lease(lease_name(filled)) is None
 
 
 def test_rest_reindex_job_and_rollback(svc: Quarry, filled: str) -> None:
