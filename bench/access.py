@@ -82,7 +82,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -99,6 +98,10 @@ from rich.console import Console
 from rich.table import Table
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.serve import QuarryServer  # noqa: E402
+
 console = Console()
 COLLECTION = "sf"
 SERVER_PATH: list[str] = []  # --server-path: put before the repo on the servers' PYTHONPATH
@@ -156,12 +159,6 @@ end
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _env(data_dir: Path, **settings: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUARRY_")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
@@ -199,33 +196,9 @@ def copy_data(base: Path, dest: Path) -> Path:
 
 @contextmanager
 def server(env: dict[str, str]) -> Iterator[str]:
-    """A ``quarry serve`` on a free loopback port; yields its base URL."""
-    port = _free_port()
-    log = tempfile.NamedTemporaryFile(prefix="quarry-bench-serve-", suffix=".log", delete=False)  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "quarry.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {Path(log.name).read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not become ready in 300 s")
-            time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    """A ready ``quarry serve`` on a free loopback port (run from ``--server-path`` when given); yields its URL."""
+    with QuarryServer(env, cwd=Path(SERVER_PATH[0]) if SERVER_PATH else None).wait_ready() as served:
+        yield served.url
 
 
 def wrk(url: str, bodies: Path, *, key: str = "", clients: int, seconds: float, offset: int = 0,  # noqa: PLR0913

@@ -150,11 +150,11 @@ def throughput(rounds: int, seconds: float, clients: int) -> dict[str, Any]:
             wb.ingest(env, DATA / "scifact", collection, None, memo=True)
             queries = list(load_split(DATA / "scifact", "test").queries.values())
             for name, url in ENCODERS.items():
-                proc, port = wb.start(1, {**env, "QUARRY_DATA_DIR": str(Path(tmp) / name),
-                                          "QUARRY_EMBEDDING__URL": url,
-                                          "QUARRY_EMBEDDING__CACHE_DIR": str(Path(tmp) / "models")})
-                search = f"http://127.0.0.1:{port}/v1/collections/{collection}/search"
-                servers[name] = (proc, search)
+                server = wb.start(1, {**env, "QUARRY_DATA_DIR": str(Path(tmp) / name),
+                                      "QUARRY_EMBEDDING__URL": url,
+                                      "QUARRY_EMBEDDING__CACHE_DIR": str(Path(tmp) / "models")})
+                search = f"{server.url}/v1/collections/{collection}/search"
+                servers[name] = (server, search)
                 for q in queries[:16]:
                     wb.httpx.post(search, json={"query": q, "top_k": 10}, timeout=60).raise_for_status()
             for r in range(rounds):
@@ -165,8 +165,8 @@ def throughput(rounds: int, seconds: float, clients: int) -> dict[str, Any]:
                     f"{k} {v['rounds'][-1]['rps']:.1f} req/s (p50 {v['rounds'][-1]['p50_ms']:.0f} ms)"
                     for k, v in out.items()))
         finally:
-            for proc, _ in servers.values():
-                wb.stop(proc)
+            for server, _ in servers.values():
+                server.stop()
             _drop(env, collection)
             wb.drop_schema(schema)
     for v in out.values():

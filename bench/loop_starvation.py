@@ -26,9 +26,7 @@ import asyncio
 import itertools
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,14 +40,9 @@ sys.path.insert(0, str(REPO))
 
 from eval.beir import load_split  # noqa: E402
 from indexing.sources import iter_jsonl  # noqa: E402
+from tests.serve import QuarryServer  # noqa: E402
 
 LONG_CHARS = 8192
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def ingest(scifact: Path, data_dir: Path, docs: int) -> None:
@@ -64,25 +57,6 @@ def ingest(scifact: Path, data_dir: Path, docs: int) -> None:
         quarry.upsert("scifact", list(itertools.islice(iter_jsonl(scifact / "corpus.jsonl"), docs)))
     finally:
         quarry.close()
-
-
-def start_server(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "quarry.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("server did not become ready in 300 s")
 
 
 async def _loop(http: httpx.AsyncClient, request: Any, until: float, latencies: list[float], errors: list[str]) -> None:
@@ -155,18 +129,16 @@ def main() -> None:
     short = list(load_split(scifact, "test").queries.values())
     text = " ".join(d.text for d in itertools.islice(iter_jsonl(scifact / "corpus.jsonl"), 2000, 2400))
     long = [text[i * LONG_CHARS : (i + 1) * LONG_CHARS] for i in range(len(text) // LONG_CHARS)]
-    port = _free_port()
     env = {**os.environ, "QUARRY_DATA_DIR": str(args.data_dir), "PYTHONPATH": str(REPO)}
-    server = start_server(port, env)
+    server = QuarryServer(env).wait_ready()
     try:
-        base = f"http://127.0.0.1:{port}"
+        base = server.url
         for q in short[:20]:  # warm the caches (stemmer, jieba, the BM25 snapshot)
             httpx.post(f"{base}/v1/collections/scifact/search", json={"query": q, "mode": "bm25"}, timeout=60)
         alone = asyncio.run(phase(base, short, long, 0, args.seconds))
         loaded = asyncio.run(phase(base, short, long, args.heavy, args.seconds))
     finally:
-        server.terminate()
-        server.wait(30)
+        server.stop()
     ratios = {
         name: loaded[name]["p50_ms"] / alone[name]["p50_ms"] for name in ("light_search", "healthz")
     }

@@ -35,6 +35,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -49,8 +50,9 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.search import _free_port, load, load_wrk, start_server  # noqa: E402
+from bench.search import load, load_wrk  # noqa: E402
 from eval.beir import load_split  # noqa: E402
+from tests.serve import QuarryServer  # noqa: E402
 
 console = Console()
 
@@ -105,13 +107,13 @@ def main() -> None:
     queries = list(load_split(args.scifact, "test").queries.values())
     loader = args.load if args.load != "auto" else ("wrk" if shutil.which("wrk") else "httpx")
     rates = {"on": args.rate, "off": 0.0}
-    procs, bases = {}, {}
+    servers: dict[str, QuarryServer] = {}
+    bases = {}
     try:
         for side in ("on", "off"):
-            port = _free_port()
-            procs[side] = start_server(port, {**env, "QUARRY_DATA_DIR": dirs[side],
-                                              "QUARRY_MONITOR__SAMPLE_RATE": str(rates[side])})
-            bases[side] = f"http://127.0.0.1:{port}/v1/collections/{args.collection}"
+            servers[side] = QuarryServer({**env, "QUARRY_DATA_DIR": dirs[side],
+                                          "QUARRY_MONITOR__SAMPLE_RATE": str(rates[side])}).wait_ready()
+            bases[side] = f"{servers[side].url}/v1/collections/{args.collection}"
             for q in queries[:64]:  # warm-up: first calls pay for lazy initialisation
                 httpx.post(f"{bases[side]}/search", json={"query": q, "top_k": 10}, timeout=60)
         phases = []
@@ -124,15 +126,9 @@ def main() -> None:
                           f"ratio {on['rps'] / max(off['rps'], 1e-9):.3f}, errors {on['errors']}+{off['errors']}")
         figures = monitor_figures(bases["on"])
     finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:  # a server that does not stop on SIGTERM is reported, not left behind
-                console.print(f"server {proc.pid} ignored SIGTERM for 30 s: killed")
-                proc.kill()
-                proc.wait(timeout=30)
+        for server in servers.values():
+            if server.stop(timeout_s=30) == -signal.SIGKILL:  # reported, not left behind
+                console.print(f"server {server.proc.pid} ignored SIGTERM for 30 s: killed")
     by_round = {(p["round"], p["side"]): p["rps"] for p in phases}
     ratios = [by_round[r, "on"] / max(by_round[r, "off"], 1e-9) for r in range(1, args.rounds + 1)]
     pooled = sum(p["rps"] for p in phases if p["side"] == "on") / sum(p["rps"] for p in phases if p["side"] == "off")

@@ -71,9 +71,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.monitor import ingest  # noqa: E402
-from bench.search import _free_port, load_wrk, start_server  # noqa: E402
+from bench.search import load_wrk  # noqa: E402
 from eval.beir import load_split  # noqa: E402
 from indexing.sources import iter_jsonl  # noqa: E402
+from tests.serve import QuarryServer  # noqa: E402
 
 PG_URL = "postgresql://postgres@127.0.0.1:5433/quarry"
 MILVUS_URL = "milvus://127.0.0.1:19530"
@@ -153,10 +154,9 @@ def one_round(args: argparse.Namespace, store: str, queries: list[str]) -> dict[
     if not marker.exists():  # a re-run embeds nothing, but starting the CLI's model costs minutes on a busy machine
         ingest(args.scifact, args.docs, env, collection)
         marker.touch()
-    port = _free_port()
-    proc = start_server(port, env)
+    server = QuarryServer(env).wait_ready()
     try:
-        root = f"http://127.0.0.1:{port}"
+        root = server.url
         base = f"{root}/v1/collections/{collection}"
         for q in queries[:32]:  # warm-up: the first calls load the model and the collection (a cold start
             httpx.post(f"{base}/search", json={"query": q, "top_k": 10}, timeout=60)  # may degrade on a busy host)
@@ -179,8 +179,7 @@ def one_round(args: argparse.Namespace, store: str, queries: list[str]) -> dict[
             **{f"{m}_top10": compare(before[m], after[m], args.tie) for m in before},
         }
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        server.stop()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -241,10 +240,9 @@ def write_phases(args: argparse.Namespace, store: str, round_no: int) -> dict[st
         marker.touch()
     docs = [{"id": d.id, "title": d.title, "text": d.text}
             for d in itertools.islice(iter_jsonl(args.scifact / "corpus.jsonl"), 0, args.docs, 7)]
-    port = _free_port()
-    proc = start_server(port, env)
+    server = QuarryServer(env).wait_ready()
     try:
-        root = f"http://127.0.0.1:{port}"
+        root = server.url
         base = f"{root}/v1/collections/{collection}"
         writer = Writer(base, docs, args.write_gap)
         writer.until(None, time.perf_counter() + 5)  # warm-up: the model, the collection, the connections
@@ -288,8 +286,7 @@ def write_phases(args: argparse.Namespace, store: str, round_no: int) -> dict[st
                 "p99_ratio": round(build / idle, 2) if idle else None, "documents_before": count,
                 "documents_after": after, "latencies_ms": raw}
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        server.stop()
 
 
 def main() -> None:

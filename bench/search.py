@@ -17,6 +17,20 @@
 The server uses ``QUARRY_DATA_DIR`` (default ``./data``) and ingests SciFact there first if
 needed (idempotent: a re-run embeds nothing). It inherits the environment, so other settings
 apply too, e.g. ``QUARRY_EMBEDDING__QUERY_PROCESS=true`` (the query encoder in a child process).
+
+3. Two source trees, alternated in one run (``--compare-ref REF``): the REST figure of 2., 32
+   clients, for the code at git ``REF`` (the baseline, exported with ``git archive`` into a
+   temporary folder) and this checkout as it is, uncommitted changes included (the candidate; or
+   ``--candidate-ref REF2``). Each side ingests SciFact with its own code into a data dir of its
+   own (``--compare-data DIR`` keeps them between runs; default: a temporary folder), then both
+   servers run at once, each started from its tree (``cwd`` and ``PYTHONPATH``: the first lines
+   print which ``quarry`` each imports), and take turns under load for ``--rounds`` rounds of
+   ``--seconds`` (the order flips every round, so that a drift of the machine's load lands on
+   both). Reported: each round's candidate/baseline requests/s ratio, their median, quartiles,
+   min and max, the pooled ratio (summed candidate / summed baseline), p50 and errors per phase.
+
+    python bench/search.py --compare-ref main [--candidate-ref REF2] [--rounds 8] [--seconds 15]
+                           [--compare-data DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -27,7 +41,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,6 +63,7 @@ from indexing.sources import iter_jsonl  # noqa: E402
 from quarry.settings import BM25Settings  # noqa: E402
 from retrieval.bm25 import BM25Index  # noqa: E402
 from retrieval.text import tokenize  # noqa: E402
+from tests.serve import QuarryServer  # noqa: E402
 
 console = Console()
 
@@ -81,35 +95,6 @@ def _timed(fn: Any) -> float:
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    # stderr goes to a file, not a pipe: nobody reads a pipe while the load runs, and once its 64 KiB
-    # filled with access-log lines the server blocked in logging and answered nothing more
-    log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "quarry.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=log,
-    )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"server exited: {log.read().decode(errors='replace')[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("server did not become ready in 300 s")
 
 
 async def _client(http: httpx.AsyncClient, url: str, queries: list[str], until: float, offset: int,
@@ -212,10 +197,9 @@ def bench_api(
         env["QUARRY_EMBEDDING__URL"] = embedding_url
     subprocess.run([sys.executable, "-m", "quarry.cli", "ingest", str(scifact), "--collection", collection],
                    env=env, check=True)
-    port = _free_port()
-    proc = start_server(port, env)
+    server = QuarryServer(env).wait_ready()
     try:
-        url = f"http://127.0.0.1:{port}/v1/collections/{collection}/search"
+        url = f"{server.url}/v1/collections/{collection}/search"
         queries = list(load_split(scifact, "test").queries.values())
         for q in queries[:32]:  # warm-up: first calls pay for lazy initialisation
             httpx.post(url, json={"query": q, "top_k": 10}, timeout=60)
@@ -227,8 +211,98 @@ def bench_api(
 
         return {"embedding_url": embedding_url or "torch://all-MiniLM-L6-v2", "1_client": run(1), "32_clients": run(32)}
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        server.stop()
+
+
+def export_tree(ref: str, dest: Path) -> str:
+    """Write the files of git ``ref`` (this repository's) into ``dest``; returns the commit id.
+
+    Raises:
+        subprocess.CalledProcessError: ``ref`` names no commit, or git or tar failed.
+    """
+    sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", f"{ref}^{{commit}}"],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", sha], check=True, capture_output=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return sha
+
+
+def _tree_env(tree: Path, data_dir: Path, embedding_url: str | None) -> dict[str, str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(tree),
+           "QUARRY_DATA_DIR": str(data_dir)}
+    if embedding_url:
+        env["QUARRY_EMBEDDING__URL"] = embedding_url
+    return env
+
+
+def _imported_from(env: dict[str, str], tree: Path) -> str:
+    """The folder ``quarry`` is imported from by a child started like the server (``cwd`` ``tree``)."""
+    code = "import pathlib, quarry; print(pathlib.Path(quarry.__file__).resolve().parents[1])"
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=tree, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _spread(ratios: list[float]) -> dict[str, float]:
+    quartiles = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [ratios[0]] * 3
+    return {"median": statistics.median(ratios), "q1": quartiles[0], "q3": quartiles[2],
+            "min": min(ratios), "max": max(ratios)}
+
+
+def compare_trees(args: argparse.Namespace, loader: str) -> dict[str, Any]:
+    """Section 3 of the module docstring: baseline ``args.compare_ref`` against the candidate, alternated."""
+    with tempfile.TemporaryDirectory(prefix="quarry-bench-compare-") as tmp:
+        trees: dict[str, Path] = {"baseline": Path(tmp) / "baseline", "candidate": REPO}
+        labels = {"baseline": f"{args.compare_ref} ({export_tree(args.compare_ref, trees['baseline'])[:12]})",
+                  "candidate": "this checkout"}
+        if args.candidate_ref:
+            trees["candidate"] = Path(tmp) / "candidate"
+            labels["candidate"] = f"{args.candidate_ref} ({export_tree(args.candidate_ref, trees['candidate'])[:12]})"
+        data_root = args.compare_data or Path(tmp) / "data"
+        envs = {side: _tree_env(tree, data_root / side, args.embedding_url) for side, tree in trees.items()}
+        for side, tree in trees.items():
+            origin = _imported_from(envs[side], tree)
+            if Path(origin) != tree.resolve():
+                raise RuntimeError(f"the {side} imports quarry from {origin}, not from {tree}")
+            console.print(f"{side}: {labels[side]}, quarry from {origin}, data {data_root / side}")
+            started = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "quarry.cli", "ingest", str(args.scifact), "--collection",
+                            args.collection], env=envs[side], cwd=tree, check=True, stdout=subprocess.DEVNULL)
+            console.print(f"{side}: ingested in {time.perf_counter() - started:.0f} s")
+        queries = list(load_split(args.scifact, "test").queries.values())
+        servers: dict[str, QuarryServer] = {}
+        try:
+            for side, tree in trees.items():
+                servers[side] = QuarryServer(envs[side], cwd=tree)
+            urls = {}
+            for side, server in servers.items():
+                urls[side] = f"{server.wait_ready().url}/v1/collections/{args.collection}/search"
+                for q in queries[:32]:  # warm-up: first calls pay for lazy initialisation
+                    httpx.post(urls[side], json={"query": q, "top_k": 10}, timeout=60).raise_for_status()
+            phases: list[dict[str, Any]] = []
+            for r in range(args.rounds):
+                for side in ("baseline", "candidate") if r % 2 == 0 else ("candidate", "baseline"):
+                    if loader == "wrk":
+                        out = load_wrk(urls[side], queries, 32, args.seconds)
+                    else:
+                        out = {**asyncio.run(load(urls[side], queries, 32, args.seconds)), "load": "httpx"}
+                    phases.append({"round": r + 1, "side": side, **out})
+                base, cand = (next(p for p in phases[-2:] if p["side"] == s) for s in ("baseline", "candidate"))
+                console.print(f"round {r + 1}: baseline {base['rps']:.1f} req/s (p50 {base['p50_ms']:.0f} ms), "
+                              f"candidate {cand['rps']:.1f} req/s (p50 {cand['p50_ms']:.0f} ms), "
+                              f"ratio {cand['rps'] / max(base['rps'], 1e-9):.3f}, "
+                              f"errors {base['errors']}+{cand['errors']}")
+        finally:
+            for server in servers.values():
+                server.stop()
+    rps = {(p["round"], p["side"]): p["rps"] for p in phases}
+    ratios = [rps[r, "candidate"] / max(rps[r, "baseline"], 1e-9) for r in range(1, args.rounds + 1)]
+    pooled = sum(p["rps"] for p in phases if p["side"] == "candidate") / max(
+        sum(p["rps"] for p in phases if p["side"] == "baseline"), 1e-9)
+    return {"baseline": labels["baseline"], "candidate": labels["candidate"], "clients": 32, "load": loader,
+            "seconds": args.seconds, "ratios": ratios, "ratio": _spread(ratios), "pooled_ratio": pooled,
+            "errors": {s: sum(p["errors"] for p in phases if p["side"] == s) for s in ("baseline", "candidate")},
+            "phases": phases}
 
 
 def main() -> None:
@@ -240,8 +314,28 @@ def main() -> None:
     parser.add_argument("--skip-api", action="store_true")
     parser.add_argument("--load", choices=["auto", "wrk", "httpx"], default="auto",
                         help="load generator (auto: wrk when installed)")
+    parser.add_argument("--compare-ref", default=None, metavar="REF",
+                        help="only compare REST throughput: git REF (baseline) against this checkout, alternated")
+    parser.add_argument("--candidate-ref", default=None, metavar="REF",
+                        help="with --compare-ref: the candidate is git REF, not this checkout")
+    parser.add_argument("--rounds", type=int, default=8, help="with --compare-ref: rounds (each runs both sides)")
+    parser.add_argument("--compare-data", type=Path, default=None,
+                        help="with --compare-ref: keep the two sides' data dirs here (default: a temporary folder)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
+    loader = args.load if args.load != "auto" else ("wrk" if shutil.which("wrk") else "httpx")
+
+    if args.compare_ref:
+        result = compare_trees(args, loader)
+        summary = result["ratio"]
+        console.print(f"REST hybrid, 32 clients ({loader}), candidate {result['candidate']} / baseline "
+                      f"{result['baseline']}: median ratio {summary['median']:.3f} over {args.rounds} rounds, "
+                      f"quartiles {summary['q1']:.3f}-{summary['q3']:.3f}, min {summary['min']:.3f}, "
+                      f"max {summary['max']:.3f}, pooled {result['pooled_ratio']:.3f}, errors "
+                      f"{result['errors']['baseline']}+{result['errors']['candidate']}")
+        if args.json:
+            args.json.write_text(json.dumps({"compare": result}, indent=2))
+        return
 
     results: dict[str, Any] = {"bm25": bench_bm25(args.scifact, repeats=3)}
     table = Table("benchmark", "quarry", "baseline", "ratio", title="bench/search.py")
@@ -249,7 +343,6 @@ def main() -> None:
     table.add_row("BM25 queries/s (SciFact)", f"{b['quarry_qps']:.0f}", f"rank-bm25 {b['rank_bm25_qps']:.1f}",
                   f"{b['speedup']:.0f}x")
     if not args.skip_api:
-        loader = args.load if args.load != "auto" else ("wrk" if shutil.which("wrk") else "httpx")
         results["api"] = bench_api(args.scifact, args.seconds, args.embedding_url, args.collection, loader)
         for key in ("1_client", "32_clients"):
             r = results["api"][key]

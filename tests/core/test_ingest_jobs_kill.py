@@ -14,10 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from itertools import islice
 from pathlib import Path
@@ -29,6 +25,7 @@ import numpy as np
 from indexing.docstore import open_docstore
 from stores.factory import open_store
 from tests.embedding_cache import MODEL_CACHE_ENV
+from tests.serve import QuarryServer
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = 120  # SciFact documents (about 175 chunks): 12 batches of 10, some seconds of embedding each
@@ -36,17 +33,10 @@ BATCH = 10
 NAME = "scifact_job"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Server:
     """A ``quarry serve`` child in a session of its own (so a SIGKILL takes its Milvus Lite too)."""
 
     def __init__(self, data_dir: Path, root: Path, log: Path) -> None:
-        self.port = _free_port()
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("QUARRY_") or k == MODEL_CACHE_ENV},
             "QUARRY_DATA_DIR": str(data_dir), "QUARRY_INGEST__ROOTS": json.dumps([str(root)]),
@@ -56,22 +46,8 @@ class Server:
             # long enough for the kill to land mid-job on any machine
             "QUARRY_EMBEDDING__URL": "torch://all-MiniLM-L6-v2",
         }
-        self.log = log.open("a")
-        self.proc = subprocess.Popen(  # noqa: S603 - our own CLI
-            [sys.executable, "-m", "quarry.cli", "serve", "--port", str(self.port)], env=env, stdout=self.log,
-            stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
-        )
-        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=60)
-        deadline = time.monotonic() + 300
-        while True:
-            assert self.proc.poll() is None, log.read_text()
-            try:
-                if self.client.get("/readyz").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.5)
+        self.server = QuarryServer(env, log=log, cwd=REPO).wait_ready()
+        self.client = httpx.Client(base_url=self.server.url, timeout=60)
 
     def job(self, job_id: str) -> dict[str, Any]:
         resp = self.client.get(f"/v1/jobs/{job_id}")
@@ -88,19 +64,11 @@ class Server:
 
     def stop(self) -> None:
         self.client.close()
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self.log.close()
+        self.server.stop(timeout_s=120)
 
     def kill(self) -> None:
         self.client.close()
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
-        self.log.close()
+        self.server.kill()
 
 
 def _state(data_dir: Path) -> dict[str, Any]:

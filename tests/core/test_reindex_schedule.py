@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import signal
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,6 +24,7 @@ from indexing.schedule import ReindexScheduler, parse_schedule, period_s
 from indexing.sources import SourceDocument
 from quarry.service import Quarry
 from quarry.settings import DocstoreSettings, ReindexSettings, Settings, StoreSettings
+from tests.serve import QuarryServer
 
 _names = itertools.count()
 RUN = uuid.uuid4().hex[:6]
@@ -140,35 +139,26 @@ def test_churn_and_growth_triggers_start_one_reindex(
 @contextmanager
 def _two_servers(state_url: str, store_url: str, tmp: pytest.TempPathFactory) -> Iterator[list[httpx.Client]]:
     """Two ``quarry serve`` processes on one store and one PostgreSQL docstore, each scheduling every 2 s."""
-    from tests.state.test_replicas import _wait_ready
-    from tests.state.test_workers import _free_port, _serve
+    from tests.state.test_workers import _serve
 
-    servers: list[subprocess.Popen[str]] = []
+    servers: list[QuarryServer] = []
     clients: list[httpx.Client] = []
     try:
         for i in range(2):
-            port = _free_port()
             servers.append(_serve(
-                ["--port", str(port)], tmp.mktemp(f"sched{i}"), QUARRY_STORE__URL=store_url,
+                [], tmp.mktemp(f"sched{i}"), QUARRY_STORE__URL=store_url,
                 QUARRY_DOCSTORE__URL=state_url, QUARRY_REINDEX__SCHEDULE="2s",
                 QUARRY_BM25__MAX_STALENESS_S="1", QUARRY_SEARCH__DENSE_TIMEOUT_S="120",
             ))
-            clients.append(httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120))
-        for client, server in zip(clients, servers, strict=True):
-            _wait_ready(client, server)
+            clients.append(httpx.Client(base_url=servers[-1].url, timeout=120))
+        for server in servers:
+            server.wait_ready(timeout_s=400, poll_s=1)
         yield clients
     finally:
         for client in clients:
             client.close()
         for server in servers:
-            if server.poll() is None:
-                os.killpg(server.pid, signal.SIGTERM)
-        for server in servers:
-            try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait(timeout=60)
+            server.stop()
 
 
 def _search_both(clients: list[httpx.Client], name: str, query: str, seconds: float) -> int:

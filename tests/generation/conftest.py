@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -17,18 +16,13 @@ import uvicorn
 from fastapi import FastAPI
 
 from indexing.sources import SourceDocument, iter_jsonl
+from tests.serve import free_port
 
 
 @pytest.fixture(scope="session")
 def scifact_sample(shared_data: Path) -> list[SourceDocument]:
     """The first 40 SciFact documents."""
     return list(itertools.islice(iter_jsonl(shared_data / "scifact" / "corpus.jsonl"), 40))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Served:

@@ -23,8 +23,9 @@ from indexing.sources import SourceDocument
 from quarry.api import create_app
 from quarry.service import Quarry
 from quarry.settings import CacheSettings, Settings
-from tests.generation.conftest import Served, free_port, sse_events
+from tests.generation.conftest import Served, sse_events
 from tests.llama import llama_settings, require_llama
+from tests.serve import free_port
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -55,7 +55,7 @@ def ids(hits: list[ScoredId]) -> tuple[str, ...]:
 
 
 def gauge(name: str, collection: str, selectivity: str = "none") -> float | None:
-    return REGISTRY.get_sample_value(name, {"collection": collection, "selectivity": selectivity})
+    return REGISTRY.get_sample_value(name, {"tenant": "default", "collection": collection, "selectivity": selectivity})
 
 
 def quarry_for(backend: str, tmp_path: Path, embedder: CountingEmbedder) -> Quarry:

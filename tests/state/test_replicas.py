@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,8 +22,9 @@ import httpx
 import pytest
 
 from indexing.docstore import open_docstore
+from tests.serve import QuarryServer
 from tests.state.conftest import PG_URL, pg_schema
-from tests.state.test_workers import _free_port, _serve
+from tests.state.test_workers import _serve
 
 pytestmark = pytest.mark.integration
 
@@ -35,23 +34,10 @@ MILVUS_URL = os.environ.get("QUARRY_TEST_MILVUS_URL", "milvus://127.0.0.1:19530"
 
 @dataclass
 class Pair:
-    servers: list[subprocess.Popen[str]]
+    servers: list[QuarryServer]
     clients: list[httpx.Client]
     state_url: str
     name: str
-
-
-def _wait_ready(client: httpx.Client, server: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline:
-        assert server.poll() is None, server.stdout.read() if server.stdout else ""
-        try:
-            if client.get("/readyz").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(1)
-    raise AssertionError("replica not ready in 400 s")
 
 
 @pytest.fixture(scope="module", params=["pgvector", "milvus"])
@@ -61,32 +47,25 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         servers, clients = [], []
         try:
             for i in range(2):
-                port = _free_port()
                 servers.append(_serve(
-                    ["--port", str(port)], tmp_path_factory.mktemp(f"replica{i}"), QUARRY_STORE__URL=store,
+                    [], tmp_path_factory.mktemp(f"replica{i}"), QUARRY_STORE__URL=store,
                     QUARRY_DOCSTORE__URL=state_url, QUARRY_BM25__MAX_STALENESS_S=str(STALENESS_S),
                     QUARRY_SEARCH__DENSE_TIMEOUT_S="120",  # two servers embedding on 2 shared cores
                 ))
-                clients.append(httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120))
-            for client, server in zip(clients, servers, strict=True):
-                _wait_ready(client, server)
+                clients.append(httpx.Client(base_url=servers[-1].url, timeout=120))
+            for server in servers:  # both start at once; then each is waited for
+                server.wait_ready(timeout_s=400, poll_s=1)
             name = f"replicas_{uuid.uuid4().hex[:10]}"
             r = clients[0].post("/v1/collections", json={"name": name, "language": "en"})
             assert r.status_code == 201, r.text
             yield Pair(servers, clients, state_url, name)
-            live = [c for c, s in zip(clients, servers, strict=True) if s.poll() is None]
+            live = [c for c, s in zip(clients, servers, strict=True) if s.proc.poll() is None]
             live[0].delete(f"/v1/collections/{name}")
         finally:
             for client in clients:
                 client.close()
             for server in servers:
-                if server.poll() is None:
-                    os.killpg(server.pid, signal.SIGTERM)
-                    try:
-                        server.communicate(timeout=60)
-                    except subprocess.TimeoutExpired:
-                        os.killpg(server.pid, signal.SIGKILL)
-                        server.communicate()
+                server.stop()
 
 
 def _ids(client: httpx.Client, name: str, query: str, mode: str, top_k: int = 10) -> list[str]:
@@ -183,9 +162,8 @@ def test_sigkill_mid_batch_leaves_all_or_nothing_and_a_retry_completes(pair: Pai
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(send)
         time.sleep(2.0)  # the batch is being chunked and embedded
-        os.killpg(pair.servers[0].pid, signal.SIGKILL)
+        pair.servers[0].kill()
         pending.result()
-    pair.servers[0].wait()
     time.sleep(STALENESS_S + 0.5)
     seen = len(_ids(two, pair.name, word, "bm25", top_k=100))
     assert seen in (0, 60), seen

@@ -8,11 +8,8 @@ written through one request is found by the next requests, whichever worker answ
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -21,22 +18,20 @@ import pytest
 
 from quarry.api.workers import share_cores
 from tests.embedding_cache import MODEL_CACHE_ENV
+from tests.serve import QuarryServer
 from tests.state.conftest import PG_URL, pg_schema
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _serve(args: list[str], data_dir: Path, **extra_env: str) -> subprocess.Popen[str]:
-    code = "import sys; from quarry.cli import main; sys.argv[0] = 'quarry'; sys.exit(main())"
+def _serve(args: list[str], data_dir: Path, **extra_env: str) -> QuarryServer:
+    """``quarry serve *args`` on ``data_dir``, started (not yet ready); its output goes to ``data_dir/serve.log``."""
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("QUARRY_") or k == MODEL_CACHE_ENV},
         "QUARRY_DATA_DIR": str(data_dir), "HF_HUB_OFFLINE": "1", "COLUMNS": "80", "PYTHONPATH": str(REPO),
         **extra_env,
     }
-    return subprocess.Popen(
-        [sys.executable, "-c", code, "serve", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, cwd=REPO, start_new_session=True,
-    )
+    return QuarryServer(env, args=args, log=data_dir / "serve.log", cwd=REPO)
 
 
 @pytest.mark.parametrize(
@@ -48,16 +43,11 @@ def _serve(args: list[str], data_dir: Path, **extra_env: str) -> subprocess.Pope
 )
 def test_workers_on_one_process_backends_are_one_error_line(tmp_path: Path, env: dict[str, str], needle: str) -> None:
     done = _serve(["--workers", "2"], tmp_path, **env)
-    out, _ = done.communicate(timeout=120)
-    assert done.returncode == 2, out
+    done.proc.wait(timeout=120)
+    out = done.output()
+    assert done.proc.returncode == 2, out
     errors = [line for line in out.splitlines() if line.startswith("error")]
     assert len(errors) == 1 and "error (ConfigError): --workers > 1" in errors[0] and needle in out, out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.integration
@@ -67,27 +57,17 @@ def test_two_workers_on_shared_backends_serve_each_others_writes(tmp_path: Path)
 
 
 def _two_workers(tmp_path: Path, state_url: str) -> None:
-    port = _free_port()
     name = f"workers_{uuid.uuid4().hex[:10]}"
     server = _serve(
-        ["--workers", "2", "--port", str(port)], tmp_path, QUARRY_STORE__URL=PG_URL, QUARRY_DOCSTORE__URL=state_url,
+        ["--workers", "2"], tmp_path, QUARRY_STORE__URL=PG_URL, QUARRY_DOCSTORE__URL=state_url,
         # each read checks the change log (by default the other worker may lag up to 1 s: test_replicas.py)
         QUARRY_BM25__MAX_STALENESS_S="0",
     )
-    base = f"http://127.0.0.1:{port}"
     try:
+        server.wait_ready(timeout_s=400, poll_s=1)
         # a connection per request, so that the kernel hands each to either worker
         no_reuse = httpx.Limits(max_keepalive_connections=0)
-        with httpx.Client(base_url=base, timeout=60, limits=no_reuse) as client:
-            deadline = time.monotonic() + 400
-            while time.monotonic() < deadline:
-                assert server.poll() is None, server.stdout.read() if server.stdout else ""
-                try:
-                    if client.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(1)
+        with httpx.Client(base_url=server.url, timeout=60, limits=no_reuse) as client:
             assert client.post("/v1/collections", json={"name": name, "language": "en"}).status_code == 201
             try:
                 for i in range(6):  # writes land on either worker
@@ -102,12 +82,8 @@ def _two_workers(tmp_path: Path, state_url: str) -> None:
             finally:
                 client.delete(f"/v1/collections/{name}")
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            out, _ = server.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            out, _ = server.communicate()
+        server.stop()
+    out = server.output()
     assert out.count("Application startup complete") == 2, out  # two workers served
 
 
