@@ -49,6 +49,10 @@ Milvus Lite + SQLite, 600 docs / 854 chunks: 2,605 requests at 65.0 req/s (p99 9
 queries identical before and after (hybrid 300/300, dense 300/300). pgvector (``--docs 300
 --stores pgvector``), 437 chunks: 3,307 requests at 82.6 req/s (p99 689 ms), 0 non-2xx, 0
 transport, 0 degraded; reindex 0.99 s inside the load; top-10 300/300 identical (hybrid, dense).
+
+``--writes`` on the Milvus server 2.3.5 (SQLite docstore, 1,000 docs, 4 rounds, builds of
+17.9-18.7 s): write p99 idle 482 ms, during a build 880 ms, pooled ratio 1.82 (rounds 2.17, 2.04,
+1.83, 1.80); p50 68 vs 87 ms; 0 failed writes; document count unchanged.
 """
 
 from __future__ import annotations
