@@ -220,3 +220,40 @@ def test_one_bucket_below_the_floor_fires_while_the_mean_of_all_is_above_it(tmp_
         monitor.forget(name)
         monitor.close()
         store.close()
+
+
+def test_two_tenants_same_named_collections_are_two_window_series_each_seen_by_its_tenant_only(
+    tmp_path: Path,
+) -> None:
+    """The alert's gauges carry ``tenant``: two tenants' ``docs`` are two series, and a tenant's
+    ``/metrics`` view (:class:`quarry.metrics.TenantView`) holds none of the other's."""
+    from quarry.metrics import TenantView
+
+    store = open_store(f"milvus://{tmp_path}/quarry.db")
+    dim, rng = 16, np.random.default_rng(5)
+    name = f"docs{uuid.uuid4().hex[:6]}"
+    monitors = {t: RecallMonitor(store, MonitorSettings(sample_rate=1.0, cpu_share=1.0), tenant=t)
+                for t in ("acme", "beta")}
+    try:
+        store.create_collection(name, dim)
+        store.upsert(name, [VectorRecord(f"r{i}", v, {}) for i, v in enumerate(unit(rng, 200, dim))])
+        queries = unit(rng, 10, dim)
+        exact = store.search(name, queries, 10, with_payload=False)
+        far = store.search(name, -queries, 10, with_payload=False)  # recall 0
+        for tenant, answers in (("acme", far), ("beta", exact)):
+            samples = [Sample(name, "cosine", q, None, 10, ids(h)) for q, h in zip(queries, answers, strict=True)]
+            assert not any(isinstance(m, Exception) for m in monitors[tenant].measure_many(samples))
+
+        def window(tenant: str) -> float | None:
+            labels = {"tenant": tenant, "collection": name, "selectivity": "none"}
+            return REGISTRY.get_sample_value("quarry_recall_window_mean", labels)
+
+        assert window("acme") == 0.0 and window("beta") == 1.0
+        seen = [(s.name, s.labels) for f in TenantView("acme").collect() for s in f.samples
+                if s.labels.get("collection") == name]
+        assert seen and all(labels["tenant"] == "acme" for _, labels in seen), seen
+    finally:
+        for monitor in monitors.values():
+            monitor.forget(name)
+            monitor.close()
+        store.close()
