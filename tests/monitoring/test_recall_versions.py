@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from indexing.schedule import recall_reason
+from quarry.scheduler import recall_reason
 from indexing.sources import SourceDocument, iter_jsonl
 from monitoring.monitor import RecallMonitor, Sample
 from quarry.errors import ReindexFailed
