@@ -485,6 +485,61 @@ def plan_for_store(
     return plan_index(n_vectors, dim, store.capabilities(), memory_budget_bytes, metric, top_k=top_k)
 
 
+def plan_kind(
+    kind: str,
+    n_vectors: int,
+    dim: int,
+    capabilities: StoreCapabilities,
+    memory_budget_bytes: int,
+    metric: Metric = "cosine",
+    *,
+    top_k: int = 10,
+) -> IndexSpec:
+    """The planner's parameters for an index kind asked for by name (``quarry reindex --index hnsw``).
+
+    The kind is built with what :func:`plan_index` would give it for this size and engine:
+    ``nlist``/``nprobe`` for IVF (pgvector's ``lists`` capped at 32,768), ``M``,
+    ``efConstruction`` and ``ef`` for HNSW (on pgvector over ``halfvec``, or on Qdrant over
+    quantized vectors, when plain HNSW cannot index ``dim`` or does not fit), PQ ``m`` for
+    IVF_PQ (the least compression that fits), ``search_list`` for DiskANN.
+
+    Args:
+        kind: ``flat``, ``hnsw``, ``ivf_flat``, ``ivf_pq`` or ``diskann`` (any case).
+        n_vectors: Vectors the index is built for.
+        dim: Their dimension.
+        capabilities: The engine's (``VectorStore.capabilities()``).
+        memory_budget_bytes: The RAM budget, in bytes.
+        metric: Distance the index is built for.
+        top_k: Candidates a query asks for (the searcher's depth).
+
+    Returns:
+        The index spec: the first variant that fits the budget, else the smallest one.
+
+    Raises:
+        InvalidRequest: See :func:`plan_index`.
+        UnsupportedIndex: ``kind`` is not an index kind, or the engine cannot build it for ``dim``.
+    """
+    if n_vectors < 0 or dim < 1 or top_k < 1 or memory_budget_bytes <= 0:
+        raise InvalidRequest(
+            f"cannot plan an index for n_vectors={n_vectors}, dim={dim}, top_k={top_k}, "
+            f"memory_budget_bytes={memory_budget_bytes}: all must be positive (n may be 0)"
+        )
+    wanted = kind.strip().upper()
+    engine = f"{capabilities.engine} {capabilities.version}".strip()
+    if wanted not in _CHAINS and wanted != "IVF_FLAT":
+        raise UnsupportedIndex(f"unknown index kind {kind!r}; one of auto, flat, hnsw, ivf_flat, ivf_pq, diskann")
+    ctx = _Ctx(n_vectors, dim, metric, top_k, memory_budget_bytes, capabilities)
+    groups = ("HNSW", "HNSW_Q") if wanted == "HNSW" else (wanted,)
+    options = [cand for group in groups for cand in _option(group, ctx)]
+    if not options:
+        reason = f"on {dim}-dim vectors" if wanted in capabilities.index_kinds else "indexes"
+        raise UnsupportedIndex(
+            f"{engine} cannot build {wanted} {reason}; it can build {', '.join(sorted(capabilities.index_kinds))}"
+        )
+    fitting = [cand for cand in options if cand.bytes <= memory_budget_bytes]
+    return fitting[0].spec if fitting else options[-1].spec
+
+
 def ensure_buildable(spec: IndexSpec, capabilities: StoreCapabilities, dim: int) -> None:
     """Fail fast when an engine cannot build ``spec`` (stores call this before any work).
 

@@ -10,16 +10,21 @@ The steps (docs/design-state.md, issue 22), each safe to interrupt before the sw
    model call), else embed its text with the new model; re-plan the index for the current size
    (or build the one asked for);
 3. replay the change log after ``built_from_seq`` (upserts *and* deletes: each changed document's
-   vectors are deleted by ``document_id`` and its current chunks written again), once outside
-   and once more under the collection's write lock, so no write can land between the last
-   replay and the swap;
-4. verify, still under the lock: the vector count equals the docstore's chunk count, and
-   recall@10 of the new ANN index against an exact scan of its stored vectors, over a sample of
-   its own vectors as queries, is at least ``QUARRY_REINDEX__RECALL_FLOOR``; a failed check
-   drops the new version (state ``failed``) and raises :class:`~quarry.errors.ReindexFailed`;
-5. swap: ``live_version`` in the docstore (one transaction: Quarry's readers take the store
-   collection and the query model from that row), then the store alias where ``<name>`` is not
-   itself a physical collection; the old version stays ``retired`` until ``retire_after``.
+   vectors are deleted by ``document_id`` and its current chunks written again), in a few passes
+   each bounded by the seq at its start (writes that never stop cannot keep it going); writes
+   keep going to the live version meanwhile, under the collection's write lock, which the
+   build does not hold;
+4. verify recall, still without the lock: recall@10 of the new ANN index, searched at the
+   searcher's depth as live searches are (``depth``), against the store's exact search
+   (:func:`monitoring.monitor.exact_recalls`), over a sample of its own vectors as queries, is
+   at least ``QUARRY_REINDEX__RECALL_FLOOR``; replay the writes made meanwhile;
+5. under the write lock, for as long as the last few writes take: replay what is left (no
+   write can land between it and the swap), check that the vector count equals the docstore's
+   chunk count (a failed check drops the new version, state ``failed``, and raises
+   :class:`~quarry.errors.ReindexFailed`), then swap: ``live_version`` in the docstore (one
+   transaction: Quarry's readers take the store collection and the query model from that
+   row), then the store alias where ``<name>`` is not itself a physical collection; the old
+   version stays ``retired`` until ``retire_after``.
 
 With the chunking unchanged the new version shares the live version's chunks rows (and its BM25
 index). A reindex that re-chunks (another ``chunk_size``/``chunk_overlap``) re-cuts every
@@ -44,7 +49,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -56,6 +61,8 @@ from indexing.pipeline import indexed_text, plan_chunks
 from indexing.planner import IndexPlan
 from indexing.sources import SourceDocument
 from indexing.versions import SUFFIX, chunking_of, new_chunking, same_chunking
+from monitoring.monitor import Sample, exact_recalls
+from monitoring.recall import DEFAULT_TOL
 from quarry.errors import ModelDimensionMismatch, ReindexFailed, ReindexRunning
 from quarry.settings import ReindexSettings
 from stores.base import FloatMatrix, IndexSpec, Metric, VectorRecord, VectorStore
@@ -65,6 +72,7 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int], None]  # (chunks done, chunks in total)
 TOP_K = 10
+CATCH_UP_PASSES = 3  # replays of the writes made meanwhile before the write lock is taken
 
 
 def lease_name(collection: str) -> str:
@@ -141,10 +149,13 @@ class Reindexer:
         writing: The service's per-collection write lock (a context manager factory).
         plan: ``(vectors, dim) -> IndexPlan``, the planner with the service's budget and engine.
         index_timeout_s: Longest index build.
+        depth: Candidates a live search asks the ANN for (``Searcher.depth``): the recall check
+            searches as deep.
 
     Attributes:
-        on_batch: Called with ``(phase, done)`` after every batch (``copy`` or ``replay``): a
-            test injects a failure or concurrent writes there.
+        on_batch: Called with ``(phase, done)`` after every batch (``copy``, ``replay``, or
+            ``final``: a replay under the write lock) and before the recall check (``verify``,
+            0): a test injects a failure or concurrent writes there.
     """
 
     def __init__(
@@ -156,8 +167,10 @@ class Reindexer:
         plan: Callable[[int, int], IndexPlan],
         *,
         index_timeout_s: float = 600.0,
+        depth: int = TOP_K,
     ) -> None:
         self._store = store
+        self._depth = max(depth, TOP_K)
         self._docstore = docstore
         self._settings = settings
         self._writing = writing
@@ -232,12 +245,13 @@ class Reindexer:
             if self.on_batch is not None:
                 self.on_batch("copy", done)
         self._store.build_index(physical, spec, timeout_s=self._index_timeout_s)
-        seq = self._replay(build, physical, seq, report)  # the bulk of the writes made meanwhile
-        self._renew(name, owner)
-        with self._writing(name):
-            self._replay(build, physical, seq, report)
-            self._docstore.set_version_state(name, number, "verifying")
-            report.chunks = self._verify(build, physical, spec, report)
+        seq = self._catch_up(build, physical, seq, report, owner)  # the bulk of the writes made meanwhile
+        self._docstore.set_version_state(name, number, "verifying")
+        self._check_recall(build, physical, spec, report)  # without the write lock: writes go on
+        seq = self._catch_up(build, physical, seq, report, owner)  # those made during the check
+        with self._writing(name):  # held for the last few writes, the counts and the swap
+            self._replay(build, physical, seq, report, phase="final")
+            report.chunks = self._check_counts(build, physical, report)
             retire_after = time.time() + self._settings.retention_s
             self._docstore.set_live_version(name, number, retire_after=retire_after)
             self._point_alias(name, physical)
@@ -382,10 +396,35 @@ class Reindexer:
             out.extend(result.vectors)
         return out
 
-    def _replay(self, build: Build, physical: str, seq: int, report: ReindexReport) -> int:
-        """Bring ``physical`` up to the docstore's changes after ``seq``; returns the last seq applied."""
+    def _catch_up(self, build: Build, physical: str, seq: int, report: ReindexReport, owner: str) -> int:
+        """Replay, without the write lock, the writes made since ``seq`` in a few bounded passes.
+
+        Each pass replays up to the collection's seq at its start, so writes that keep coming
+        cannot keep it going (a replay slower than the writes would never find the log empty);
+        :data:`CATCH_UP_PASSES` passes leave the lock's final replay only the writes made during
+        the last one. Returns the last seq applied.
+        """
         name = build.cfg.name
-        while True:
+        self._renew(name, owner)
+        for _ in range(CATCH_UP_PASSES):
+            target = self._docstore.version(name)
+            if target <= seq:
+                break
+            seq = self._replay(build, physical, seq, report, until=target)
+            self._renew(name, owner)
+        return seq
+
+    def _replay(
+        self, build: Build, physical: str, seq: int, report: ReindexReport, *, until: int | None = None,
+        phase: str = "replay",
+    ) -> int:
+        """Bring ``physical`` up to the docstore's changes after ``seq`` (up to ``until``, else all).
+
+        ``phase`` names the batches to :attr:`on_batch` (``final``: under the write lock). Returns
+        the last seq applied.
+        """
+        name = build.cfg.name
+        while until is None or seq < until:
             changes = self._docstore.change_log_since(name, seq, limit=self._settings.batch_size)
             if not changes:
                 return seq
@@ -393,7 +432,8 @@ class Reindexer:
             self.refresh(build, physical, ids, report)
             seq = changes[-1].seq
             if self.on_batch is not None:
-                self.on_batch("replay", report.replayed)
+                self.on_batch(phase, report.replayed)
+        return seq
 
     def refresh(self, build: Build, physical: str, document_ids: Sequence[str], report: ReindexReport) -> None:
         """Make ``physical`` hold exactly the current chunks of ``document_ids`` (deleted ones: none)."""
@@ -407,24 +447,34 @@ class Reindexer:
         report.replayed += len(document_ids)
 
     # --- verification ---------------------------------------------------------------------
-    def _verify(self, build: Build, physical: str, spec: IndexSpec, report: ReindexReport) -> int:
-        """Check counts and recall (under the write lock); drop the version and raise when they fail."""
+    def _check_recall(self, build: Build, physical: str, spec: IndexSpec, report: ReindexReport) -> None:
+        """Measure the new index's recall (``report.recall``); drop the version and raise under the floor."""
+        if self.on_batch is not None:
+            self.on_batch("verify", 0)
         cfg = build.cfg
-        name = cfg.name
-        number = report.version
-        _, chunks = self._docstore.counts(name, chunking=build.chunking_id)
+        report.recall = self.recall(cfg.name, physical, cfg.metric, chunking=build.chunking_id)
+        floor = self._settings.recall_floor
+        if report.recall < floor:
+            self._fail(build, physical, report,
+                       f"recall@{TOP_K} of its {spec.kind} index at depth {self._depth} is {report.recall:.3f} "
+                       f"against exact search, under the floor {floor:g} (QUARRY_REINDEX__RECALL_FLOOR)")
+
+    def _check_counts(self, build: Build, physical: str, report: ReindexReport) -> int:
+        """The new version's vector count, once it equals the docstore's chunks (else dropped and raised)."""
+        _, chunks = self._docstore.counts(build.cfg.name, chunking=build.chunking_id)
         vectors = self._store.count(physical)
-        reason = None
         if vectors != chunks:
-            reason = f"the new version holds {vectors} vectors, the docstore {chunks} chunks"
-        else:
-            report.recall = self.recall(cfg.name, physical, cfg.metric, chunking=build.chunking_id)
-            floor = self._settings.recall_floor
-            if report.recall < floor:
-                reason = (f"recall@{TOP_K} of its {spec.kind} index is {report.recall:.3f} against exact search, "
-                          f"under the floor {floor:g} (QUARRY_REINDEX__RECALL_FLOOR)")
-        if reason is None:
-            return vectors
+            self._fail(build, physical, report,
+                       f"the new version holds {vectors} vectors, the docstore {chunks} chunks")
+        return vectors
+
+    def _fail(self, build: Build, physical: str, report: ReindexReport, reason: str) -> NoReturn:
+        """Drop the version being built (state ``failed``, its store collection and rows) and raise.
+
+        Raises:
+            ReindexFailed: Always, with ``reason``; the live version serves.
+        """
+        name, number = build.cfg.name, report.version
         self._docstore.set_version_state(name, number, "failed")
         self._store.drop_collection(physical)
         failed = self._docstore.get_version(name, number)
@@ -434,38 +484,33 @@ class Reindexer:
                             f"version {report.previous} still serves")
 
     def recall(self, name: str, physical: str, metric: Metric, *, chunking: str | None = None) -> float:
-        """Tie-aware recall@10 of ``physical``'s index against an exact scan of its stored vectors.
+        """Tie-aware recall@10 of ``physical``'s index, searched at the live depth, against exact search.
 
-        The queries are ``recall_sample`` of its own vectors (a seeded sample); exact search is a
-        numpy scan of every stored vector (this branch's store contract has no exact mode). An
-        ANN hit counts when its exact score is at least the exact 10th score (a tie counts).
+        The queries are ``recall_sample`` of its own stored vectors (a seeded sample of the
+        chunk ids); each is searched as a live search is (the ANN asked for ``depth``
+        candidates, the first 10 kept) and compared with the store's exact answer
+        (:func:`monitoring.monitor.exact_recalls`: an ANN hit counts when it is in the exact
+        top 10 or ties its 10th score).
 
         Returns:
             Mean recall over the sample, in ``[0, 1]`` (1.0 for an empty collection).
+
+        Raises:
+            StoreError: The store failed.
         """
         ids = self._chunk_ids(name, chunking)
         if not ids:
             return 1.0
-        records = []
-        step = self._settings.batch_size
-        for i in range(0, len(ids), step):
-            records.extend(self._store.get(physical, ids[i : i + step]))
+        rng = np.random.default_rng(0)
+        picked = rng.choice(len(ids), size=min(self._settings.recall_sample, len(ids)), replace=False)
+        records = self._store.get(physical, [ids[i] for i in sorted(picked.tolist())])
         if not records:
             return 1.0
-        matrix: FloatMatrix = np.stack([r.vector for r in records]).astype(np.float32)
-        rng = np.random.default_rng(0)
-        sample = rng.choice(len(records), size=min(self._settings.recall_sample, len(records)), replace=False)
-        queries = matrix[sample]
-        exact = _scores(queries, matrix, metric)
-        k = min(TOP_K, len(records))
-        kth = np.sort(exact, axis=1)[:, -k]
-        found = self._store.search(physical, queries, k, with_payload=False)
-        row = {r.id: j for j, r in enumerate(records)}
-        hits = [
-            sum(1 for h in hits_ if h.id in row and exact[q, row[h.id]] >= kth[q] - 1e-5)
-            for q, hits_ in enumerate(found)
-        ]
-        return float(np.mean([min(h, k) / k for h in hits]))
+        queries: FloatMatrix = np.stack([r.vector for r in records]).astype(np.float32)
+        found = self._store.search(physical, queries, self._depth, with_payload=False)
+        samples = [Sample(name, metric, q, None, TOP_K, tuple(h.id for h in hits[:TOP_K]), physical)
+                   for q, hits in zip(queries, found, strict=True)]
+        return float(np.mean(exact_recalls(self._store, samples, DEFAULT_TOL)))
 
     def _chunk_ids(self, name: str, chunking: str | None = None) -> list[str]:
         """Every stored chunk id of the collection in ``chunking`` (paging through its documents)."""
@@ -576,13 +621,3 @@ def _estimate(chunks: int, live: dict[str, Any], new: dict[str, Any]) -> int:
     except (KeyError, TypeError, ValueError):
         return chunks
     return -(-chunks * old_step // new_step)
-
-
-def _scores(queries: FloatMatrix, matrix: FloatMatrix, metric: Metric) -> FloatMatrix:
-    """``(q, n)`` similarity of each query to each stored vector, higher is better (as the stores score)."""
-    if metric == "l2":
-        sq = (queries**2).sum(1)[:, None] + (matrix**2).sum(1)[None, :] - 2 * queries @ matrix.T
-        out: FloatMatrix = -np.sqrt(np.maximum(sq, 0.0))
-        return out
-    dots: FloatMatrix = queries @ matrix.T
-    return dots

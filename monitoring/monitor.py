@@ -1,18 +1,31 @@
 """Sample live searches, re-run them exactly in the background, report recall and a trigger.
 
-:meth:`RecallMonitor.offer` is called on the request path with the dense channel's ANN answer;
-it draws one random number and, for a ``sample_rate`` share of searches, puts a :class:`Sample`
-on a bounded queue without waiting (a full queue drops the sample and counts it). One daemon
-thread takes samples off the queue, asks the store for the exact answer with the same filter
+:meth:`RecallMonitor.offer` is called on the request path with the dense channel's ANN answer
+(searched at the searcher's depth, as it serves) and the store collection of the version that
+answered; it draws one random number and, for a ``sample_rate`` share of searches, puts a
+:class:`Sample` on a bounded queue without waiting (a full queue drops the sample and counts it).
+One daemon thread takes every queued sample at once (up to :data:`MAX_BATCH`), groups them by
+store collection and filter, and measures each group with one exact search
 (:meth:`stores.base.VectorStore.search_exact`: pgvector without its index, Qdrant ``exact``,
-Milvus FLAT / IVF_FLAT probing every list or a scan of the stored vectors), counts the rows the
-filter matches, and computes tie-aware recall@k (:func:`monitoring.recall.recall_at_k`) with the
-true scores of the ANN's ids. It then sleeps so that it uses at most ``cpu_share`` of one core.
+Milvus FLAT / IVF_FLAT probing every list or a scan of the stored vectors), one ``get`` of the
+ANN's ids and row counts kept :data:`COUNT_TTL_S` seconds; recall@k is tie-aware
+(:func:`monitoring.recall.recall_at_k`). It then sleeps so that its *CPU time* stays within
+``cpu_share`` of one core (waiting on a store server costs no CPU, so it does not slow the
+sampler down).
+
+Figures are kept per version: windows are keyed by the store collection that answered
+(``Sample.physical``), so a reindex's swap starts fresh buckets, and :meth:`RecallMonitor.figures`
+and :meth:`RecallMonitor.trigger` read the live version's (the one the service names, else the
+one of the newest sampled search).
 
 Prometheus (the default registry, served by ``GET /metrics``):
 
-* ``quarry_recall{tenant, collection, selectivity}``: histogram of recall@k per sample;
+* ``quarry_recall{tenant, collection, selectivity}``: histogram of recall@k per sample (every version);
+* ``quarry_recall_window_mean{tenant, collection, selectivity}``, ``quarry_recall_window_samples{...}``:
+  the live version's mean recall@k and its sample count over ``trigger_window_s``, read at scrape
+  time (what the trigger reads; the alert ``QuarryRecallBelowFloor`` fires per bucket on them);
 * ``quarry_recall_samples_total{tenant, collection, selectivity}``: samples measured;
+* ``quarry_recall_samples_offered_total{tenant, collection}``: searches drawn for sampling;
 * ``quarry_recall_samples_dropped_total{tenant, collection}``: samples dropped on a full queue;
 * ``quarry_recall_sample_errors_total{tenant, collection}``: samples whose exact search failed.
 
@@ -20,9 +33,9 @@ Prometheus (the default registry, served by ``GET /metrics``):
 
 ``selectivity`` is ``none`` (no filter), ``>=10%``, ``1-10%`` or ``<1%`` of the collection's rows.
 
-The reindex trigger, for a scheduler to poll: :meth:`RecallMonitor.trigger` fires when, in some
-bucket, the last ``trigger_window_s`` seconds hold at least ``trigger_min_samples`` samples and
-their mean recall is below ``recall_floor``.
+The reindex trigger, for a scheduler to poll: :meth:`RecallMonitor.trigger` fires when, in any
+bucket of the live version, the last ``trigger_window_s`` seconds hold at least
+``trigger_min_samples`` samples and their mean recall is below ``recall_floor``.
 """
 
 from __future__ import annotations
@@ -32,14 +45,17 @@ import queue
 import random
 import threading
 import time
+import weakref
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from prometheus_client import Counter, Histogram
+from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from monitoring.recall import BUCKETS, Bucket, recall_at_k, selectivity_bucket
 from monitoring.recent import RecentQueries
@@ -55,10 +71,14 @@ RECALL = Histogram(
 SAMPLES = Counter(
     "quarry_recall_samples", "Sampled searches measured exactly", ["tenant", "collection", "selectivity"]
 )
+OFFERED = Counter("quarry_recall_samples_offered", "Searches drawn for a recall sample", ["tenant", "collection"])
 DROPPED = Counter(
     "quarry_recall_samples_dropped", "Sampled searches dropped: the queue was full", ["tenant", "collection"]
 )
 ERRORS = Counter("quarry_recall_sample_errors", "Sampled searches whose exact search failed", ["tenant", "collection"])
+MAX_BATCH = 64  # samples the worker measures together (one exact search per store collection and filter)
+COUNT_TTL_S = 30.0  # row counts (the selectivity bucket's share) are re-read after this many seconds
+KEPT_VERSIONS = 2  # store collections per collection whose windows are kept (the live one and the one before)
 
 
 @dataclass(frozen=True)
@@ -71,10 +91,11 @@ class Sample:
         vector: The query vector, ``(dim,) float32``.
         flt: The search's filter.
         k: Recall cut-off: the search's ``top_k``.
-        ids: The ANN answer's first ``k`` ids, best first.
+        ids: The ANN answer's first ``k`` ids, best first (searched at the live depth).
         physical: The store collection the ANN searched (a version's, ``indexing.versions``);
             ``None``: ``collection`` itself. The exact re-run reads that one, so it measures the
-            index that answered, with vectors of the query's own model.
+            index that answered, with vectors of the query's own model, and the figures are
+            kept under it (a swap starts fresh ones).
     """
 
     collection: str
@@ -84,6 +105,11 @@ class Sample:
     k: int
     ids: tuple[str, ...]
     physical: str | None = None
+
+    @property
+    def store_name(self) -> str:
+        """The store collection to re-run it on."""
+        return self.physical or self.collection
 
 
 @dataclass(frozen=True)
@@ -116,8 +142,18 @@ class RecallTrigger:
     reason: str = ""
 
 
+@dataclass
+class _Tally:
+    """One collection's sampler counts since the process started."""
+
+    offered: int = 0
+    measured: int = 0
+    dropped: int = 0
+    errors: int = 0
+
+
 class RecallMonitor:
-    """Online recall@k of sampled live searches; thread-safe.
+    """Online recall@k of sampled live searches, per version; thread-safe.
 
     Args:
         store: The vector store (``search_exact``, ``get``, ``count``).
@@ -126,6 +162,11 @@ class RecallMonitor:
         clock: Monotonic seconds for the windows (tests step one by hand).
         draw: Uniform ``[0, 1)`` numbers deciding which searches are sampled.
         tenant: The ``tenant`` label of its metrics (the tenant view it measures for).
+
+    Attributes:
+        offered: Searches drawn for sampling, every collection.
+        measured: Samples measured.
+        dropped: Samples dropped on a full queue.
     """
 
     def __init__(
@@ -141,15 +182,23 @@ class RecallMonitor:
         self.settings = settings
         self.tenant = tenant  # the metrics' tenant label
         self.recent = recent
+        self.offered = 0
+        self.measured = 0
         self.dropped = 0
         self._store = store
         self._clock = clock
         self._draw = draw
         self._queue: queue.Queue[Sample] = queue.Queue(settings.queue_size)
-        self._windows: dict[tuple[str, Bucket], deque[tuple[float, float]]] = {}
+        # (collection, store collection, bucket) -> (clock time, Unix time, recall) of each sample
+        self._windows: dict[tuple[str, str, Bucket], deque[tuple[float, float, float]]] = {}
+        self._serving: dict[str, str] = {}  # collection -> store collection of its newest sample (or as told)
+        self._versions: dict[str, list[str]] = {}  # collection -> store collections with windows, oldest first
+        self._tallies: dict[str, _Tally] = {}
+        self._counts: dict[tuple[str, Hashable], tuple[float, int]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        _MONITORS.add(self)
 
     # -- the request path ---------------------------------------------------------------------
 
@@ -158,7 +207,10 @@ class RecallMonitor:
         hits: Sequence[ScoredId],
         physical: str | None = None,
     ) -> bool:
-        """Queue this search for measurement with probability ``sample_rate``; never blocks.
+        """Note which version serves, and queue this search for measurement with probability ``sample_rate``.
+
+        Never blocks. Every search names the store collection that answered it, so the figures
+        read (:meth:`live`) follow a swap from the first search after it.
 
         Args:
             collection: The collection searched.
@@ -166,26 +218,67 @@ class RecallMonitor:
             vector: The query vector, ``(dim,)``.
             flt: The search's filter.
             k: The recall cut-off (the request's ``top_k``).
-            hits: The ANN answer, best first (only the first ``k`` ids are kept).
+            hits: The ANN answer at the searcher's depth, best first (the first ``k`` ids are kept).
             physical: The store collection searched when it is not ``collection`` (a version's).
 
         Returns:
             Whether the search was queued (``False``: not drawn, or dropped on a full queue).
         """
+        store_name = physical or collection
+        if self._serving.get(collection) != store_name:  # the first search since a swap: fresh figures
+            with self._lock:
+                self._serve(collection, store_name)
         rate = self.settings.sample_rate
         if rate <= 0.0 or self._draw() >= rate:
             return False
+        OFFERED.labels(self.tenant, collection).inc()
         sample = Sample(collection, metric, vector, flt, k, tuple(h.id for h in hits[:k]), physical)
+        with self._lock:
+            self.offered += 1
+            self._tally(collection).offered += 1
         try:
             self._queue.put_nowait(sample)
         except queue.Full:
             DROPPED.labels(self.tenant, collection).inc()
             with self._lock:
                 self.dropped += 1
+                self._tally(collection).dropped += 1
             return False
         if self._thread is None:
             self.start()
         return True
+
+    def _tally(self, collection: str) -> _Tally:
+        tally = self._tallies.get(collection)
+        if tally is None:
+            tally = self._tallies[collection] = _Tally()
+        return tally
+
+    def _serve(self, collection: str, physical: str) -> None:
+        """Note (under the lock) that ``physical`` serves ``collection``; keep windows of the last versions only."""
+        self._serving[collection] = physical
+        versions = self._versions.setdefault(collection, [])
+        if physical in versions:
+            if versions[-1] != physical:
+                versions.remove(physical)
+                versions.append(physical)
+            return
+        versions.append(physical)
+        for old in versions[:-KEPT_VERSIONS]:
+            for key in [key for key in self._windows if key[0] == collection and key[1] == old]:
+                del self._windows[key]
+        del versions[:-KEPT_VERSIONS]
+
+    def serving(self, collection: str, physical: str) -> None:
+        """Tell the monitor that ``physical`` now serves ``collection`` (a swap or a rollback).
+
+        Its figures are read from now on, and start afresh: samples it had before (a rollback
+        to a version sampled earlier) are dropped.
+        """
+        with self._lock:
+            for key in [key for key in self._windows if key[0] == collection and key[1] == physical]:
+                del self._windows[key]
+            self._serve(collection, physical)
 
     # -- the worker ---------------------------------------------------------------------------
 
@@ -223,18 +316,21 @@ class RecallMonitor:
         idle = 1.0 / self.settings.cpu_share - 1.0
         while not self._stop.is_set():
             try:
-                sample = self._queue.get(timeout=0.2)
+                batch = [self._queue.get(timeout=0.2)]
             except queue.Empty:
                 continue
-            started = time.perf_counter()
+            while len(batch) < MAX_BATCH:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            cpu_started = time.thread_time()
             try:
-                self.measure(sample)
-            except Exception as exc:  # noqa: BLE001 - the worker outlives any one sample; counted and logged
-                ERRORS.labels(self.tenant, sample.collection).inc()
-                log.warning("recall sample of %r failed: %s", sample.collection, exc)
+                self.measure_many(batch)
             finally:
-                self._queue.task_done()
-            self._stop.wait((time.perf_counter() - started) * idle)
+                for _ in batch:
+                    self._queue.task_done()
+            self._stop.wait((time.thread_time() - cpu_started) * idle)
 
     # -- measuring ----------------------------------------------------------------------------
 
@@ -252,72 +348,159 @@ class RecallMonitor:
         Raises:
             QuarryError: The store failed (``StoreUnavailable``, ``CollectionNotFound``...).
         """
+        outcome = self.measure_many([sample], record=record)[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def measure_many(self, samples: Sequence[Sample], *, record: bool = True) -> list[Measurement | Exception]:
+        """Re-run samples exactly, one exact search per store collection and filter, and compute recall@k.
+
+        Args:
+            samples: The searches and their ANN answers.
+            record: Count them in the metrics, the windows and the recent queries (``False`` for
+                an on-demand check); a failed group is counted in
+                ``quarry_recall_sample_errors_total`` and logged.
+
+        Returns:
+            Per sample, in order: its measurement, or the store's error (``QuarryError``) when
+            its group's exact search failed.
+        """
         if record and self.recent is not None:
-            self.recent.record(sample.collection, sample.vector, sample.flt, sample.k)
-        query = np.asarray(sample.vector, dtype=np.float32)[None, :]
-        store_name = sample.physical or sample.collection
-        exact = self._store.search_exact(store_name, query, sample.k, sample.flt)[0]
-        found = {r.id: r.vector for r in self._store.get(store_name, list(sample.ids))}
-        true = [_score(sample.metric, query[0], found[i]) if i in found else float("-inf") for i in sample.ids]
-        recall = recall_at_k(
-            list(sample.ids), true, [h.id for h in exact], [h.score for h in exact], sample.k,
-            self.settings.tolerance,
-        )
-        total = self._store.count(store_name)
-        matching = None if sample.flt is None else self._store.count(store_name, sample.flt)
+            try:
+                self.recent.record_many([(s.collection, s.vector, s.flt, s.k) for s in samples])
+            except Exception as exc:  # noqa: BLE001 - a full disk must not stop the measuring
+                log.warning("recording %d sampled queries failed: %s", len(samples), exc)
+        out: list[Measurement | Exception | None] = [None] * len(samples)
+        for indexes in _groups(samples):
+            group = [samples[i] for i in indexes]
+            try:
+                measured: list[Measurement | Exception] = list(self._measure_group(group))
+            except Exception as exc:  # noqa: BLE001 - the worker outlives any one group; counted and logged
+                if record:
+                    ERRORS.labels(self.tenant, group[0].collection).inc(len(group))
+                    with self._lock:
+                        self._tally(group[0].collection).errors += len(group)
+                    log.warning("recall samples of %r failed: %s", group[0].collection, exc)
+                measured = [exc] * len(group)
+            for i, m in zip(indexes, measured, strict=True):
+                out[i] = m
+                if record and isinstance(m, Measurement):
+                    self._record(samples[i], m)
+        return [m for m in out if m is not None]
+
+    def _measure_group(self, group: Sequence[Sample]) -> list[Measurement]:
+        """Measure samples of one store collection and filter: one exact search, one ``get``, cached counts."""
+        first = group[0]
+        name, flt = first.store_name, first.flt
+        recalls = exact_recalls(self._store, group, self.settings.tolerance)
+        total = self._count(name, None)
+        matching = None if flt is None else self._count(name, flt)
         bucket = selectivity_bucket(matching, total)
-        if record:
-            RECALL.labels(self.tenant, sample.collection, bucket).observe(recall)
-            SAMPLES.labels(self.tenant, sample.collection, bucket).inc()
-            with self._lock:
-                window = self._windows.setdefault(
-                    (sample.collection, bucket), deque(maxlen=self.settings.window_samples)
-                )
-                window.append((self._clock(), recall))
-        return Measurement(sample.collection, bucket, recall, matching, total)
+        return [Measurement(s.collection, bucket, r, matching, total) for s, r in zip(group, recalls, strict=True)]
+
+    def _count(self, name: str, flt: Filter | None) -> int:
+        """Rows of ``name`` (matching ``flt``), re-read every :data:`COUNT_TTL_S` seconds."""
+        key = (name, _key(flt))
+        now = time.monotonic()
+        with self._lock:
+            cached = self._counts.get(key)
+        if cached is not None and now - cached[0] < COUNT_TTL_S:
+            return cached[1]
+        n = self._store.count(name, flt)
+        with self._lock:
+            if len(self._counts) > 4096:  # many distinct filters: start over
+                self._counts.clear()
+            self._counts[key] = (now, n)
+        return n
+
+    def _record(self, sample: Sample, m: Measurement) -> None:
+        RECALL.labels(self.tenant, sample.collection, m.bucket).observe(m.recall)
+        SAMPLES.labels(self.tenant, sample.collection, m.bucket).inc()
+        with self._lock:
+            self.measured += 1
+            self._tally(sample.collection).measured += 1
+            versions = self._versions.get(sample.collection, [])
+            if sample.store_name not in versions:  # measured after its version's windows were let go
+                if sample.collection in self._serving:
+                    return
+                self._serve(sample.collection, sample.store_name)
+            window = self._windows.setdefault(
+                (sample.collection, sample.store_name, m.bucket), deque(maxlen=self.settings.window_samples)
+            )
+            window.append((self._clock(), time.time(), m.recall))
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _recent(self, collection: str, bucket: Bucket, seconds: float) -> list[float]:
-        since = self._clock() - seconds
+    def live(self, collection: str) -> str:
+        """The store collection whose figures are read: as told, else that of the newest sample."""
         with self._lock:
-            window = self._windows.get((collection, bucket), ())
-            return [r for at, r in window if at >= since]
+            return self._serving.get(collection, collection)
 
-    def figures(self, collection: str) -> dict[str, Any]:
-        """Recent recall per selectivity bucket (the ``GET .../recall`` body).
+    def _recent(
+        self, collection: str, physical: str, bucket: Bucket, seconds: float, swapped_at: float | None = None
+    ) -> list[float]:
+        since = self._clock() - seconds
+        after = swapped_at if swapped_at is not None else float("-inf")
+        with self._lock:
+            window = self._windows.get((collection, physical, bucket), ())
+            return [r for at, wall, r in window if at >= since and wall >= after]
+
+    def figures(self, collection: str, physical: str | None = None, swapped_at: float | None = None) -> dict[str, Any]:
+        """Recent recall of the serving version per selectivity bucket (the ``GET .../recall`` body).
+
+        Args:
+            collection: The collection.
+            physical: The store collection of its live version (``None``: :meth:`live`).
+            swapped_at: When it became live (Unix seconds; ``None``: unknown): samples measured
+                before, when an earlier turn of the same version served, are left out.
 
         Returns:
-            ``{"collection", "window_s", "sample_rate", "dropped", "queued", "buckets": {bucket:
-            {"samples", "mean_recall", "p10_recall"}}, "trigger": {...}}``; a bucket without
-            samples in the window has ``samples`` 0 and ``null`` figures.
+            ``{"collection", "physical", "window_s", "sample_rate", "offered", "measured",
+            "dropped", "errors", "queued", "buckets": {bucket: {"samples", "mean_recall",
+            "p10_recall"}}, "trigger": {...}}``; the counts are the collection's since the
+            process started (``queued``: every collection's); a bucket without samples of
+            that version in the window has ``samples`` 0 and ``null`` figures.
         """
+        physical = physical or self.live(collection)
         buckets: dict[str, dict[str, Any]] = {}
         for bucket in BUCKETS:
-            values = self._recent(collection, bucket, self.settings.window_s)
+            values = self._recent(collection, physical, bucket, self.settings.window_s, swapped_at)
             buckets[bucket] = {
                 "samples": len(values),
                 "mean_recall": float(np.mean(values)) if values else None,
                 "p10_recall": float(np.percentile(values, 10)) if values else None,
             }
-        trigger = self.trigger(collection)
+        trigger = self.trigger(collection, physical, swapped_at)
+        with self._lock:
+            tally = self._tallies.get(collection, _Tally())
         return {
-            "collection": collection, "window_s": self.settings.window_s, "sample_rate": self.settings.sample_rate,
-            "dropped": self.dropped, "queued": self.queued, "buckets": buckets,
+            "collection": collection, "physical": physical, "window_s": self.settings.window_s,
+            "sample_rate": self.settings.sample_rate, "offered": tally.offered, "measured": tally.measured,
+            "dropped": tally.dropped, "errors": tally.errors, "queued": self.queued, "buckets": buckets,
             "trigger": {"fired": trigger.fired, "floor": trigger.floor, "window_s": trigger.window_s,
                         "below": trigger.below, "reason": trigger.reason},
         }
 
-    def trigger(self, collection: str) -> RecallTrigger:
-        """The reindex trigger a scheduler polls: recall below the floor for a sustained window.
+    def window(
+        self, collection: str, physical: str | None = None, swapped_at: float | None = None
+    ) -> dict[Bucket, list[float]]:
+        """The serving version's recall values per bucket over ``trigger_window_s`` (what the trigger reads)."""
+        physical = physical or self.live(collection)
+        window_s = self.settings.trigger_window_s
+        return {b: self._recent(collection, physical, b, window_s, swapped_at) for b in BUCKETS}
 
-        Fires when some bucket has at least ``trigger_min_samples`` samples in the last
-        ``trigger_window_s`` seconds and their mean recall@k is below ``recall_floor``.
+    def trigger(self, collection: str, physical: str | None = None, swapped_at: float | None = None) -> RecallTrigger:
+        """The reindex trigger a scheduler polls: recall below the floor in any bucket, sustained.
+
+        Fires when any bucket of the serving version (``physical``, else :meth:`live`) has at
+        least ``trigger_min_samples`` samples in the last ``trigger_window_s`` seconds and their
+        mean recall@k is below ``recall_floor``; other buckets' figures do not offset it.
+        ``swapped_at``: as in :meth:`figures`.
         """
         s = self.settings
         below: dict[str, float] = {}
-        for bucket in BUCKETS:
-            values = self._recent(collection, bucket, s.trigger_window_s)
+        for bucket, values in self.window(collection, physical, swapped_at).items():
             if len(values) >= s.trigger_min_samples and float(np.mean(values)) < s.recall_floor:
                 below[bucket] = float(np.mean(values))
         if not below:
@@ -326,14 +509,22 @@ class RecallMonitor:
         reason = f"mean recall@k below {s.recall_floor:g} over {s.trigger_window_s:g} s ({parts})"
         return RecallTrigger(True, s.recall_floor, s.trigger_window_s, below, reason)
 
+    def collections(self) -> list[str]:
+        """The collections with figures (sampled, or told which version serves)."""
+        with self._lock:
+            return list(self._serving)
+
     def forget(self, collection: str) -> None:
         """Drop a collection's windows, metric series and recorded queries (it was dropped)."""
         with self._lock:
             for key in [key for key in self._windows if key[0] == collection]:
                 del self._windows[key]
+            self._serving.pop(collection, None)
+            self._versions.pop(collection, None)
+            self._tallies.pop(collection, None)
         for metric, labels in [
             *((m, (self.tenant, collection, b)) for m in (RECALL, SAMPLES) for b in BUCKETS),
-            (DROPPED, (self.tenant, collection)), (ERRORS, (self.tenant, collection)),
+            *((m, (self.tenant, collection)) for m in (OFFERED, DROPPED, ERRORS)),
         ]:
             try:
                 metric.remove(*labels)
@@ -343,8 +534,102 @@ class RecallMonitor:
             self.recent.forget(collection)
 
 
+def exact_recalls(store: VectorStore, samples: Sequence[Sample], tolerance: float) -> list[float]:
+    """Tie-aware recall@k of samples of one store collection and filter against its exact answers.
+
+    One :meth:`~stores.base.VectorStore.search_exact` for all (at the largest ``k``) and one
+    ``get`` of the ANN's ids (their true scores, for ties); the reindex's check uses it too.
+
+    Args:
+        store: The vector store.
+        samples: Searches of ``samples[0].store_name`` with ``samples[0].flt``, each with its ANN ids.
+        tolerance: Score tolerance of a tie (``MonitorSettings.tolerance``).
+
+    Returns:
+        Recall@k per sample, in ``[0, 1]``.
+
+    Raises:
+        QuarryError: The store failed.
+    """
+    if not samples:
+        return []
+    first = samples[0]
+    name = first.store_name
+    queries = np.stack([np.asarray(s.vector, dtype=np.float32) for s in samples])
+    exact = store.search_exact(name, queries, max(s.k for s in samples), first.flt)
+    wanted = list(dict.fromkeys(i for s in samples for i in s.ids))
+    found = {r.id: r.vector for r in store.get(name, wanted)} if wanted else {}
+    out = []
+    for sample, query, answer in zip(samples, queries, exact, strict=True):
+        true = [_score(sample.metric, query, found[i]) if i in found else float("-inf") for i in sample.ids]
+        out.append(recall_at_k(list(sample.ids), true, [h.id for h in answer], [h.score for h in answer], sample.k,
+                               tolerance))
+    return out
+
+
+def _key(flt: Filter | None) -> Hashable:
+    """A filter as a dictionary key (filters are frozen dataclasses; ``repr`` for one holding a list)."""
+    try:
+        hash(flt)
+    except TypeError:
+        return repr(flt)
+    return flt
+
+
+def _groups(samples: Sequence[Sample]) -> Iterable[list[int]]:
+    """Indexes of ``samples`` grouped by store collection, filter and metric (one exact search each)."""
+    groups: dict[tuple[str, Hashable, str], list[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault((s.store_name, _key(s.flt), s.metric), []).append(i)
+    return groups.values()
+
+
 def _score(metric: Metric, query: npt.NDArray[np.float32], vector: npt.NDArray[np.float32]) -> float:
     """A stored vector's score as the stores give it: inner product, or ``-`` Euclidean distance."""
     if metric == "l2":
         return -float(np.linalg.norm(query - vector))
     return float(np.dot(query, vector))
+
+
+_MONITORS: weakref.WeakSet[RecallMonitor] = weakref.WeakSet()
+
+
+class _Windows(Collector):
+    """``quarry_recall_window_mean`` / ``_samples``: every monitor's serving versions, read at each scrape.
+
+    Per ``(tenant, collection, selectivity)``, over ``trigger_window_s``: the figures the trigger
+    reads. Two monitors of one tenant with a same-named collection give one series, the lower mean;
+    two tenants' same-named collections are two series.
+    """
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        rows: dict[tuple[str, str, str], tuple[float, int]] = {}
+        for monitor in list(_MONITORS):
+            for collection in monitor.collections():
+                for bucket, values in monitor.window(collection).items():
+                    if not values:
+                        continue
+                    mean, n = float(np.mean(values)), len(values)
+                    key = (monitor.tenant, collection, bucket)
+                    seen = rows.get(key)
+                    if seen is None or mean < seen[0]:
+                        rows[key] = (mean, n)
+        means, counts = self.describe()
+        for labels, (mean, n) in sorted(rows.items()):
+            means.add_metric(list(labels), mean)
+            counts.add_metric(list(labels), n)
+        yield means
+        yield counts
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        labels = ["tenant", "collection", "selectivity"]
+        return [
+            GaugeMetricFamily("quarry_recall_window_mean",
+                              "Mean recall@k of the live version's samples over QUARRY_MONITOR__TRIGGER_WINDOW_S",
+                              labels=labels),
+            GaugeMetricFamily("quarry_recall_window_samples",
+                              "Samples of the live version over QUARRY_MONITOR__TRIGGER_WINDOW_S", labels=labels),
+        ]
+
+
+REGISTRY.register(_Windows())

@@ -13,7 +13,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,14 +92,25 @@ class RecentQueries:
 
     def record(self, collection: str, vector: npt.NDArray[np.float32], flt: Filter | None, top_k: int) -> None:
         """Keep one query (and trim the collection's oldest every ``TRIM_EVERY`` writes)."""
-        raw = None if flt is None else json.dumps(filter_to_json(flt))
-        blob = np.asarray(vector, dtype="<f4").tobytes()
+        self.record_many([(collection, vector, flt, top_k)])
+
+    def record_many(self, queries: Sequence[tuple[str, npt.NDArray[np.float32], Filter | None, int]]) -> None:
+        """Keep ``(collection, vector, filter, top_k)`` queries in one transaction (trimming as :meth:`record`)."""
+        if not queries:
+            return
+        now = time.time()
+        rows = [
+            (collection, now, np.asarray(vector, dtype="<f4").tobytes(),
+             None if flt is None else json.dumps(filter_to_json(flt)), top_k)
+            for collection, vector, flt, top_k in queries
+        ]
         with self._lock:
-            self._writes += 1
-            trim = self._writes % TRIM_EVERY == 0
+            before = self._writes
+            self._writes += len(rows)
+            trim = self._writes // TRIM_EVERY != before // TRIM_EVERY
         with self._connect() as db:
-            db.execute("INSERT INTO recent VALUES (?, ?, ?, ?, ?)", (collection, time.time(), blob, raw, top_k))
-            if trim:
+            db.executemany("INSERT INTO recent VALUES (?, ?, ?, ?, ?)", rows)
+            for collection in dict.fromkeys(r[0] for r in rows) if trim else ():
                 db.execute(
                     "DELETE FROM recent WHERE collection = ? AND rowid NOT IN "
                     "(SELECT rowid FROM recent WHERE collection = ? ORDER BY at DESC LIMIT ?)",
@@ -112,7 +123,7 @@ class RecentQueries:
             return []
         with self._connect() as db:
             rows = db.execute(
-                "SELECT vector, filter, top_k FROM recent WHERE collection = ? ORDER BY at DESC LIMIT ?",
+                "SELECT vector, filter, top_k FROM recent WHERE collection = ? ORDER BY at DESC, rowid DESC LIMIT ?",
                 (collection, n),
             ).fetchall()
         return [

@@ -332,13 +332,15 @@ def recall(
     name: Annotated[str, typer.Argument(help="Collection.")],
     queries: Annotated[int, typer.Option("--queries", "-n", help="Queries to measure.")] = 100,
 ) -> None:
-    """Measure recall@k of the ANN index against exact search now (the recall monitor's check).
+    """Measure recall@k of the live version's ANN index against exact search now (the recall monitor's check).
 
     Queries are the collection's recently sampled searches if any were recorded, else texts of
-    its own chunks; one row per filter-selectivity bucket.
+    its own chunks, searched as live searches are (at the searcher's depth); one row per
+    filter-selectivity bucket.
     """
     check = _quarry().check_recall(name, queries)
-    title = escape(f"{name}: recall@k of {check.queries} queries from {check.source}")
+    title = escape(f"{name} version {check.version}: recall@k of {check.queries} queries from {check.source}, "
+                   f"ANN depth {check.depth}")
     table = Table("selectivity", "queries", "mean", "p10", "min", title=title)
     for row in check.buckets:
         table.add_row(escape(row.bucket), str(row.samples), f"{row.mean_recall:.3f}", f"{row.p10_recall:.3f}",

@@ -10,7 +10,7 @@ trigger     fires when (``QUARRY_REINDEX__*``, all off by default)
 ==========  ===============================================================================
 schedule    ``SCHEDULE`` (every collection) or ``SCHEDULES[name]``: an interval or a crontab
 recall      ``ON_RECALL``: the recall monitor's trigger fired on samples of the live version
-            (it has served for a whole ``QUARRY_MONITOR__TRIGGER_WINDOW_S``)
+            (any selectivity bucket below the floor; its figures start afresh at a swap)
 growth      ``ON_GROWTH``: the planner, for the current vector count, picks another index kind
             or build parameters than the live version's (an index asked for by hand is kept)
 churn       ``CHURN_FRACTION``: documents deleted since the live version was built exceed that
@@ -102,17 +102,13 @@ def churn_reason(service: Quarry, name: str, fraction: float) -> str | None:
 
 
 def recall_reason(service: Quarry, name: str) -> str | None:
-    """The recall monitor's trigger, on samples of the live version only, or ``None``.
+    """The recall monitor's trigger on samples of the live version only, or ``None``.
 
-    The monitor's windows are by collection name; the trigger counts only once the live version
-    has served for a whole ``trigger_window_s``, so samples of a replaced version never fire
-    a second reindex.
+    The monitor keeps its figures per version (store collection): samples of a replaced version
+    never fire a second reindex, and the new version's fire as soon as they are enough.
     """
     live = service.live_version(name)
-    since = live.swapped_at or live.created_at
-    if time.time() - since < service.settings.monitor.trigger_window_s:
-        return None
-    fired = service.monitor.trigger(name)
+    fired = service.monitor.trigger(name, live.physical_name, live.swapped_at)
     return fired.reason if fired.fired else None
 
 

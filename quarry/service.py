@@ -28,6 +28,7 @@ from quarry.metrics import SearchTelemetry
 from quarry.services import collections, documents, versions
 from quarry.services import query as queries
 from quarry.services.namespace import OWN, Namespace
+from quarry.services.recall_check import RecallCheck
 from quarry.services.view import (
     Engines,
     Schedule,
@@ -303,19 +304,9 @@ class Quarry:
         """See :func:`quarry.services.query.recall`."""
         return queries.recall(self.view, name)
 
-    def check_recall(self, name: str, queries: int) -> Any:
-        """Measure recall@k now on ``queries`` queries (see :func:`monitoring.check.check_recall`).
-
-        Raises:
-            CollectionNotFound: No such collection.
-            Forbidden: A shared collection, asked by another tenant than the operator's.
-            InvalidRequest: ``queries < 1``.
-        """
-        from monitoring.check import check_recall
-
-        self.get_collection(name)
-        self.ns.require_operator(name, "measure the recall of")
-        return check_recall(self, name, queries)
+    def check_recall(self, name: str, n_queries: int) -> RecallCheck:
+        """See :func:`quarry.services.query.check_recall`."""
+        return queries.check_recall(self.view, name, n_queries)
 
 
 __all__ = ["Quarry"]

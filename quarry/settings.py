@@ -469,16 +469,16 @@ class MonitorSettings(BaseModel):
             (0 turns sampling off; 1 samples every one). turbopuffer samples 1 %.
         queue_size: Samples waiting for the worker; a full queue drops the new sample and
             counts it (``quarry_recall_samples_dropped_total``), the request never waits.
-        cpu_share: Share of one core the worker may use: after a sample that took ``t`` s it
-            sleeps ``t * (1 / cpu_share - 1)`` s.
+        cpu_share: Share of one core the worker may use: after a batch of samples whose
+            measuring took ``t`` s of the worker thread's CPU time it sleeps
+            ``t * (1 / cpu_share - 1)`` s (time spent waiting on a store server is not counted).
         tolerance: Score tolerance of a tie in recall@k (relative above a score of 1).
         window_s: Seconds of samples behind ``GET /v1/collections/{name}/recall``.
         window_samples: Most samples kept per collection and bucket for those figures.
         recall_floor: Recall@k below which the reindex trigger fires.
         trigger_window_s: Seconds over which a bucket's mean recall must stay below the floor.
         trigger_min_samples: Fewest samples in that window before the trigger may fire.
-        recent_queries: Sampled queries kept per collection on disk, for ``quarry recall`` and a
-            reindex's verification.
+        recent_queries: Sampled queries kept per collection on disk, for ``quarry recall``.
     """
 
     sample_rate: float = Field(0.01, ge=0, le=1)

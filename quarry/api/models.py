@@ -453,15 +453,20 @@ class RecallTriggerOut(BaseModel):
 
 
 class RecallOut(BaseModel):
-    """Recent recall of a collection's sampled searches (``GET /v1/collections/{name}/recall``).
+    """Recent recall of the live version's sampled searches (``GET /v1/collections/{name}/recall``).
 
-    Buckets: ``none`` (no filter), ``>=10%``, ``1-10%``, ``<1%`` of the rows matching the filter.
+    Buckets: ``none`` (no filter), ``>=10%``, ``1-10%``, ``<1%`` of the rows matching the filter;
+    figures of the live version only (a reindex's swap starts them afresh).
     """
 
     collection: str
+    version: int | None = Field(None, description="The live version whose samples the buckets hold.")
     window_s: float
     sample_rate: float
-    dropped: int
-    queued: int
+    offered: int = Field(0, description="Searches of this collection drawn for a sample since the server started.")
+    measured: int = Field(0, description="Samples measured since the server started (every version).")
+    dropped: int = Field(description="Samples dropped on a full queue since the server started.")
+    errors: int = Field(0, description="Samples whose exact search failed since the server started.")
+    queued: int = Field(description="Samples waiting to be measured (every collection).")
     buckets: dict[str, RecallBucketOut]
     trigger: RecallTriggerOut

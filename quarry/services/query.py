@@ -13,6 +13,9 @@ from indexing.collections import CollectionConfig, FusionConfig
 from indexing.docstore import off_loop
 from quarry.errors import CollectionNotFound
 from quarry.services import versions
+from quarry.services.recall_check import RecallCheck
+from quarry.services.recall_check import check_recall as monitoring_check
+from quarry.services.versions import live_version
 from quarry.services.view import View
 from retrieval.search import DenseTarget, Mode, RerankOptions, SearchResult
 from stores.filters import Filter, FilterLimits, parse_filter
@@ -125,4 +128,24 @@ def recall(v: View, name: str) -> dict[str, Any]:
     if v.docstore.collection_config(name) is None:
         raise CollectionNotFound(name)
     v.ns.require_operator(name, "read the recall figures of")
-    return v.space.monitor.figures(name)
+    live = live_version(v, name)
+    return {**v.space.monitor.figures(name, live.physical_name, live.swapped_at), "version": live.version}
+
+
+def check_recall(v: View, name: str, n_queries: int, seed: int = 0) -> RecallCheck:
+    """Measure recall@k now on the live version of ``name`` (see :func:`quarry.services.recall_check.check_recall`).
+
+    Raises:
+        CollectionNotFound: No such collection.
+        Forbidden: A shared collection, asked by another tenant than the operator's.
+        InvalidRequest: ``n_queries < 1``.
+        StoreError, EmbeddingError: The store or the model failed.
+    """
+    raw = v.docstore.collection_config(name)
+    if raw is None:
+        raise CollectionNotFound(name)
+    v.ns.require_operator(name, "measure the recall of")
+    live = live_version(v, name)
+    model = v.engines.models.model_for(live)[0]
+    return monitoring_check(v.space.monitor, v.space.store, v.docstore, CollectionConfig.model_validate(raw), live,
+                            model, n_queries, depth=v.space.searcher.depth, seed=seed)

@@ -15,7 +15,6 @@ from embedding.base import Embedder
 from indexing.collections import CollectionConfig
 from indexing.docstore import DEFAULT_TENANT, CollectionVersion, Job, StateStore
 from indexing.pipeline import Target
-from indexing.planner import IndexPlan
 from indexing.reindex import Build, ReindexReport, new_owner
 from indexing.versions import ensure_live, live_config
 from quarry.errors import CollectionNotFound, Conflict, EmbeddingError, InvalidRequest, NotFound, clip
@@ -118,11 +117,13 @@ def reindex(  # noqa: PLR0913 - the request's fields
         embedder, url = v.engines.models.for_reindex(live, model)
         embedder.warm_up()  # its dim and fingerprint (a fresh process, `quarry reindex`, had neither: dim 0)
         same = bool(embedder.fingerprint) and embedder.fingerprint == live.model_fingerprint
-        plan = space.plan(docstore.counts(name)[1], embedder.dim)
-        spec = index if isinstance(index, IndexSpec) else index_spec(index, plan)
+        vectors = docstore.counts(name)[1]
+        spec = index if isinstance(index, IndexSpec) else space.index_spec(index, vectors, embedder.dim, cfg.metric)
         build = Build(live_config(cfg, live), live, embedder, url, same, spec, chunking)
         report = space.reindexer.run(build, owner, _job_progress(v, job_id, progress))
-        _record_model(v, name, embedder, live_version(v, name))
+        swapped = live_version(v, name)
+        space.monitor.serving(name, swapped.physical_name)  # its recall figures start afresh
+        _record_model(v, name, embedder, swapped)
         space.bm25.invalidate(name)  # a new chunking: the BM25 index is rebuilt from its rows now
         if job_id is not None:
             docstore.update_job(job_id, state="done", counters=_counters(report))
@@ -188,11 +189,14 @@ def start_reindex(  # noqa: PLR0913 - the request's fields and who asks
         CollectionNotFound: No such collection.
         Forbidden: See :func:`reindex`.
         InvalidRequest: See :func:`reindex`.
+        UnsupportedIndex: ``index`` is not a kind this engine builds (checked before the job starts).
         ReindexRunning: Another reindex of it holds the lease.
     """
     cfg = _config(v, name)
     v.ns.require_operator(name, "reindex")
     chunking_asked(live_config(cfg, live_version(v, name)), chunk_size, chunk_overlap)
+    if index is not None:  # an unknown kind, or one this engine cannot build: 400 now, not a failed job
+        v.space.index_spec(index, 0, max(cfg.dim, 1), cfg.metric)
     if owner is None:
         owner = new_owner()
         v.space.reindexer.acquire(name, owner)
@@ -257,6 +261,7 @@ def rollback(v: View, name: str) -> ReindexReport:
         same = bool(embedder.fingerprint) and embedder.fingerprint == live.model_fingerprint
         build = Build(live_config(_config(v, name), live), live, embedder, target.model_name, same, None)
         report = space.reindexer.rollback(build, target, lambda: _record_model(v, name, embedder, target))
+        space.monitor.serving(name, target.physical_name)
         space.bm25.invalidate(name)  # back to the target's chunking: its BM25 index
         return report
     finally:
@@ -298,12 +303,3 @@ def _counters(report: ReindexReport) -> dict[str, int]:
     return {"version": report.version, "previous": report.previous, "done": report.chunks, "total": report.chunks,
             "copied": report.copied, "embedded": report.embedded, "replayed": report.replayed}
 
-
-def index_spec(kind: str | None, plan: IndexPlan) -> IndexSpec | None:
-    """The index a reindex asks for: ``None``/``auto`` is the planner's, a kind its own defaults or the plan's."""
-    if kind is None or kind.lower() == "auto":
-        return None
-    wanted = kind.upper()
-    if wanted == plan.spec.kind:
-        return plan.spec
-    return IndexSpec(wanted, plan.spec.metric)  # type: ignore[arg-type]  # the store checks the kind

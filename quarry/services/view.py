@@ -30,7 +30,7 @@ from embedding.process import ProcessEmbedder
 from indexing.bm25_registry import BM25Registry
 from indexing.docstore import DEFAULT_TENANT, CollectionVersion, StateStore, open_docstore
 from indexing.pipeline import Ingestor
-from indexing.planner import GIB, IndexPlan, plan_for_store
+from indexing.planner import GIB, IndexPlan, plan_for_store, plan_kind
 from indexing.reindex import Reindexer
 from monitoring.monitor import RecallMonitor
 from monitoring.recent import RecentQueries
@@ -42,7 +42,7 @@ from quarry.settings import Settings
 from quarry.tenancy import SHARED, TenantStore
 from rerank.base import Reranker
 from retrieval.search import Searcher
-from stores.base import VectorStore
+from stores.base import IndexSpec, Metric, VectorStore
 from stores.factory import open_store
 from stores.routing import FilterRouter
 
@@ -75,7 +75,7 @@ class TenantSpace:
 
     def __post_init__(self) -> None:  # noqa: D105
         self.reindexer = Reindexer(
-            self.store, self.docstore, self.settings.reindex, self.writing, self.plan,
+            self.store, self.docstore, self.settings.reindex, self.writing, self.plan, depth=self.searcher.depth,
             index_timeout_s=self.settings.store.index_build_timeout_s,
         )
 
@@ -101,6 +101,17 @@ class TenantSpace:
         """The planner's index for ``n_vectors`` vectors of ``dim`` on this store, within the memory budget."""
         budget = int(self.settings.store.memory_budget_gib * GIB)
         return plan_for_store(self.store, n_vectors, dim, budget, top_k=self.searcher.depth)
+
+    def index_spec(self, kind: str | None, n_vectors: int, dim: int, metric: Metric) -> IndexSpec | None:
+        """The index a reindex asks for: ``None``/``auto`` is the planner's, a kind the planner's parameters for it.
+
+        Raises:
+            UnsupportedIndex: An unknown kind, or one this engine cannot build.
+        """
+        if kind is None or kind.strip().lower() == "auto":
+            return None
+        budget = int(self.settings.store.memory_budget_gib * GIB)
+        return plan_kind(kind, n_vectors, dim, self.store.capabilities(), budget, metric, top_k=self.searcher.depth)
 
 
 @dataclass(eq=False)

@@ -84,7 +84,7 @@ def test_quarry_recall_command_measures_chunk_queries(tmp_path: Path, quarry_cli
     ran = quarry_cli(["recall", "demo", "--queries", "5"], data)
     assert ran.returncode == 0, ran.stderr
     text = " ".join(ran.stdout.split())
-    assert "demo: recall@k of 5 queries from chunks" in text
+    assert "demo version 1: recall@k of 5 queries from chunks, ANN depth 200" in text
     assert "none │ 5 │ 1.000 │ 1.000 │ 1.000" in text
     bad = quarry_cli(["recall", "demo", "--queries", "0"], data)
     assert bad.returncode == 2 and "queries must be >= 1" in bad.stderr

@@ -26,6 +26,7 @@ from indexing.planner import (
     ivf_nlist,
     ivf_pq_bytes,
     plan_index,
+    plan_kind,
 )
 from quarry.errors import InvalidRequest, UnsupportedIndex
 from stores.base import IndexSpec, StoreCapabilities
@@ -291,6 +292,38 @@ def test_bad_inputs_are_rejected(n: int, dim: int, budget: int, top_k: int) -> N
 def test_engine_with_no_usable_kind_is_a_typed_error() -> None:
     with pytest.raises(UnsupportedIndex):
         plan_index(1000, 8, StoreCapabilities("none", "0", frozenset()), GIB)
+
+
+@pytest.mark.parametrize("backend", ["milvus", "pgvector", "milvus-lite", "qdrant-edge"])
+def test_a_kind_asked_for_gets_the_planners_parameters(backend: str) -> None:
+    """``reindex --index KIND`` at a size where the planner itself picks FLAT: the kind still gets its parameters."""
+    caps = CAPS[backend]
+    for kind in ("ivf_flat", "IVF_FLAT", "hnsw"):
+        if kind.upper() not in caps.index_kinds:
+            with pytest.raises(UnsupportedIndex, match=f"cannot build {kind.upper()}"):
+                plan_kind(kind, 2_000, 384, caps, BUDGET, top_k=200)
+            continue
+        spec = plan_kind(kind, 2_000, 384, caps, BUDGET, "ip", top_k=200)
+        assert spec.kind == kind.upper() and spec.metric == "ip"
+        if spec.kind == "IVF_FLAT":  # nlist 4·sqrt(2000) ~ 179 -> 128; every list probed for 200 candidates
+            assert spec.params == {"nlist": ivf_nlist(2_000)} == {"nlist": 128} and spec.search_params["nprobe"] == 128
+        else:
+            assert spec.params == {"M": 24, "efConstruction": 200} and spec.search_params["ef"] == 400  # 2 x depth
+    assert plan_kind("flat", 10, 384, caps, BUDGET) == IndexSpec("FLAT", "cosine")
+
+
+def test_a_kind_asked_for_follows_the_engines_limits() -> None:
+    pg = CAPS["pgvector"]
+    wide = plan_kind("hnsw", 2_000, 3_000, pg, BUDGET, top_k=200)  # over pgvector's 2000 dims: halfvec
+    assert wide.kind == "HNSW" and wide.params["halfvec"] is True
+    assert plan_kind("ivf_flat", 10**9, 384, pg, 10**6 * GIB).params["nlist"] == 32_768  # pgvector's cap
+    pq = plan_kind("ivf_pq", 1_000_000, 384, CAPS["milvus"], BUDGET)
+    assert pq.params["m"] == 192 and pq.params["nbits"] == 8  # the least compression that fits
+    assert plan_kind("diskann", 10**6, 384, CAPS["milvus"], BUDGET, top_k=200).search_params["search_list"] == 200
+    with pytest.raises(UnsupportedIndex, match="unknown index kind 'annoy'"):
+        plan_kind("annoy", 10, 384, pg, BUDGET)
+    with pytest.raises(UnsupportedIndex, match="cannot build HNSW on 40000-dim"):
+        plan_kind("hnsw", 10, 40_000, CAPS["milvus"], BUDGET)
 
 
 def test_ensure_buildable_fails_fast() -> None:
