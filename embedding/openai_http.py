@@ -284,9 +284,7 @@ class OpenAIEmbedder:
         try:
             return [m.id for m in self._call(lambda: self._client.models.list().data)]
         except EmbeddingError as exc:
-            if isinstance(exc.__cause__, openai.NotFoundError | openai.UnprocessableEntityError) or getattr(
-                exc.__cause__, "status_code", None
-            ) in (404, 405):
+            if isinstance(exc.__cause__, openai.APIStatusError) and exc.__cause__.status_code in (404, 405):
                 return None
             raise
 

@@ -197,6 +197,7 @@ class Stub:
 
     def __init__(self, dim: int = 4) -> None:
         self.dim, self.mode, self.requests = dim, "ok", []
+        self.lists_models = True
         self.calls = 0
         stub = self
 
@@ -215,6 +216,9 @@ class Stub:
                 self.wfile.write(raw)
 
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                if not stub.lists_models:  # as text-embeddings-inference: no /v1/models route
+                    self._send(404, {"error": {"message": "not found", "type": "not_found"}})
+                    return
                 self._send(200, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
 
             def do_POST(self) -> None:  # noqa: N802
@@ -276,6 +280,15 @@ def test_malformed_replies_are_embedding_errors_and_do_not_open_the_breaker(stub
         assert not isinstance(caught.value, EmbeddingUnavailable)
     stub.mode = "ok"
     assert model.embed(["a"]).vectors.shape == (1, 4)
+
+
+def test_a_server_without_a_model_list_serves_the_model_the_url_names(stub: Stub) -> None:
+    stub.lists_models = False
+    named = open_embedder(stub.url, Settings())
+    named.warm_up()
+    assert named.model_id == "stub" and named.dim == 4
+    with pytest.raises(ConfigError, match="name one with"):
+        open_embedder(stub.url.replace("?model=stub", ""), Settings()).warm_up()
 
 
 def test_a_5xx_is_unavailable_after_the_retries_and_the_breaker_then_skips_the_server(stub: Stub) -> None:
