@@ -131,17 +131,22 @@ def best_weight(runs: Any, qrels: Any, normalization: str) -> tuple[float, dict[
     return max(scored, key=lambda s: (s[1]["ndcg@10"], -s[0]))
 
 
-def measure(url: str, dataset: str, server_pid: int | None, tmp: Path, runs_file: Path | None) -> dict[str, Any]:
-    """Ingest, search, tune on the tuning split and score on test; see the module doc."""
+def measure(
+    url: str, dataset: str, server_pid: int | None, tmp: Path, runs_file: Path | None, sample: int | None = None
+) -> dict[str, Any]:
+    """Ingest, search, tune on the tuning split and score on test; see the module doc.
+
+    ``sample``: cost only, over the corpus' first ``sample`` documents and the test split's first
+    ``sample`` queries (no quality rows).
+    """
     from embedding.batching import BatchingEmbedder
     from embedding.factory import open_embedder
     from eval.beir import load_split
     from eval.runner import collection_search
-    from eval.tune import DEFAULT, Point, channel_runs, score, single_channel
+    from eval.tune import channel_runs
     from indexing.sources import read_documents
     from quarry.service import Quarry
     from quarry.settings import EmbeddingSettings, Settings
-    from retrieval.fusion import Fusion
 
     folder, language, tune_split = DATASETS[dataset]
     beir = DATA / folder
@@ -157,7 +162,7 @@ def measure(url: str, dataset: str, server_pid: int | None, tmp: Path, runs_file
                            "load_average_start": round(os.getloadavg()[0], 2)}
     try:
         quarry.create_collection(dataset, language=language)  # type: ignore[arg-type]
-        documents = read_documents(beir)
+        documents = read_documents(beir)[:sample] if sample else read_documents(beir)
         server0, wall0 = process_cpu_s(server_pid), time.perf_counter()
         report = quarry.upsert(dataset, documents)
         ingest_server_s = process_cpu_s(server_pid) - server0
@@ -170,6 +175,9 @@ def measure(url: str, dataset: str, server_pid: int | None, tmp: Path, runs_file
         print(f"{dataset} ingest: {out['ingest']}", flush=True)
         search = collection_search(quarry, dataset)
         splits = {name: load_split(beir, name) for name in (tune_split, "test")}
+        if sample:
+            first = dict(list(splits["test"].queries.items())[:sample])
+            splits = {"test": type(splits["test"])("test", first, splits["test"].qrels)}
         runs = {}
         for name, split in splits.items():
             bm25 = channel_runs(lambda t, m, k: search(t, m, k) if m == "bm25" else [], split.queries, 100)
@@ -184,19 +192,13 @@ def measure(url: str, dataset: str, server_pid: int | None, tmp: Path, runs_file
                                 "server_cpu_s": round(process_cpu_s(server_pid) - server0, 2),
                                 "cpu_ms_per_query": round(spent * 1000 / max(n, 1), 2)}
                 print(f"{dataset} queries: {out['query']}", flush=True)
+        if sample:
+            out["sample"] = sample
+            return out
         if runs_file is not None:  # kept, so that the scoring can be redone without searching again
             runs_file.parent.mkdir(parents=True, exist_ok=True)
             runs_file.write_text(json.dumps({"result": out, "runs": runs}))
-        rows: dict[str, Any] = {}
-        for channel in ("bm25", "dense"):
-            rows[channel] = {s: single_channel(runs[s], splits[s].qrels, channel) for s in splits}
-        rows["rrf_k60"] = {s: score(runs[s], splits[s].qrels, Point(DEFAULT, 100)) for s in splits}
-        for norm in ("zscore", "minmax"):
-            w, _ = best_weight(runs[tune_split], splits[tune_split].qrels, norm)
-            fusion = Fusion("weighted", 60, {"bm25": round(1 - w, 1), "dense": w}, norm)  # type: ignore[arg-type]
-            rows[f"weighted_{norm}"] = {"dense_weight": w, **{
-                s: score(runs[s], splits[s].qrels, Point(fusion, 100)) for s in splits}}
-        out["rows"] = rows
+        out["rows"] = rows_from_runs(runs, {k: v.qrels for k, v in splits.items()}, tune_split)
         out["tune_split"] = tune_split
         out["load_average_end"] = round(os.getloadavg()[0], 2)
     finally:
@@ -204,11 +206,61 @@ def measure(url: str, dataset: str, server_pid: int | None, tmp: Path, runs_file
     return out
 
 
+def rows_from_runs(runs: dict[str, Any], qrels: dict[str, Any], tune_split: str) -> dict[str, Any]:
+    """The table's rows from the channel runs of both splits (see the module doc, 2).
+
+    Each row but BM25's also carries ``vs_bm25``: its test nDCG@10 against BM25 alone's, per query,
+    with :func:`eval.compare.paired_stats` (randomisation-test p-value, bootstrap interval, W/L/T).
+    """
+    from eval.compare import paired_stats
+    from eval.metrics import per_query_metrics
+    from eval.tune import DEFAULT, Point, fused_rankings, score, single_channel
+    from retrieval.fusion import Fusion
+
+    runs = {s: {c: {q: [(d, float(x)) for d, x in h] for q, h in r[c].items()} for c in r} for s, r in runs.items()}
+    splits = list(runs)
+    rows: dict[str, Any] = {}
+    test_rankings: dict[str, dict[str, list[str]]] = {}
+    for channel in ("bm25", "dense"):
+        rows[channel] = {s: single_channel(runs[s], qrels[s], channel) for s in splits}
+        test_rankings[channel] = {q: [d for d, _ in h[:100]] for q, h in runs["test"][channel].items()}
+    points = {"rrf_k60": Point(DEFAULT, 100)}
+    for norm in ("zscore", "minmax"):
+        w, _ = best_weight(runs[tune_split], qrels[tune_split], norm)
+        fusion = Fusion("weighted", 60, {"bm25": round(1 - w, 1), "dense": w}, norm)  # type: ignore[arg-type]
+        points[f"weighted_{norm}"] = Point(fusion, 100)
+    for name, point in points.items():
+        rows[name] = {s: score(runs[s], qrels[s], point) for s in splits}
+        if point.fusion.method == "weighted":
+            rows[name]["dense_weight"] = point.fusion.weights["dense"]
+        test_rankings[name] = fused_rankings(runs["test"], point)
+    base = per_query_metrics(qrels["test"], test_rankings["bm25"])
+    order = sorted(base)
+    for name in rows:
+        if name == "bm25":
+            continue
+        mine = per_query_metrics(qrels["test"], test_rankings[name])
+        stats = paired_stats([base[q]["ndcg@10"] for q in order], [mine[q]["ndcg@10"] for q in order])
+        rows[name]["vs_bm25"] = {k: v for k, v in vars(stats).items() if isinstance(v, int | float | tuple | list)}
+    return rows
+
+
+def rescore(path: Path) -> dict[str, Any]:
+    """The rows again from a ``--runs`` file (no searching): ``{"result": ..., "runs": ...}``."""
+    from eval.beir import load_split
+
+    saved = json.loads(path.read_text())
+    result = saved["result"]
+    folder, _, tune_split = DATASETS[result["dataset"]]
+    qrels = {s: load_split(DATA / folder, s).qrels for s in saved["runs"]}
+    return {**result, "tune_split": tune_split, "rows": rows_from_runs(saved["runs"], qrels, tune_split)}
+
+
 def markdown(results: dict[str, Any]) -> str:
     """One table row per (dataset, encoder, setting): test nDCG@10 and Recall@100, and the cost."""
     lines = ["| dataset | model | setting (chosen on the tuning split) | test nDCG@10 | test R@100 "
              "| ingest CPU ms/doc | query CPU ms |", "|---|---|---|---|---|---|---|"]
-    for key in sorted(results):
+    for key in sorted(k for k in results if "rows" in results[k]):
         r = results[key]
         for row, v in r["rows"].items():
             label = row if "dense_weight" not in v else f"{row} (dense {v['dense_weight']:.1f})"
@@ -227,19 +279,30 @@ def main() -> None:
     parser.add_argument("--server-pid", type=int, default=None, help="the embedding server's process, for its CPU")
     parser.add_argument("--json", type=Path, default=None, help="results, merged into the file")
     parser.add_argument("--markdown", type=Path, default=None, help="print the table of a results file")
+    parser.add_argument("--rescore", type=Path, default=None, help="the rows again from a --runs file")
+    parser.add_argument("--sample", type=int, default=None, help="cost only, over this many documents and queries")
     parser.add_argument("--runs", type=Path, default=None, help="also write the channel runs (JSON) here")
     parser.add_argument("--data-dir", type=Path, default=None, help="the service's data folder")
     args = parser.parse_args()
     if args.markdown:
         print(markdown(json.loads(args.markdown.read_text())))
         return
+    if args.rescore:
+        result = {"name": args.name, **rescore(args.rescore)}
+        print(json.dumps(result["rows"], indent=2))
+        if args.json:
+            found = json.loads(args.json.read_text()) if args.json.is_file() else {}
+            found[f"{result['dataset']}/{args.name}"] = {**found.get(f"{result['dataset']}/{args.name}", {}), **result}
+            args.json.write_text(json.dumps(found, indent=2))
+        return
     with tempfile.TemporaryDirectory(prefix="quarry-bench-multilingual-") as tmp:
         where = args.data_dir or Path(tmp)
-        result = {"name": args.name, **measure(args.encoder, args.dataset, args.server_pid, where, args.runs)}
+        result = {"name": args.name, **measure(args.encoder, args.dataset, args.server_pid, where, args.runs,
+                                               args.sample)}
     print(json.dumps(result, indent=2))
     if args.json:
         found = json.loads(args.json.read_text()) if args.json.is_file() else {}
-        found[f"{args.dataset}/{args.name}"] = result
+        found[f"{args.dataset}/{args.name}" + (f"/sample{args.sample}" if args.sample else "")] = result
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(found, indent=2))
 
