@@ -63,6 +63,18 @@ def test_vectors_equal_the_in_process_model_under_concurrent_queries(
     assert encoder.embed_queries([]).vectors.shape == (0, 384)
 
 
+def test_the_child_embeds_queries_with_the_models_query_prefix(tmp_path: Path, onnx_cache: Path) -> None:
+    process = ProcessEmbedder(f"{URL}&query_prefix=query%3A%20", _settings(tmp_path, onnx_cache))
+    try:
+        got = process.submit(["vitamin D"]).result().vectors
+        assert process.card.query_prefix == "query: " and process.card.languages == {"en"}
+        assert process.fingerprint.startswith("prompted:")
+    finally:
+        process.close()
+    want = OnnxEmbedder.from_url(URL, onnx_cache).embed(["query: vitamin D"]).vectors
+    assert float(got[0] @ want[0]) > 0.99999
+
+
 def test_a_batch_the_model_rejects_fails_typed_and_the_child_serves_on(encoder: ProcessEmbedder) -> None:
     pid = encoder.embed_queries(["fine"]) and encoder.pid
     with pytest.raises(EmbeddingError, match="failed on a batch"):
