@@ -110,6 +110,26 @@ class OpenAICompatGenerator:
         """Close the connection pool."""
         await self._http.aclose()
 
+    async def probe(self, timeout_s: float = 1.0) -> GenerationUnavailable | None:
+        """Whether the server answers now (``/readyz``): ``None``, or why not.
+
+        The breaker's outage while it lasts, else one ``GET {base}/models`` within ``timeout_s``
+        (any HTTP answer but a 5xx counts as up).
+        """
+        if self.outage is not None:
+            return self.outage
+        headers = {"Authorization": f"Bearer {self._settings.api_key}"} if self._settings.api_key else {}
+        try:
+            async with asyncio.timeout(timeout_s):
+                reply = await self._http.get(f"{self.base_url.rstrip('/')}/models", headers=headers)
+        except TimeoutError:
+            return GenerationUnavailable(f"LLM server {self.base_url} did not answer within {timeout_s:g} s")
+        except httpx.HTTPError as exc:
+            return GenerationUnavailable(f"LLM server {self.base_url} is unreachable ({type(exc).__name__})")
+        if reply.status_code >= 500:
+            return GenerationUnavailable(f"LLM server {self.base_url} answered HTTP {reply.status_code}")
+        return None
+
     # --- generation ----------------------------------------------------------------------
     async def stream(self, messages: Sequence[Message], params: GenerationParams) -> AsyncGenerator[Piece, None]:
         """See :meth:`generation.base.Generator.stream`."""

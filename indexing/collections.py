@@ -13,13 +13,26 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from quarry.errors import ModelMismatch
+from quarry.errors import InvalidRequest, ModelMismatch
 from retrieval.fusion import Fusion
 from retrieval.text import Language
 from stores.base import Metric
 from stores.filters import FieldType
 
 NAME = re.compile(r"\A[A-Za-z][A-Za-z0-9_]{0,62}\Z")
+MAX_NAME_CHARS = 63  # NAME's length: no collection has a longer name
+
+
+def check_name_length(name: str) -> None:
+    """Refuse a collection name no collection can have, before any store or file is asked about it.
+
+    Raises:
+        InvalidRequest: ``name`` is longer than :data:`MAX_NAME_CHARS`.
+    """
+    if len(name) > MAX_NAME_CHARS:
+        raise InvalidRequest(
+            f"collection name is {len(name):,} characters; a collection name has at most {MAX_NAME_CHARS}"
+        )
 BUILTIN_FIELDS: dict[str, FieldType] = {"document_id": "str"}
 Weight = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 

@@ -16,6 +16,12 @@ URL                             backend
 ``postgresql://...``            PostgreSQL through psycopg 3 (``indexing.state_postgres``)
 ==============================  ===============================================================
 
+Both run on SQLAlchemy Core with one Alembic migration history (:mod:`indexing.schema`). Every
+call has a deadline (``timeout_s``; :mod:`indexing.state_calls`): a stalled or unreachable
+database is ``StateStoreUnavailable`` (503) by then, never a hang. Code on an event loop reaches
+the state through :func:`off_loop` (cached reads answer on the loop, the rest in a thread) or
+:meth:`StateStore.submit` (a future).
+
 Every committed write to a collection's documents takes the next ``seq`` of the collection in
 the same transaction and appends one :class:`Change` per document it upserted or deleted;
 :meth:`StateStore.version` is that ``seq`` (BM25 snapshots and cache keys compare it).
@@ -31,7 +37,10 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
+from indexing.state_calls import CacheMiss, cache_only, off_loop
 from quarry.errors import ConfigError, missing_extra
+
+__all__ = ["CacheMiss", "cache_only", "off_loop"]  # re-exported: the API reaches the state through these
 
 DEFAULT_TENANT = "default"
 SCHEMES = ("sqlite", "postgresql", "postgres")
@@ -194,9 +203,19 @@ class StateStore(Protocol):
     """
 
     location: str  # where it is, for messages (a path, or a URL without password)
+    timeout_s: float  # every call's deadline
 
     def close(self) -> None:
         """Release the connections."""
+
+    def change_token(self) -> int | None:
+        """A number that changes whenever the state commits a change (``None``: unknown, read every time)."""
+
+    def healthy(self) -> None:
+        """One round trip within the deadline (``StateStoreUnavailable`` otherwise): the readiness probe."""
+
+    def submit(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args)`` (a method of this store) on the state's threads: a future, failed at the deadline."""
 
     def for_tenant(self, tenant_id: str) -> StateStore:
         """A view whose collections, jobs and write locks are ``tenant_id``'s (shares the connections)."""
@@ -372,6 +391,9 @@ class StateStore(Protocol):
     def list_api_keys(self, tenant_id: str | None = None) -> list[ApiKeyRecord]:
         """Keys, oldest first, optionally of one tenant."""
 
+    def any_api_key(self) -> bool:
+        """Whether any key exists (revoked ones too)."""
+
     def revoke_api_key(self, key_id: str) -> bool:
         """Set ``revoked_at`` to now; ``False`` if unknown or already revoked."""
 
@@ -385,7 +407,9 @@ class StateStore(Protocol):
 DocStore = StateStore  # the name the service's modules have always used
 
 
-def open_docstore(url: str, data_dir: Path, *, pool_size: int = 8, connect_timeout_s: float = 10.0) -> StateStore:
+def open_docstore(
+    url: str, data_dir: Path, *, pool_size: int = 8, connect_timeout_s: float = 10.0, timeout_s: float = 5.0
+) -> StateStore:
     """Open the state of record a URL names (see the module table).
 
     Args:
@@ -393,24 +417,25 @@ def open_docstore(url: str, data_dir: Path, *, pool_size: int = 8, connect_timeo
             after ``sqlite://``) or
             ``postgresql://user@host:port/db``.
         data_dir: Where the default SQLite file lives.
-        pool_size: Most PostgreSQL connections.
-        connect_timeout_s: Longest wait for a PostgreSQL connection.
+        pool_size: Most connections (and threads that run calls).
+        connect_timeout_s: Longest wait for the first PostgreSQL connection.
+        timeout_s: Every call's deadline (``QUARRY_DOCSTORE__TIMEOUT_S``).
 
     Raises:
         ConfigError: Unknown scheme (the message lists the supported ones), or psycopg is
             missing for a PostgreSQL URL (names the extra).
-        StoreError: The database cannot be opened or migrated (``StoreUnavailable``: unreachable).
+        StoreError: The database cannot be opened or migrated (``StateStoreUnavailable``: unreachable).
     """
     scheme = urlsplit(url).scheme.lower() if url else "sqlite"
     if scheme == "sqlite":
         from indexing.state_sqlite import SqliteState
 
         path = Path(urlsplit(url).path) if url else data_dir / "docstore.sqlite"
-        return SqliteState(path)
+        return SqliteState(path, timeout_s=timeout_s, pool_size=pool_size)
     if scheme in ("postgresql", "postgres"):
         try:
             from indexing.state_postgres import PostgresState
         except ImportError as exc:
             raise missing_extra(exc.name or "psycopg", "pgvector") from exc
-        return PostgresState(url, pool_size=pool_size, connect_timeout_s=connect_timeout_s)
+        return PostgresState(url, pool_size=pool_size, connect_timeout_s=connect_timeout_s, timeout_s=timeout_s)
     raise ConfigError(f"unsupported docstore URL scheme {scheme!r}; supported: {', '.join(SCHEMES)}")

@@ -3,10 +3,12 @@
 An upsert reads the collection's state (stored hashes, stale chunks, the metadata schema), writes
 the vectors, then commits; two processes doing that at once for one collection would keep both
 versions of a document. :meth:`WriteLocks.write_lock` spans the whole of it: a PostgreSQL
-session advisory lock (the docstore is shared by replicas) or an ``flock`` on a file beside the
-SQLite database (processes sharing a data dir, such as the CLI beside the server). Both are
-released by the operating system or the server when the holding process dies. Re-entrant per
-thread; the lock of one thread blocks the others (the service also keeps its in-process lock).
+session advisory lock (the docstore is shared by replicas) or, for SQLite, an open-file-description
+lock on one byte of the single file ``<database>.lock`` beside it (the byte's offset is a hash of
+tenant and name: processes sharing a data dir, such as the CLI beside the server). No file per
+collection: a name never makes a filesystem entry. Both are released by the operating system or
+the server when the holding process dies. Re-entrant per thread; the lock of one thread blocks
+the others (the service also keeps its in-process lock).
 """
 
 from __future__ import annotations

@@ -1,164 +1,154 @@
 """The state of record in SQLite: the embedded default, one file under the data dir (WAL mode).
 
-One connection shared by the process's threads under a lock; every method is one transaction
-(``BEGIN IMMEDIATE`` for writes, so writers of other processes wait on SQLite's file lock, up to
-its 5 s busy timeout, then get ``StoreUnavailable``).
+SQLAlchemy's pool of ``sqlite3`` connections (WAL: readers never wait for the writer); reads
+``BEGIN`` (one snapshot), writes ``BEGIN IMMEDIATE``, so writers of other processes wait on
+SQLite's file lock up to the busy timeout (``timeout_s``), then get ``StateStoreUnavailable``.
+Calls run in the caller's thread: a call past its deadline is interrupted
+(``sqlite3.Connection.interrupt``). Cross-process write locks: one byte each of ``<file>.lock``
+(:mod:`indexing.state_locks`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import os
 import sqlite3
+import struct
 import threading
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
 
 from indexing import schema
 from indexing.state_admin import SqlAdmin
 from indexing.state_locks import WriteLocks
 from indexing.state_sql import SqlCollections
-from quarry.errors import StoreError, StoreUnavailable
+from quarry.errors import StateStoreUnavailable, StoreError
 
-
-class _Tx:
-    """:class:`~indexing.state_sql.Tx` over an sqlite3 connection (``?`` is its own mark)."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
-
-    def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
-        rows = self._db.execute(sql, params).fetchall()  # whole: a RETURNING statement must finish
-        return rows[0] if rows else None
-
-    def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return self._db.execute(sql, params).fetchall()
-
-    def run(self, sql: str, params: Sequence[Any] = ()) -> int:
-        return self._db.execute(sql, params).rowcount
-
-    def many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        if rows:
-            self._db.executemany(sql, rows)
+# Linux open-file-description locks: per open file (not per process), released when it closes
+_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
 
 
 class SqliteState(SqlCollections, SqlAdmin, WriteLocks):
     """Thread-safe SQLite state of record (see :class:`indexing.docstore.StateStore`)."""
 
-    now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
-    chunk_order = "rowid"
+    dialect = "sqlite"
+    _now_sql = "((julianday('now') - 2440587.5) * 86400.0)"
+    now = sa.literal_column(_now_sql)
+    chunk_order = sa.literal_column("chunks.rowid")
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, timeout_s: float = 5.0, pool_size: int = 8) -> None:
         """Open (or create) the database at ``path`` and bring its schema up to date.
 
         Raises:
             StoreError: The file is not an SQLite database (damaged, or another file), it or its
                 folder cannot be opened, or it was written by a newer Quarry; the message names
                 the file.
-            StoreUnavailable: Another process holds its write lock past the busy timeout.
+            StateStoreUnavailable: Another process holds its write lock past the busy timeout.
         """
         self.path = path
         self.location = str(path)
-        self._lock = threading.RLock()
         self._watch_lock = threading.Lock()
         self._watch: sqlite3.Connection | None = None  # change_token's own connection
         self._init_locks()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-            try:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("PRAGMA synchronous=NORMAL")
-                self._migrate()
-            except (sqlite3.DatabaseError, StoreError):
-                self._db.close()
-                raise
-        except (sqlite3.DatabaseError, OSError) as exc:  # e.g. "file is not a database"
-            raise StoreError(
-                f"cannot open the docstore {path}: {exc}; it holds every chunk's text: restore it from a "
-                "backup, or move it away to start empty and ingest again"
-            ) from exc
-
-    def _migrate(self) -> None:
-        """Apply the missing schema steps in one transaction."""
-        with self._write() as tx:
-            tx.run(
-                "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)"
+            engine = sa.create_engine(
+                f"sqlite:///{path}", pool_size=pool_size, max_overflow=pool_size, pool_timeout=timeout_s,
+                connect_args={"timeout": timeout_s, "check_same_thread": False},
             )
-            applied = {int(r[0]) for r in tx.all("SELECT version FROM schema_migrations")}
-            schema.check_known("sqlite", applied, self.location)
-            now = time.time()
-            for step in schema.steps("sqlite", now):
-                if step.version in applied:
-                    continue
-                for statement in step.statements:
-                    tx.run(statement)
-                tx.run("INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)", (step.version, now))
-
-    def _lock_open(self, key: str) -> IO[bytes]:
-        folder = self.path.with_name(self.path.name + ".locks")  # flock files, one per collection
-        folder.mkdir(exist_ok=True)
-        return (folder / f"{key}.lock").open("ab")
-
-    def _lock_try(self, handle: IO[bytes], key: str) -> bool:
+        except OSError as exc:
+            raise self._damaged(exc) from exc
+        event.listen(engine, "connect", _on_connect)
+        event.listen(engine, "begin", _on_begin)
+        self._setup(engine, timeout_s, pool_size, inline=True)
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        return True
+            with self._errors(), engine.connect() as conn:
+                conn = conn.execution_options(quarry_write=True)
+                with conn.begin():
+                    schema.upgrade(conn, self.location)
+        except StateStoreUnavailable:
+            self.close()
+            raise
+        except StoreError as exc:
+            self.close()
+            if isinstance(exc.__cause__, sa.exc.DatabaseError):
+                raise self._damaged(exc.__cause__) from exc
+            raise
+        except (sa.exc.DatabaseError, OSError) as exc:
+            self.close()
+            raise self._damaged(exc) from exc
 
-    def _lock_release(self, handle: IO[bytes], key: str) -> None:
-        with contextlib.suppress(OSError):
-            fcntl.flock(handle, fcntl.LOCK_UN)
-        handle.close()
+    def _damaged(self, exc: BaseException) -> StoreError:
+        return StoreError(
+            f"cannot open the docstore {self.path}: {exc}; it holds every chunk's text: restore it from a "
+            "backup, or move it away to start empty and ingest again"
+        )
 
-    def close(self) -> None:
-        """Close the database."""
-        with self._lock:
-            self._db.close()
-        with self._watch_lock:
-            if self._watch is not None:
-                self._watch.close()
-                self._watch = None
+    def _begin_write(self, conn: sa.Connection) -> sa.Connection:
+        return conn.execution_options(quarry_write=True)
+
+    def _abort(self, dbapi_connection: Any) -> None:
+        dbapi_connection.interrupt()
 
     def change_token(self) -> int:
         """A number that changes whenever any connection commits to the database, in this process or another.
 
         SQLite's ``PRAGMA data_version`` on a connection of its own, which never writes (so every
-        commit, the service's own included, is another connection's), ~20 µs: callers that cache
-        what they read (the API key verifier) re-read only after a commit, and still see a key
-        revoked by ``quarry keys revoke`` or another worker on their next request.
+        commit, this process's own included, is another connection's), ~20 µs: callers that cache
+        what they read re-read only after a commit, and still see a key revoked by
+        ``quarry keys revoke`` or another worker on their next request.
         """
         with self._watch_lock:
             if self._watch is None:
                 self._watch = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             return int(self._watch.execute("PRAGMA data_version").fetchone()[0])
 
-    @contextmanager
-    def _read(self) -> Iterator[_Tx]:
-        with self._lock:
-            self._db.execute("BEGIN")
-            try:
-                yield _Tx(self._db)
-            finally:
-                self._db.execute("COMMIT")
+    def close(self) -> None:
+        """Close the database."""
+        super().close()
+        with self._watch_lock:
+            if self._watch is not None:
+                self._watch.close()
+                self._watch = None
 
-    @contextmanager
-    def _write(self) -> Iterator[_Tx]:
-        with self._lock:
+    # --- write locks: one byte of <file>.lock per (tenant, name) ------------------------------
+    def _lock_open(self, key: str) -> Any:
+        path = self.path.with_name(self.path.name + ".lock")
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+    def _lock_try(self, handle: Any, key: str) -> bool:
+        if _OFD_SETLK is None:  # no per-file locks here: one lock for the whole file
             try:
-                self._db.execute("BEGIN IMMEDIATE")
-            except sqlite3.OperationalError as exc:  # "database is locked" after sqlite's busy timeout
-                raise StoreUnavailable(
-                    f"the docstore {self.path} is busy ({exc}): another process holds its write lock; retry",
-                    retry_after_s=1.0,
-                ) from exc
-            try:
-                yield _Tx(self._db)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+        offset = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") >> 2
+        request = struct.pack("hhqqi", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+        try:
+            fcntl.fcntl(handle, _OFD_SETLK, request)
+        except (BlockingIOError, PermissionError):
+            return False
+        return True
+
+    def _lock_release(self, handle: Any, key: str) -> None:
+        with contextlib.suppress(OSError):
+            os.close(handle)  # releases its lock (an open-file-description lock, or the flock)
+
+
+def _on_connect(dbapi: sqlite3.Connection, record: Any) -> None:
+    """Each pooled connection: transactions begun by us (``_on_begin``), WAL, NORMAL sync."""
+    dbapi.isolation_level = None
+    dbapi.execute("PRAGMA journal_mode=WAL")
+    dbapi.execute("PRAGMA synchronous=NORMAL")
+
+
+def _on_begin(conn: sa.Connection) -> None:
+    """``BEGIN IMMEDIATE`` for a write (the file's write lock now, or the busy timeout), else ``BEGIN``."""
+    write = conn.get_execution_options().get("quarry_write")
+    conn.connection.driver_connection.execute("BEGIN IMMEDIATE" if write else "BEGIN")  # type: ignore[union-attr]

@@ -11,10 +11,12 @@ true scores of the ANN's ids. It then sleeps so that it uses at most ``cpu_share
 
 Prometheus (the default registry, served by ``GET /metrics``):
 
-* ``quarry_recall{collection, selectivity}``: histogram of recall@k per sample;
-* ``quarry_recall_samples_total{collection, selectivity}``: samples measured;
-* ``quarry_recall_samples_dropped_total{collection}``: samples dropped on a full queue;
-* ``quarry_recall_sample_errors_total{collection}``: samples whose exact search failed.
+* ``quarry_recall{tenant, collection, selectivity}``: histogram of recall@k per sample;
+* ``quarry_recall_samples_total{tenant, collection, selectivity}``: samples measured;
+* ``quarry_recall_samples_dropped_total{tenant, collection}``: samples dropped on a full queue;
+* ``quarry_recall_sample_errors_total{tenant, collection}``: samples whose exact search failed.
+
+``tenant``: the monitor's tenant (one monitor per tenant view): two tenants' ``docs`` are two series.
 
 ``selectivity`` is ``none`` (no filter), ``>=10%``, ``1-10%`` or ``<1%`` of the collection's rows.
 
@@ -48,11 +50,15 @@ from stores.filters import Filter
 log = logging.getLogger(__name__)
 RECALL = Histogram(
     "quarry_recall", "Tie-aware recall@k of sampled ANN answers against exact search",
-    ["collection", "selectivity"], buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0),
+    ["tenant", "collection", "selectivity"], buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0),
 )
-SAMPLES = Counter("quarry_recall_samples", "Sampled searches measured exactly", ["collection", "selectivity"])
-DROPPED = Counter("quarry_recall_samples_dropped", "Sampled searches dropped: the queue was full", ["collection"])
-ERRORS = Counter("quarry_recall_sample_errors", "Sampled searches whose exact search failed", ["collection"])
+SAMPLES = Counter(
+    "quarry_recall_samples", "Sampled searches measured exactly", ["tenant", "collection", "selectivity"]
+)
+DROPPED = Counter(
+    "quarry_recall_samples_dropped", "Sampled searches dropped: the queue was full", ["tenant", "collection"]
+)
+ERRORS = Counter("quarry_recall_sample_errors", "Sampled searches whose exact search failed", ["tenant", "collection"])
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,7 @@ class RecallMonitor:
         recent: Where sampled queries are recorded for later checks (``None``: not recorded).
         clock: Monotonic seconds for the windows (tests step one by hand).
         draw: Uniform ``[0, 1)`` numbers deciding which searches are sampled.
+        tenant: The ``tenant`` label of its metrics (the tenant view it measures for).
     """
 
     def __init__(
@@ -129,8 +136,10 @@ class RecallMonitor:
         recent: RecentQueries | None = None,
         clock: Callable[[], float] = time.monotonic,
         draw: Callable[[], float] = random.random,
+        tenant: str = "default",
     ) -> None:
         self.settings = settings
+        self.tenant = tenant  # the metrics' tenant label
         self.recent = recent
         self.dropped = 0
         self._store = store
@@ -170,7 +179,7 @@ class RecallMonitor:
         try:
             self._queue.put_nowait(sample)
         except queue.Full:
-            DROPPED.labels(collection).inc()
+            DROPPED.labels(self.tenant, collection).inc()
             with self._lock:
                 self.dropped += 1
             return False
@@ -221,7 +230,7 @@ class RecallMonitor:
             try:
                 self.measure(sample)
             except Exception as exc:  # noqa: BLE001 - the worker outlives any one sample; counted and logged
-                ERRORS.labels(sample.collection).inc()
+                ERRORS.labels(self.tenant, sample.collection).inc()
                 log.warning("recall sample of %r failed: %s", sample.collection, exc)
             finally:
                 self._queue.task_done()
@@ -258,8 +267,8 @@ class RecallMonitor:
         matching = None if sample.flt is None else self._store.count(store_name, sample.flt)
         bucket = selectivity_bucket(matching, total)
         if record:
-            RECALL.labels(sample.collection, bucket).observe(recall)
-            SAMPLES.labels(sample.collection, bucket).inc()
+            RECALL.labels(self.tenant, sample.collection, bucket).observe(recall)
+            SAMPLES.labels(self.tenant, sample.collection, bucket).inc()
             with self._lock:
                 window = self._windows.setdefault(
                     (sample.collection, bucket), deque(maxlen=self.settings.window_samples)
@@ -323,8 +332,8 @@ class RecallMonitor:
             for key in [key for key in self._windows if key[0] == collection]:
                 del self._windows[key]
         for metric, labels in [
-            *((m, (collection, b)) for m in (RECALL, SAMPLES) for b in BUCKETS), (DROPPED, (collection,)),
-            (ERRORS, (collection,)),
+            *((m, (self.tenant, collection, b)) for m in (RECALL, SAMPLES) for b in BUCKETS),
+            (DROPPED, (self.tenant, collection)), (ERRORS, (self.tenant, collection)),
         ]:
             try:
                 metric.remove(*labels)

@@ -29,7 +29,8 @@ their message. Driver errors are wrapped with ``raise ... from exc``, never swal
     ├── ConfigError                        500  bad settings, unknown URL scheme, missing extra
     ├── StoreError                         500  a vector store operation failed
     │   ├── StoreUnavailable               503  the store cannot be reached (retryable)
-    │   │   └── StoreTimeout               503  the store did not answer this call in time
+    │   │   ├── StoreTimeout               503  the store did not answer this call in time
+    │   │   └── StateStoreUnavailable      503  the state of record (docstore) cannot be reached or missed its deadline
     │   └── IndexBuildFailed               500  a build failed or stalled; rolled back
     ├── EmbeddingError                     500
     │   └── EmbeddingUnavailable           503  the embedding server is down (retryable)
@@ -298,6 +299,14 @@ class StoreUnavailable(StoreError):
 
 class StoreTimeout(StoreUnavailable):
     """The vector store did not answer one call within its deadline: that call's failure, not an outage."""
+
+
+class StateStoreUnavailable(StoreUnavailable):
+    """The state of record (the docstore: SQLite or PostgreSQL) cannot be reached, is busy, or missed a call's deadline.
+
+    ``retry_after_s`` is set (``QUARRY_DOCSTORE__TIMEOUT_S`` at least 1 s): the REST layer sends it
+    as ``Retry-After``.
+    """
 
 
 class IndexBuildFailed(StoreError):

@@ -28,14 +28,16 @@ def _state() -> StateStore:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     return open_docstore(
         settings.docstore.url, settings.data_dir,
-        pool_size=2, connect_timeout_s=settings.docstore.connect_timeout_s,
+        pool_size=2, connect_timeout_s=settings.docstore.connect_timeout_s, timeout_s=settings.docstore.timeout_s,
     )
 
 
 @keys_app.command("create")
 def create(  # noqa: PLR0913 - the key's attributes
     tenant: Annotated[str, typer.Option(help="Tenant the key belongs to (created if new).")] = "default",
-    scopes: Annotated[str, typer.Option(help="Comma-separated: read, write, admin.")] = "read",
+    scopes: Annotated[
+        str, typer.Option(help="Comma-separated: read, write, admin, metrics (GET /metrics only: for Prometheus).")
+    ] = "read",
     collections: Annotated[str | None, typer.Option(help="Comma-separated collections (default: all).")] = None,
     rate: Annotated[str | None, typer.Option(help="Request rate, e.g. 50/s or 600/min (default: unlimited).")] = None,
     tokens: Annotated[

@@ -2,12 +2,16 @@
 
 Conventions (Prometheus', as TEI and vLLM follow them): base units (seconds), ``_seconds`` and
 ``_total`` suffixes, one metric with a ``stage`` label rather than a metric per stage, and label
-values from bounded sets only: route templates, stage names, collection names (bounded by the
-service), modes, reasons, priorities; never query text, document ids or keys.
+values from bounded sets only: route templates, stage names, tenant ids and collection names
+(bounded by the service), modes, reasons, priorities; never query text, document ids or keys.
+A collection's series carry its ``tenant`` beside its ``collection``: two tenants' ``docs`` are two
+series. ``GET /metrics`` needs a key with the ``metrics`` or ``admin`` scope once keys exist; a
+key of a tenant other than the operator's (``default``) sees its own tenant's series and those
+without a tenant (:class:`TenantView`), never another tenant's collection names.
 
 * ``quarry_requests_total{route,status}``, ``quarry_request_seconds{route}``: every HTTP request
   (:class:`~quarry.api.observe.ObserveMiddleware`); ``quarry_requests_in_flight``.
-* ``quarry_stage_seconds{stage,collection,mode}``: ``embed``, ``bm25``, ``ann``, ``fusion``,
+* ``quarry_stage_seconds{stage,tenant,collection,mode}``: ``embed``, ``bm25``, ``ann``, ``fusion``,
   ``rerank``, ``hydrate`` of each search (:class:`SearchTelemetry`), ``llm_ttft`` and
   ``llm_total`` of each answer's generation (:func:`observe_llm`).
 * ``quarry_degraded_answers_total{reason}``: ``dense_skipped`` (a hybrid search answered from BM25
@@ -32,7 +36,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, Metric
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -55,7 +59,8 @@ ANSWER_ROUTE = "/v1/collections/{name}/answer"
 REQUESTS = Counter("quarry_requests_total", "HTTP requests", ["route", "status"])
 LATENCY = Histogram("quarry_request_seconds", "HTTP request latency (seconds)", ["route"], buckets=STAGE_BUCKETS)
 STAGE_SECONDS = Histogram(
-    "quarry_stage_seconds", "Time of one query stage (seconds)", ["stage", "collection", "mode"], buckets=STAGE_BUCKETS
+    "quarry_stage_seconds", "Time of one query stage (seconds)", ["stage", "tenant", "collection", "mode"],
+    buckets=STAGE_BUCKETS,
 )
 DEGRADED = Counter("quarry_degraded_answers_total", "Searches and answers served degraded, by reason", ["reason"])
 RATE_LIMITED = Counter("quarry_rate_limited_total", "Requests refused by a rate limit (429)")
@@ -121,11 +126,17 @@ class SearchTelemetry:
 
     Args:
         metrics: Observe the histograms and counters (``QUARRY_METRICS__ENABLED``).
+        tenant: The ``tenant`` label of the searches it reports (one telemetry per tenant view).
     """
 
-    def __init__(self, *, metrics: bool = True) -> None:
+    def __init__(self, *, metrics: bool = True, tenant: str = "default") -> None:
         self.metrics = metrics
+        self.tenant = tenant
         self._children: dict[tuple[str, str, str], Histogram] = {}
+
+    def for_tenant(self, tenant: str) -> SearchTelemetry:
+        """The telemetry of tenant ``tenant``'s searches (its series carry ``tenant``)."""
+        return SearchTelemetry(metrics=self.metrics, tenant=tenant)
 
     def __call__(self, collection: str, mode: str, result: SearchResult) -> None:
         """Report ``result`` (a search of ``collection`` in ``mode``)."""
@@ -142,12 +153,34 @@ class SearchTelemetry:
             key = (stage, collection, mode)
             child = self._children.get(key)
             if child is None:
-                child = self._children[key] = STAGE_SECONDS.labels(stage, collection, mode)
+                child = self._children[key] = STAGE_SECONDS.labels(stage, self.tenant, collection, mode)
             child.observe(end - start)
 
 
-def observe_llm(collection: str, mode: str, ttft_s: float | None, total_s: float) -> None:
+def observe_llm(tenant: str, collection: str, mode: str, ttft_s: float | None, total_s: float) -> None:
     """Observe an answer's generation: time to its first text token and to its end, in seconds."""
     if ttft_s is not None:
-        STAGE_SECONDS.labels("llm_ttft", collection, mode).observe(ttft_s)
-    STAGE_SECONDS.labels("llm_total", collection, mode).observe(total_s)
+        STAGE_SECONDS.labels("llm_ttft", tenant, collection, mode).observe(ttft_s)
+    STAGE_SECONDS.labels("llm_total", tenant, collection, mode).observe(total_s)
+
+
+class TenantView:
+    """The registry as one tenant may read it: every series but those of another tenant.
+
+    A sample whose ``tenant`` label names another tenant is left out (a family left empty too);
+    the process' own series (requests per route, queue depths) carry no tenant and stay.
+    """
+
+    def __init__(self, tenant: str, registry: CollectorRegistry = REGISTRY) -> None:
+        self.tenant = tenant
+        self.registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        """The registry's families, each with the samples this tenant may see."""
+        for family in self.registry.collect():
+            samples = [s for s in family.samples if s.labels.get("tenant", self.tenant) == self.tenant]
+            if not samples:
+                continue
+            kept = Metric(family.name, family.documentation, family.type, family.unit)
+            kept.samples = samples
+            yield kept

@@ -18,7 +18,7 @@ from embedding.batching import BatchingEmbedder
 from embedding.factory import open_embedder
 from embedding.process import ProcessEmbedder
 from indexing.collections import NAME, CollectionConfig, FusionConfig
-from indexing.docstore import DEFAULT_TENANT, CollectionVersion, Job, chunking_id_of, open_docstore
+from indexing.docstore import DEFAULT_TENANT, CollectionVersion, Job, chunking_id_of, off_loop, open_docstore
 from indexing.pipeline import Ingestor, IngestReport, Precomputed, Progress, Target
 from indexing.planner import GIB, IndexPlan, plan_for_store
 from indexing.reindex import Build, Reindexer, ReindexReport, new_owner
@@ -89,6 +89,7 @@ class Quarry:
         self.docstore = open_docstore(
             settings.docstore.url, settings.data_dir,
             pool_size=settings.docstore.pool_size, connect_timeout_s=settings.docstore.connect_timeout_s,
+            timeout_s=settings.docstore.timeout_s,
         )
         self.bm25 = BM25Registry(self.docstore, settings.data_dir / "bm25", settings.bm25)
         self.ingestor = Ingestor(
@@ -207,10 +208,11 @@ class Quarry:
         recent = RecentQueries(
             self.settings.data_dir / "monitor" / f"recent@{tenant_id}.sqlite", self.settings.monitor.recent_queries
         )
-        view.monitor = RecallMonitor(view.store, self.settings.monitor, recent=recent)  # exact re-runs in scope
+        view.monitor = RecallMonitor(view.store, self.settings.monitor, recent=recent, tenant=tenant_id)  # in scope
+        view.telemetry = self.telemetry.for_tenant(tenant_id)  # its series carry the tenant
         view.searcher = Searcher(
             view.store, view.docstore, self.query_embedder, view.bm25, self.settings.search, self.reranker,
-            clock=self._clock, observe=self.telemetry, sample_dense=view.monitor.offer,
+            clock=self._clock, observe=view.telemetry, sample_dense=view.monitor.offer,
         )
         view._versions, view._models, view._models_guard = {}, self._models, self._models_guard
         view.reindexer = Reindexer(
@@ -878,13 +880,23 @@ class Quarry:
         fusion: FusionConfig | None = None,
         min_score: float | None = None,
     ) -> SearchResult:
-        """:meth:`search` without rerank, for an event loop (see ``Searcher.search_async``)."""
-        cfg, flt = self._target(name, filters)
-        cfg, target = self._dense_target(cfg, mode)
+        """:meth:`search` without rerank, for an event loop (see ``Searcher.search_async``).
+
+        The collection's configuration and live version come from the docstore's caches on the
+        loop; after a commit they are read again in a worker thread (``off_loop``).
+        """
+        cfg, flt, target = await off_loop(self._search_target, name, filters, mode)
         return await self.searcher.search_async(
             cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, fusion=fusion,
             min_score=min_score, target=target, within=self._bm25_within(),
         )
+
+    def _search_target(
+        self, name: str, filters: Mapping[str, Any] | None, mode: Mode
+    ) -> tuple[CollectionConfig, Filter | None, DenseTarget | None]:
+        cfg, flt = self._target(name, filters)
+        cfg, target = self._dense_target(cfg, mode)
+        return cfg, flt, target
 
     # --- recall monitoring -------------------------------------------------------------
     def recall(self, name: str) -> dict[str, Any]:

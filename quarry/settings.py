@@ -56,13 +56,19 @@ class DocstoreSettings(BaseModel):
         url: ``""`` (default): SQLite at ``<data_dir>/docstore.sqlite``, for one process;
             ``sqlite:///abs/path.sqlite``; ``postgresql://user:pass@host:5432/db`` to share it
             between processes and hosts (API replicas, several workers).
-        pool_size: Most connections a process holds to a PostgreSQL docstore.
-        connect_timeout_s: Longest wait for a PostgreSQL connection before ``StoreUnavailable``.
+            ``?schema=name`` puts the tables in that schema (created if missing).
+        pool_size: Most connections a process holds to the docstore (and threads that run its calls).
+        connect_timeout_s: Longest wait for the first PostgreSQL connection at startup before
+            ``StateStoreUnavailable``.
+        timeout_s: Every call's deadline, in seconds (pool checkout, connect and query together):
+            past it the call fails with ``StateStoreUnavailable`` (HTTP 503, ``Retry-After``) and
+            its connection is discarded. SQLite's busy timeout is the same.
     """
 
     url: str = ""
     pool_size: int = Field(8, ge=1, le=256)
     connect_timeout_s: float = Field(10.0, gt=0)
+    timeout_s: float = Field(5.0, gt=0, le=300)
 
 
 class EmbeddingSettings(BaseModel):
@@ -497,7 +503,7 @@ class AuthSettings(BaseModel):
     """API keys and rate limits (:mod:`quarry.api.access`).
 
     Attributes:
-        required: Every request (but ``/healthz``, ``/readyz``, ``/metrics``) needs a key even
+        required: Every request (but ``/healthz``, ``/readyz``) needs a key even
             before any key exists. Keys are required anyway once one exists.
         allow_insecure: Let ``quarry serve`` bind beyond loopback with no API keys.
         rate_storage: Where the per-key rate windows live, as the ``limits`` library names it:
@@ -518,7 +524,12 @@ class AuthSettings(BaseModel):
             ~800 503s a second, which took the event loop from high-priority requests
             (:mod:`quarry.api.pacing`).
         shed_hold_max: At most this many shed requests are held at once; beyond it a shed
-            request gets its 503 at once (many connections cannot pin memory and sockets).
+            request gets its 503 at once (many connections cannot pin memory and sockets). The
+            429s held by ``limit_hold_s`` count against the same bound.
+        limit_hold_s: How long a 429 answered before routing (a key over its rate, an id whose
+            wrong secrets fill the second) is held before it goes, in seconds, at most its
+            ``Retry-After`` (0: at once): a client that ignores ``Retry-After`` is paced to one
+            request per connection and hold (:mod:`quarry.api.pacing`, ``bench/abuse.py``).
     """
 
     required: bool = False
@@ -530,6 +541,7 @@ class AuthSettings(BaseModel):
     shed_retry_after_s: float = Field(1.0, gt=0, le=3600, allow_inf_nan=False)
     shed_hold_s: float = Field(1.0, ge=0, le=60, allow_inf_nan=False)
     shed_hold_max: int = Field(256, ge=0, le=100_000)
+    limit_hold_s: float = Field(1.0, ge=0, le=60, allow_inf_nan=False)
 
 
 class Settings(BaseSettings):

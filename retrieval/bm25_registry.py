@@ -32,7 +32,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from indexing.docstore import DocStore
+from indexing.docstore import CacheMiss, DocStore
+from quarry.errors import StateStoreUnavailable
 from quarry.settings import BM25Settings
 from retrieval.bm25_live import LiveBM25, LiveView, Row, SnapshotUnreadable
 
@@ -152,6 +153,8 @@ class BM25Registry:
                     if now - followed.saved >= SAVE_EVERY_S:
                         self._save(collection, followed)
                 followed.polled = now
+            except (CacheMiss, StateStoreUnavailable):  # not the index's failure: the state's, or an event loop's
+                raise
             except Exception as exc:
                 self.failures[collection] = f"{type(exc).__name__}: {exc}"
                 raise

@@ -37,7 +37,7 @@ import numpy as np
 from embedding.base import Embeddings, QueryEncoder
 from indexing.chunking import document_id_of
 from indexing.collections import CollectionConfig, FusionConfig, model_mismatch
-from indexing.docstore import DocStore
+from indexing.docstore import DocStore, cache_only
 from indexing.sources import check_unicode, is_blank
 from quarry.breaker import OutageBreaker, failed
 from quarry.errors import (
@@ -230,6 +230,11 @@ class Searcher:
         self._reranker = reranker
 
     @property
+    def embed_outage(self) -> EmbeddingUnavailable | None:
+        """The query model's last outage while searches skip it, else ``None``."""
+        return self._embed_breaker.outage
+
+    @property
     def store_outage(self) -> StoreUnavailable | None:
         """The store's last ``StoreUnavailable`` while searches skip the store, else ``None``."""
         return self._ann.breaker.outage
@@ -340,16 +345,30 @@ class Searcher:
         deadline = time.monotonic() + self._settings.dense_timeout_s
         request = self._request(cfg, fusion, min_score)
         steps = self._steps(cfg, query, top_k, mode, flt, offset, group, None, request, target, within)
-        if mode != "dense" and (len(query) > LOOP_QUERY_CHARS or flt is not None):
+        if mode != "dense" and (len(query) > LOOP_QUERY_CHARS or flt is not None or not self._bm25_current(cfg.name)):
             step = await asyncio.to_thread(_advance, steps, None)
         else:
             step = _advance(steps, None)
-        while isinstance(step, Future):
+        while isinstance(step, StateRead | Future):
+            if isinstance(step, StateRead):  # on the state's threads, failed there at its deadline
+                read: Future[Any] = self._docstore.submit(step.fn, *step.args)
+                await asyncio.wait({asyncio.wrap_future(read)})
+                step = _advance(steps, read)
+                continue
             waiting = asyncio.wrap_future(step)
             waiting.add_done_callback(_read_outcome)  # read even when the query stopped waiting
             done, _ = await asyncio.wait({waiting}, timeout=max(0.0, deadline - time.monotonic()))
             step = _advance(steps, step) if done else _advance(steps, None, _Late())
         return step
+
+    def _bm25_current(self, name: str) -> bool:
+        """Whether the collection's BM25 view is at hand without a state read (else the first step goes to a thread)."""
+        try:
+            with cache_only():
+                self._bm25.get(name)
+        except Exception:  # noqa: BLE001 - a read needed (CacheMiss), or an error the thread will raise again
+            return False
+        return True
 
     def _steps(  # noqa: PLR0913 - the request's fields
         self,
@@ -364,8 +383,8 @@ class Searcher:
         request: _Request,
         target: DenseTarget | None = None,
         within: str | None = None,
-    ) -> Generator[Future[Any], Any, SearchResult]:
-        """The query as steps, each waiting on a future.
+    ) -> Generator[Future[Any] | StateRead, Any, SearchResult]:
+        """The query as steps, each waiting on a future (or a state read: :class:`StateRead`).
 
         Each ``yield`` hands out a future (the query's vector, then its ANN hits) and takes its
         result back, or its exception thrown in; the caller decides how to wait (:func:`_resolve`
@@ -425,7 +444,13 @@ class Searcher:
         if rerank is not None:
             fused = self._rerank(cfg, query, fused, rerank, result)
         page = fused[offset : offset + top_k]
-        result.hits = self._timed(result, "hydrate", lambda: self._hydrate(cfg, page, request.fusion))
+        started_hydrate = time.perf_counter()
+        # the state read is a step: in this thread for search(), on the state's threads for search_async()
+        stored = yield StateRead(self._docstore.get_chunks, cfg.name, [item.best.chunk_id for item in page])
+        result.hits = self._hydrate(page, request.fusion, stored)
+        ended = time.perf_counter()
+        result.timings_ms["hydrate"] = (ended - started_hydrate) * 1000
+        result.stage_times["hydrate"] = (started_hydrate, ended)
         self._observe(cfg.name, mode, result)
         return result
 
@@ -457,6 +482,8 @@ class Searcher:
         if is_blank(query):  # "   ", and "\u200b", "\u0000", "\ufeff": nothing visible, nothing to rank by
             raise InvalidQuery("query must not be empty (it holds no visible character)")
         check_unicode(query, "query", InvalidQuery)
+        if "\x00" in query:  # as in a document's text: nothing stores or tokenizes it
+            raise InvalidQuery(f"query holds a NUL character at character {query.index(chr(0))}")
         if mode not in MODES:
             raise InvalidQuery(f"unknown mode {clip(mode)}; use one of {', '.join(MODES)}")
         if top_k < 1:
@@ -567,8 +594,7 @@ class Searcher:
         rescored = [head[i]._replace(rerank={"score": scores[i], "rank_before": i + 1}) for i in order]
         return rescored + tail
 
-    def _hydrate(self, cfg: CollectionConfig, page: Sequence[_Candidate], fusion: Fusion) -> list[Hit]:
-        chunks = self._docstore.get_chunks(cfg.name, [item.best.chunk_id for item in page])
+    def _hydrate(self, page: Sequence[_Candidate], fusion: Fusion, chunks: dict[str, Any]) -> list[Hit]:
         hits = []
         for item in page:
             best = item.best
@@ -610,10 +636,37 @@ def _no_sample(*_: Any) -> None:
     """The default :data:`DenseSampler`: no recall monitor."""
 
 
-def _resolve(steps: Generator[Future[Any], Any, SearchResult], deadline: float | None) -> SearchResult:
+class StateRead:
+    """A step that reads the state of record: ``fn(*args)``, a method of the docstore.
+
+    :func:`_resolve` runs it in its own thread; :meth:`Searcher.search_async` on the docstore's
+    threads (:meth:`~indexing.docstore.StateStore.submit`), so that no state call waits on the
+    event loop. Either way it answers or fails (``StateStoreUnavailable``) within the docstore's
+    deadline.
+    """
+
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.fn, self.args = fn, args
+
+    def run(self) -> Future[Any]:
+        """Run it here: a finished future with its outcome."""
+        done: Future[Any] = Future()
+        try:
+            done.set_result(self.fn(*self.args))
+        except Exception as exc:  # noqa: BLE001 - handed to the steps through the future
+            done.set_exception(exc)
+        return done
+
+
+def _resolve(steps: Generator[Future[Any] | StateRead, Any, SearchResult], deadline: float | None) -> SearchResult:
     """Run :meth:`Searcher._steps` in this thread, blocking on each future until ``deadline`` (monotonic s)."""
     step = _advance(steps, None)
-    while isinstance(step, Future):
+    while isinstance(step, StateRead | Future):
+        if isinstance(step, StateRead):
+            step = _advance(steps, step.run())
+            continue
         left = None if deadline is None else min(max(0.0, deadline - time.monotonic()), threading.TIMEOUT_MAX)
         done, _ = wait([step], timeout=left)
         step = _advance(steps, step) if done else _advance(steps, None, _Late())
@@ -621,8 +674,8 @@ def _resolve(steps: Generator[Future[Any], Any, SearchResult], deadline: float |
 
 
 def _advance(
-    steps: Generator[Future[Any], Any, SearchResult], done: Future[Any] | None, late: _Late | None = None
-) -> Future[Any] | SearchResult:
+    steps: Generator[Future[Any] | StateRead, Any, SearchResult], done: Future[Any] | None, late: _Late | None = None
+) -> Future[Any] | StateRead | SearchResult:
     """Start the steps, or hand them a finished future's outcome or a missed deadline.
 
     ``done`` is ``None`` to start; else its result is sent in or its exception thrown in. ``late``

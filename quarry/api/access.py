@@ -51,9 +51,9 @@ from limits.storage import MemoryStorage, Storage, storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 from starlette.datastructures import Headers
 
-from indexing.docstore import AuditEntry, StateStore
+from indexing.docstore import AuditEntry, StateStore, off_loop
 from quarry.api import pacing
-from quarry.api.keys import OPEN, KeyVerifier, Principal
+from quarry.api.keys import OPEN, CheckSlots, KeyVerifier, Principal
 from quarry.errors import ConfigError, Forbidden, Overloaded, RateLimited, Unauthenticated, clip
 from quarry.metrics import AUTH_FAILURES, IN_FLIGHT, RATE_LIMITED, SHED, TOKEN_LIMITED
 from quarry.service import Quarry
@@ -63,11 +63,14 @@ log = logging.getLogger(__name__)
 
 
 # (method, route template) -> scope needed; None: open to anyone who reaches the port.
-# A tuple: any one of those scopes.
+# A tuple: any one of those scopes. docs/access.md's scope table and the OpenAPI's per-route
+# security (quarry.api.security) say the same (tests/core/test_scopes.py walks the routes).
 POLICY: dict[tuple[str, str], str | tuple[str, ...] | None] = {
     ("GET", "/healthz"): None,
     ("GET", "/readyz"): None,
-    ("GET", "/metrics"): None,
+    # every tenant's collection names are label values: a Prometheus key (or an admin's); a key
+    # of a tenant other than the operator's sees its own tenant's series only (metrics.TenantView)
+    ("GET", "/metrics"): ("metrics", "admin"),
     ("GET", "/v1/collections"): "read",
     ("POST", "/v1/collections"): "admin",
     ("GET", "/v1/collections/{name}"): "read",
@@ -80,8 +83,9 @@ POLICY: dict[tuple[str, str], str | tuple[str, ...] | None] = {
     ("GET", "/v1/collections/{name}/recall"): "read",
     ("POST", "/v1/collections/{name}/reindex"): "admin",
     ("POST", "/v1/collections/{name}/rollback"): "admin",
-    # a reindex job needs admin, an ingest job write (checked by the handler, check_job); the
-    # tenant is checked in Quarry.get_job, the key's collections in ingest_jobs.job_or_404
+    # submitting an ingest job writes documents, as an upsert does: write. Reading or cancelling a
+    # job: a reindex job's needs admin, an ingest job's write or admin (the handler's check_job);
+    # the tenant is checked in Quarry.get_job, the key's collections in ingest_jobs.job_or_404
     ("GET", "/v1/jobs/{job_id}"): ("write", "admin"),
     ("DELETE", "/v1/jobs/{job_id}"): ("write", "admin"),
     ("POST", "/v1/collections/{name}/jobs"): "write",
@@ -111,6 +115,9 @@ class RateLimiter:
         """
         self._windows: dict[str, deque[float]] | None = None
         self._lock = threading.Lock()
+        # key id -> (time.time() until which its window is full, its rate), set by a refusal:
+        # limited_early's answer before routing, dropped once that time has passed
+        self._full_until: dict[str, tuple[float, float]] = {}
         self.storage: Storage | None = None
         if storage_uri.startswith("memory://"):
             self._windows = {}
@@ -143,11 +150,33 @@ class RateLimiter:
         wait = self._local(key_id, rate) if self._windows is not None else self._shared(key_id, rate)
         if wait is None:
             return
+        self._full_until[key_id] = (time.time() + wait, rate)
         RATE_LIMITED.inc()
-        raise RateLimited(
+        raise self.refusal(key_id, rate, wait)
+
+    @staticmethod
+    def refusal(key_id: str, rate: float, wait: float) -> RateLimited:
+        """The 429 of a key over its rate, ``wait`` seconds before its window has room."""
+        return RateLimited(
             f"API key qk_{key_id}_… is limited to {rate:g} requests/s; retry in {math.ceil(wait) or 1} s",
             retry_after_s=max(wait, 1.0),
         )
+
+    def full(self, key_id: str) -> RateLimited | None:
+        """The 429 of ``key_id`` while its window is full, as its last refusal found it; ``None``: it may have room.
+
+        A dictionary lookup: what :func:`limited_early` asks before routing. A window found full
+        stays full until its oldest request leaves it (a refused request does not count).
+        """
+        found = self._full_until.get(key_id)
+        if found is None:
+            return None
+        wait = found[0] - time.time()
+        if wait <= 0:
+            self._full_until.pop(key_id, None)
+            return None
+        RATE_LIMITED.inc()
+        return self.refusal(key_id, found[1], wait)
 
     def _local(self, key_id: str, rate: float) -> float | None:
         """Count in this process: ``None``, or the seconds until the window's oldest request leaves it."""
@@ -281,7 +310,11 @@ class Access:
         """Check keys against ``state``; rates in ``settings.rate_storage``."""
         self.state = state
         self.settings = settings
-        self.verifier = verifier or KeyVerifier(state)
+        # the wrong-secret bound counted in the state of record too, where replicas and workers share
+        # it (PostgreSQL). A SQLite state belongs to one server (--workers needs PostgreSQL), and a
+        # slot's commit would move its change token, which keeps every verified key's principal.
+        shared = getattr(state, "change_token", None) is None
+        self.verifier = verifier or KeyVerifier(state, slots=CheckSlots(state) if shared else None)
         self.limiter = RateLimiter(settings.rate_storage)
         self.tokens = TokenQuota(self.limiter.storage)
         self._keys_exist = False
@@ -293,17 +326,17 @@ class Access:
         """Whether a request must carry a key: forced by settings, or some key (even revoked) exists.
 
         Once true it stays true for this process (keys are never deleted, only revoked). While
-        none exists the docstore is asked again only after a commit, where it has a change token
-        (:class:`~quarry.api.keys.KeyVerifier` explains it): a key created by the CLI counts on the
-        next request.
+        none exists the state is asked again only after a commit (its change token moved): a key
+        created by the CLI or another replica counts on the next request. On an event loop call
+        it inside :func:`~indexing.docstore.cache_only` (it raises ``CacheMiss`` when it would
+        have to read).
         """
         if self.settings.required or self._keys_exist:
             return True
-        change_token = getattr(self.state, "change_token", None)
-        token = None if change_token is None else int(change_token())
+        token = self.state.change_token()
         if token is not None and token == self._no_keys_at:
             return False
-        self._keys_exist = bool(self.state.list_api_keys())
+        self._keys_exist = self.state.any_api_key()
         self._no_keys_at = None if self._keys_exist else token
         return self._keys_exist
 
@@ -342,7 +375,7 @@ class Access:
             Unauthenticated: See :meth:`principal`.
             RateLimited: See :meth:`~quarry.api.keys.KeyVerifier.verify`.
         """
-        if not self.keys_required():
+        if not await off_loop(self.keys_required):  # a read only after a commit, and then in a thread
             return OPEN
         key = _presented_key(request)
         if key is None:
@@ -381,6 +414,31 @@ def _presented_key(request: Request | None, headers: Headers | None = None) -> s
             raise Unauthenticated("the Authorization header must read 'Bearer qk_…'", reason="malformed")
         return token.strip()
     return headers.get("api-key")
+
+
+_KEY_ID = re.compile(r"\s*qk_([0-9a-f]{12})_")
+
+
+def limited_early(access: Access, headers: Headers) -> RateLimited | None:
+    """The 429 to answer before routing, or ``None``: the key's id is over its rate, or under a wrong-secret flood.
+
+    Two dictionary lookups by the key's id (parsed from the header, nothing read from the
+    state): its request window was found full by a refusal that still holds
+    (:meth:`RateLimiter.full`: only a key that passed authentication ever fills one), or its
+    secret checks fill the last second and the key presented is not one verified before
+    (:meth:`~quarry.api.keys.KeyVerifier.throttled`). Either way :func:`authorize` would refuse
+    the request the same way, after routing, body parsing, the dependencies and a worker thread
+    (an over-rate key's 429s cost ~420 µs of server CPU each that way, ~70 µs here: ``bench/abuse.py``).
+    """
+    try:
+        key = _presented_key(None, headers)
+    except Unauthenticated:
+        return None
+    match = None if key is None else _KEY_ID.match(key)
+    if match is None or key is None:
+        return None
+    key_id = match.group(1)
+    return access.limiter.full(key_id) or access.verifier.throttled(key_id, key)
 
 
 def shed_early(access: Access, method: str, path: str, headers: Headers) -> Shed | None:
@@ -555,6 +613,12 @@ def check_job(request: Request, kind: str) -> None:
                         + " or ".join(f"'{s}'" for s in sorted(any_of)))
 
 
+def tenant_of(request: Request) -> str:
+    """The tenant of the request's key (the open server's: ``default``)."""
+    who: Principal = getattr(request.state, "principal", OPEN)
+    return who.tenant_id
+
+
 def collections_of(request: Request) -> frozenset[str] | None:
     """The collections the request's key is limited to (``None``: all of its tenant's)."""
     who: Principal = getattr(request.state, "principal", OPEN)
@@ -601,7 +665,7 @@ def is_loopback(host: str) -> bool:
 def check_bind(host: str, state: StateStore, settings: AuthSettings) -> None:
     """Refuse to serve beyond loopback with no API keys, unless keys are required or insecure is allowed.
 
-    With ``QUARRY_AUTH__REQUIRED=true`` nothing but the open routes (health, readiness, metrics)
+    With ``QUARRY_AUTH__REQUIRED=true`` nothing but the open routes (health, readiness)
     answers without a key, so a server may start before its first key exists (a container's
     first start: create the key then, in the shared docstore).
 

@@ -38,12 +38,14 @@ from generation.base import GenerationParams, Generator
 from generation.cache import AnswerCache, open_cache
 from generation.factory import open_generator
 from generation.prompt import Candidate, Prompt, approx_tokens, build_prompt
-from indexing.collections import CollectionConfig
+from indexing.collections import CollectionConfig, check_name_length
+from indexing.docstore import off_loop
 from indexing.sources import is_blank
 from quarry import errors as e
 from quarry import metrics
-from quarry.api import access
+from quarry.api import access, edge
 from quarry.api import cache as answer_cache
+from quarry.api.edge import Checked, Identifier
 from quarry.api.errors import error_responses
 from quarry.api.models import RerankIn, SearchIn, _Body
 from quarry.errors import GenerationError, InvalidRequest, LLMNotConfigured, clip
@@ -69,6 +71,8 @@ router = APIRouter(lifespan=_lifespan)
 
 class AnswerIn(_Body):
     """``POST /v1/collections/{name}/answer``."""
+
+    parsed_later = frozenset({"query", "filters"})  # the search's own checks (InvalidQuery, InvalidFilter)
 
     query: str = Field(description="The question (same limits as a search query).")
     top_k: int = Field(5, ge=1, le=50, description="Chunks retrieved for the prompt (best first).")
@@ -96,7 +100,8 @@ def _cache(request: Request) -> AnswerCache | None:
 
 
 async def _quarry(request: Request) -> Quarry:
-    return access.service(request)  # the key's tenant's view
+    check_name_length(request.path_params.get("name", ""))  # 400 before any store is asked about it
+    return await off_loop(access.service, request)  # the key's tenant's view (state reads off the loop)
 
 
 # What retrieval can raise (as search) and what the LLM can (with ``require_answer``).
@@ -164,7 +169,7 @@ async def _events(  # noqa: PLR0913 - the request and its dependencies
     cfg: LLMSettings = q.settings.llm
     if body.require_answer:
         _check_available(generator)
-    collection = q.get_collection(name)
+    collection = await off_loop(q.get_collection, name)
     budget = body.context_tokens or cfg.context_tokens
     params = GenerationParams(
         max_tokens=body.max_tokens or cfg.max_tokens,
@@ -230,10 +235,12 @@ async def _cache_plan(  # noqa: PLR0913 - the request's parts
 ) -> answer_cache.Plan:
     """Bypass (cache off, no LLM, asked by a header, a query search will refuse), or look it up."""
     read, store = answer_cache.directives(headers)
+    # a query the search refuses (blank, too long, a NUL or a lone surrogate) is refused there, uncached
     query_ok = not is_blank(body.query) and len(body.query) <= q.settings.search.max_query_chars
+    query_ok = query_ok and edge.is_text(body.query)
     if cache is None or generator is None or not query_ok or not (read or store):
         return answer_cache.Plan("bypass")
-    key = answer_cache.cache_key(q, collection, body, generator, params, budget)
+    key = await off_loop(answer_cache.cache_key, q, collection, body, generator, params, budget)
     return await answer_cache.lookup(q, cache, key, body.query, collection.language, read=read)
 
 
@@ -254,7 +261,7 @@ def _llm_metrics(
         return None
 
     def observe(ttft_s: float | None, total_s: float, error: GenerationError | None) -> None:
-        metrics.observe_llm(name, body.mode, ttft_s, total_s)
+        metrics.observe_llm(q.tenant_id, name, body.mode, ttft_s, total_s)
         if error is not None and not body.require_answer:  # answered without the LLM's text
             metrics.DEGRADED.labels("llm_failed").inc()
 
@@ -355,6 +362,8 @@ class ChatMessageIn(BaseModel):
 class QuarryOptions(_Body):
     """Quarry's own knobs of a chat completion (send them in the body's ``quarry`` field)."""
 
+    parsed_later = frozenset({"filters"})  # parse_filter names the field at fault
+
     top_k: int = Field(5, ge=1, le=50)
     mode: Literal["bm25", "dense", "hybrid"] = "hybrid"
     filters: dict[str, Any] | None = None
@@ -363,15 +372,17 @@ class QuarryOptions(_Body):
     require_answer: bool = False
 
 
-class ChatIn(BaseModel):
+class ChatIn(Checked):
     """``POST /v1/chat/completions`` with ``model: "quarry/<collection>"``: RAG through an OpenAI client.
 
     The last user message is the query. Other OpenAI fields are accepted and ignored.
     """
 
+    parsed_later = frozenset({"messages"})  # the query: the search's own checks (InvalidQuery)
+
     model_config = ConfigDict(extra="allow")
 
-    model: str = Field(description='"quarry/<collection>"')
+    model: Identifier = Field(description='"quarry/<collection>"')
     messages: list[ChatMessageIn] = Field(min_length=1)
     stream: bool = False
     max_tokens: int | None = Field(None, ge=1, le=32_768)
@@ -405,8 +416,9 @@ async def chat_completions(
     collection = body.model.removeprefix("quarry/")
     if collection == body.model or not collection:
         raise InvalidRequest(f'model must be "quarry/<collection>", got {clip(body.model)}')
+    edge.name(collection, "collection name of the model")
     access.check_collection(request, collection)
-    q = q.for_collection(collection)  # a shared collection: scoped to the key's tenant
+    q = await off_loop(q.for_collection, collection)  # a shared collection: scoped to the key's tenant
     users = [m.text() for m in body.messages if m.role == "user"]
     if not users or is_blank(users[-1]):
         raise InvalidRequest("no user message to answer")

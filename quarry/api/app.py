@@ -25,12 +25,13 @@ from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
-from indexing.collections import CollectionConfig
+from indexing.collections import CollectionConfig, check_name_length
+from indexing.docstore import DEFAULT_TENANT, off_loop
 from indexing.schedule import ReindexScheduler
 from indexing.sources import SourceDocument, parse_document
 from quarry import errors as e
 from quarry import heap, metrics, tracing
-from quarry.api import access, answer, errors
+from quarry.api import access, answer, edge, errors, security
 from quarry.api.access import Access
 from quarry.api.browser import BrowserGuard
 from quarry.api.errors import error_responses
@@ -56,8 +57,8 @@ from quarry.api.models import (
     UpsertDocuments,
 )
 from quarry.api.observe import ObserveMiddleware
-from quarry.api.probe import StoreProbe
-from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, QuarryError, clip
+from quarry.api.probe import StoreProbe, degradations, dependencies
+from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, clip
 from quarry.ingest_jobs import IngestJobs, job_or_404, progress_of
 from quarry.ingest_upload import is_upload_type, new_job_id, spool, upload_options
 from quarry.service import Quarry
@@ -67,8 +68,15 @@ log = logging.getLogger(__name__)
 
 
 async def get_quarry(request: Request) -> Quarry:
-    """FastAPI dependency: the shared service as the key's tenant sees it (async: no thread hop)."""
-    return access.service(request)
+    """FastAPI dependency: the shared service as the key's tenant sees it.
+
+    On the event loop from the state's caches; in a thread when it must read (``off_loop``).
+
+    Raises:
+        InvalidRequest: The ``{name}`` is longer than any collection's (before any store is asked).
+    """
+    check_name_length(request.path_params.get("name", ""))
+    return await off_loop(access.service, request)
 
 
 Service = Annotated[Quarry, Depends(get_quarry)]
@@ -100,6 +108,9 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
         traced = tracing.configure(service.settings.tracing)
         app.state.access = Access(service.docstore, service.settings.auth)
         app.state.store_probe = StoreProbe(service.store.list_collections)
+        app.state.state_probe = StoreProbe(
+            service.docstore.healthy, timeout_s=min(2.0, service.docstore.timeout_s), what="the state store"
+        )
         try:
             await run_in_threadpool(service.warm_up)
         except EmbeddingUnavailable as exc:  # serve BM25 meanwhile; dense retries per request
@@ -122,6 +133,7 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
             service.bm25.on_swap = previous_hook
             heap.release()
             app.state.store_probe.close()
+            app.state.state_probe.close()
             if traced:
                 tracing.shutdown()
             if not isinstance(quarry, Quarry):
@@ -130,17 +142,22 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     # Swagger UI and ReDoc from the assets fastapi-offline ships: /docs works offline.
     # redirect_slashes=False: a trailing slash is a 404 in the envelope, not a 307 whose Location
     # echoes the client's Host header (an open redirect through a spoofed Host).
+    # Swagger's Authorize keeps the key entered there across reloads (the schemes: quarry.api.security).
     app = FastAPIOffline(
-        title="Quarry", version="0.1.0", lifespan=lifespan, summary="Hybrid retrieval service", redirect_slashes=False
+        title="Quarry", version="0.1.0", lifespan=lifespan, summary="Hybrid retrieval service", redirect_slashes=False,
+        swagger_ui_parameters={"persistAuthorization": True},
     )
     app.state.ready = False
     errors.install(app)
     app.add_middleware(RequestGuard)
     app.add_middleware(BrowserGuard)
     app.add_middleware(ObserveMiddleware)
-    # every route passes the access layer first (keys, scopes, collections, rates)
-    app.include_router(router, dependencies=[Depends(access.authorize)])
-    app.include_router(answer.router, dependencies=[Depends(access.authorize)])
+    # every route checks its path and query parameters (quarry.api.edge), then passes the access
+    # layer (keys, scopes, collections, rates), before anything reads the state or a store
+    first = [Depends(edge.check_params), Depends(access.authorize)]
+    app.include_router(router, dependencies=first)
+    app.include_router(answer.router, dependencies=first)
+    security.install(app)  # the OpenAPI's securitySchemes and per-route security, from access.POLICY
     return app
 
 
@@ -163,45 +180,60 @@ async def healthz() -> dict[str, str]:
     responses={
         503: {
             "model": ReadyOut,
-            "description": "Starting, the vector store failed (not an outage), or a collection cannot serve.",
+            "description": "Starting, the state store or the vector store failed (not an outage of the latter), "
+            "or a collection cannot serve.",
         }
     },
 )
 async def readyz(request: Request, response: Response) -> dict[str, Any]:
-    """Readiness: the model is loaded and queries can be answered.
+    """Readiness for search, and each dependency's state in ``dependencies``.
 
-    A vector store that cannot be reached leaves the server ready but ``degraded`` (200), as a
-    remote embedder that is down does: hybrid search still answers from BM25 and says so, and
-    every replica shares the store, so taking them all out of rotation would turn degraded
-    answers into none. While searches skip the store after an outage it is not asked again here;
-    otherwise the check waits at most 2 s. Any other store error is 503, and so is a collection
-    whose BM25 index can be neither loaded nor rebuilt from the stored documents (this server cannot
-    answer that collection).
+    Not ready (503): starting; the state store (where every search reads its chunk texts) does
+    not answer within 2 s or its deadline (``state store unavailable``, with the reason); the
+    vector store failed with another error than an outage (``store error``); a collection whose
+    BM25 index can be neither loaded nor rebuilt (``collection error``).
+
+    Ready but ``degraded`` (200), with what is skipped in ``degraded``: the vector store cannot
+    be reached (hybrid search answers from BM25 and says so; every replica shares the store, so
+    taking them all out of rotation would turn degraded answers into none), the query model is
+    being skipped after an outage, or the LLM does not answer (``/answer`` and chat completions
+    then return the retrieved sources without generated text). While searches skip the vector
+    store it is not asked again here; otherwise each check waits at most 2 s (the LLM's 1 s).
     """
     if not request.app.state.ready:
         response.status_code = 503
         return {"status": "starting"}
     service: Quarry = request.app.state.quarry
+    deps = await dependencies(request.app.state, service)
     if service.bm25.failures:
         response.status_code = 503
-        return {"status": "collection error", "collections": dict(service.bm25.failures)}
-    ready = {"status": "ready", "embedding_model": service.embedder.model_id}
-    outage = service.searcher.store_outage
-    try:
-        if outage is None:
-            outage = await request.app.state.store_probe()
-    except QuarryError as exc:
+        return {"status": "collection error", "collections": dict(service.bm25.failures), "dependencies": deps}
+    state = deps["state_store"]
+    if state["status"] != "ok":
         response.status_code = 503
-        return {"status": "store error", "message": exc.message}
-    if outage is not None:
-        return {**ready, "status": "degraded", "degraded": [f"vector store unavailable, BM25 only: {outage.message}"]}
+        return {"status": "state store unavailable", "message": state.get("message"), "dependencies": deps}
+    store = deps["vector_store"]
+    if store["status"] == "error":
+        response.status_code = 503
+        return {"status": "store error", "message": store.get("message"), "dependencies": deps}
+    ready: dict[str, Any] = {"status": "ready", "embedding_model": service.embedder.model_id, "dependencies": deps}
+    degraded = degradations(deps)
+    if degraded:
+        ready["status"], ready["degraded"] = "degraded", degraded
     return ready
 
 
 @router.get("/metrics", tags=["ops"], include_in_schema=False)
-def prometheus() -> Response:
-    """Prometheus metrics (:mod:`quarry.metrics`: requests, query stages, degradations, queue depths)."""
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+def prometheus(request: Request) -> Response:
+    """Prometheus metrics (:mod:`quarry.metrics`: requests, query stages, degradations, queue depths).
+
+    A key with the ``metrics`` or ``admin`` scope once keys exist (:data:`~quarry.api.access.POLICY`);
+    a key of the operator's tenant (``default``) reads every series, another tenant's key its
+    own tenant's and those of no tenant (:class:`~quarry.metrics.TenantView`).
+    """
+    tenant = access.tenant_of(request)
+    view = metrics.TenantView(tenant) if tenant != DEFAULT_TENANT else None
+    return Response(generate_latest() if view is None else generate_latest(view), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get(
@@ -332,13 +364,13 @@ async def submit_ingest_job(name: str, request: Request, q: Service) -> dict[str
         job = await run_in_threadpool(
             partial(jobs.submit_upload, q, name, job_id, part, size, on_error=on_error, prune=prune)
         )
-        access.audit(request, "ingest.submit", name, job=job.id, upload_bytes=size)
+        await run_in_threadpool(access.audit, request, "ingest.submit", name, job=job.id, upload_bytes=size)
     else:
         body = _ingest_job_body(await request.body(), request.headers.get("content-type"))
         job = await run_in_threadpool(
             partial(jobs.submit, q, name, body.path, on_error=body.on_error, prune=body.prune)
         )
-        access.audit(request, "ingest.submit", name, job=job.id, path=job.params["path"])
+        await run_in_threadpool(access.audit, request, "ingest.submit", name, job=job.id, path=job.params["path"])
     return _job(await run_in_threadpool(q.get_job, job.id))
 
 

@@ -12,8 +12,9 @@ nothing).
 The ``sources`` event (so the JSON answer, and the chat front door's ``quarry`` field) carries
 ``cache: "hit" | "miss" | "bypass"``; ``quarry_answer_cache_requests_total{result}`` counts them.
 Bypass: the cache is disabled, no LLM is configured, or the request says ``Cache-Control:
-no-cache`` / ``no-store`` or ``X-Quarry-Cache: bypass`` (a bypassed answer is still stored,
-replacing the entry of the same question, unless ``no-store``).
+no-cache`` (or ``max-age=0``) or ``X-Quarry-Cache: bypass`` (a bypassed answer is still stored,
+replacing the entry of the same question, unless ``no-store``). ``Cache-Control: no-store`` alone
+is looked up as any request (``hit`` or ``miss``) and its answer is not stored (:func:`directives`).
 """
 
 from __future__ import annotations
@@ -65,10 +66,18 @@ class Plan:
 
 
 def directives(headers: Mapping[str, str]) -> tuple[bool, bool]:
-    """``(read, store)`` from a request's headers (see the module docstring)."""
-    control = {d.strip().split("=")[0].lower() for d in headers.get("cache-control", "").split(",")}
+    """``(read, store)`` from a request's headers, as HTTP caches read them (RFC 9111, 5.2.1).
+
+    ``no-cache`` and ``max-age=0`` (no stored answer is fresh enough) and ``X-Quarry-Cache:
+    bypass`` skip the lookup; ``no-store`` keeps this answer out of the cache, and only that:
+    a stored answer may still serve it (a request's ``no-store`` forbids storing, not reading).
+    """
+    control = {}
+    for directive in headers.get("cache-control", "").split(","):
+        name, _, value = directive.strip().partition("=")
+        control[name.lower()] = value.strip().strip('"')
     bypass = headers.get("x-quarry-cache", "").strip().lower() == "bypass"
-    read = not (bypass or "no-cache" in control or "no-store" in control)
+    read = not (bypass or "no-cache" in control or control.get("max-age") == "0")
     return read, "no-store" not in control
 
 

@@ -208,7 +208,7 @@ def allowed_methods(request: Request) -> str:
     although the ``DELETE .../documents/{document_id}`` route would also take it.
     """
     template, methods = None, {"OPTIONS"}
-    for route in _flat_routes(request.app.router.routes):
+    for route in flat_routes(request.app.router.routes):
         path, route_methods = getattr(route, "path", None), getattr(route, "methods", None)
         if not route_methods or (template is not None and path != template):
             continue
@@ -220,7 +220,7 @@ def allowed_methods(request: Request) -> str:
     return ", ".join(sorted(methods))
 
 
-def _flat_routes(routes: Sequence[BaseRoute]) -> Iterable[Any]:
+def flat_routes(routes: Sequence[BaseRoute]) -> Iterable[Any]:
     """The app's routes, included routers flattened (FastAPI >= 0.13x nests them)."""
     flatten = getattr(fastapi.routing, "iter_route_contexts", None)
     return routes if flatten is None else flatten(routes)

@@ -92,7 +92,7 @@ class RequestGuard:
                 f"{bad.start()}; collection names and document ids never hold one (delete a stored id "
                 "that does with POST /v1/collections/{name}/documents/delete)"
             )
-            await _reply(error, 400, scope, receive, send)
+            await _reply(error, 400, scope, receive, send, close=False)  # the connection stays usable
             return
         headers = Headers(scope=scope)
         upload = is_upload_request(scope["method"], scope["path"], headers.get("content-type"))
@@ -130,6 +130,10 @@ def _max_body_bytes(scope: Scope) -> int:
     return int(settings.api.max_body_bytes) if settings is not None else _DEFAULT_MAX_BODY_BYTES
 
 
-async def _reply(error: InvalidRequest, status: int, scope: Scope, receive: Receive, send: Send) -> None:
+async def _reply(  # noqa: PLR0913 - the error and the ASGI call
+    error: InvalidRequest, status: int, scope: Scope, receive: Receive, send: Send, *, close: bool = True
+) -> None:
+    """The error; ``close``: ask the client to close the connection (a body left unread: a 413)."""
     body = error_body(type(error).__name__, error.message, error.retryable)
-    await JSONResponse(body, status_code=status, headers={"connection": "close"})(scope, receive, send)
+    headers = {"connection": "close"} if close else None
+    await JSONResponse(body, status_code=status, headers=headers)(scope, receive, send)

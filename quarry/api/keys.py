@@ -16,12 +16,19 @@ event loop per request on SQLite (a transaction on the docstore's shared connect
 data_version``, which moves on any commit of any process, ~20 µs) the verifier also keeps the
 principal of each verified key, under the SHA-256 of the presented key, with the token read before
 its record was: while the token is unchanged nothing was revoked, and the first request after any
-commit reads the record again. Without a token (PostgreSQL) the record is read on every request.
+commit reads the record again. PostgreSQL's token counts the ``NOTIFY`` every write of a key sends
+(:mod:`indexing.state_postgres`); while its listener is down there is none, and the record is read on
+every request.
 
 A key id is no secret (messages, logs and the audit name it), and each *new* wrong secret for a
-real id costs one scrypt: so at most ``wrong_per_s`` (default 5) wrong secrets per key id and
-second are checked; more are 429 ``RateLimited`` without hashing (a key verified before is still
-recognised from its memo). The access layer runs a verification that is not a memo hit in a
+real id costs one scrypt: so at most ``wrong_per_s`` (default 5) secrets per key id are checked
+in any second; more are 429 ``RateLimited`` without hashing (a key verified before is still
+recognised from its memo, and a right secret gives its place back). A check takes its place
+*before* it hashes, under the verifier's lock, so concurrent requests cannot all pass a count
+that only grows after their hashes (32 client threads made 26.8 checks/s before); with
+:class:`CheckSlots` (the access layer's verifier) the place is also one of ``wrong_per_s`` leases
+of the state of record, taken by a compare-and-set for one second, so every worker and replica
+sharing the state counts against the same bound. The access layer runs a verification that is not a memo hit in a
 worker thread, off the event loop, once for all the requests that present the same key at once
 (:meth:`quarry.api.access.Access.principal_async`: 32 clients arriving with a new key cost one scrypt).
 """
@@ -41,7 +48,7 @@ from dataclasses import dataclass
 from indexing.docstore import DEFAULT_TENANT, ApiKeyRecord, StateStore
 from quarry.errors import InvalidRequest, RateLimited, Unauthenticated, clip
 
-SCOPES = ("read", "write", "admin")
+SCOPES = ("read", "write", "admin", "metrics")  # metrics: GET /metrics only (a Prometheus key)
 PRIORITIES = {"low": -1, "normal": 0, "high": 1}
 # no "__": a tenant's vector-store names are t_<tenant>__<collection>, and collection names may hold
 # "__", so tenant "acme" collection "corp__docs" and tenant "acme__corp" collection "docs" were one
@@ -183,25 +190,69 @@ def new_key(  # noqa: PLR0913 - the key's attributes
     return f"qk_{key_id}_{secret}", record
 
 
+class CheckSlots:
+    """At most ``per_s`` secret checks per key id in any ``window_s``, across every process sharing the state.
+
+    Slot ``i`` of key id ``K`` is the lease ``auth-check:K:i`` (``i < per_s``) of the state of
+    record (:meth:`~indexing.docstore.StateStore.acquire_lease`: one compare-and-set statement; of
+    processes racing for a slot exactly one gets it), held ``window_s`` by the database's clock. A
+    check takes a free slot before it hashes, and gives it back when the secret was right; a wrong
+    one keeps it until it lapses. No free slot: the check is refused. At most ``per_s`` rows per
+    key id that ever got a check; slots are tried from a random one (racing checks rarely collide).
+    """
+
+    PREFIX = "auth-check"
+
+    def __init__(self, state: StateStore, per_s: int = 5, window_s: float = 1.0) -> None:
+        """Count in ``state``'s leases; ``per_s`` slots per key id, each held ``window_s`` seconds."""
+        self.state = state
+        self.per_s = per_s
+        self.window_s = window_s
+
+    def take(self, key_id: str) -> tuple[str, str] | None:
+        """A free slot of ``key_id``, now held (``(lease name, owner)``), or ``None`` when all are held.
+
+        Raises:
+            StoreError: The state of record failed (as the key's record read before it would).
+        """
+        owner = secrets.token_hex(8)
+        first = secrets.randbelow(self.per_s)
+        for i in range(self.per_s):
+            name = f"{self.PREFIX}:{key_id}:{(first + i) % self.per_s}"
+            if self.state.acquire_lease(name, owner, self.window_s):
+                return name, owner
+        return None
+
+    def give_back(self, slot: tuple[str, str]) -> None:
+        """Free a slot a right secret held (it does not count against the bound)."""
+        self.state.release_lease(*slot)
+
+
 class KeyVerifier:
     """Turns a presented key into a :class:`Principal`, its record read again after any commit (see module doc).
 
     Thread-safe. ``clock`` is Unix seconds (expiry is compared with it).
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the verifier's knobs
         self, state: StateStore, *, memo_size: int = 4096, clock: Callable[[], float] = time.time, wrong_per_s: int = 5,
+        slots: CheckSlots | None = None,
     ) -> None:
         """Check keys against ``state``'s ``api_keys``; remember up to ``memo_size`` verified digests.
 
-        ``wrong_per_s``: wrong secrets checked (scrypt) per key id and second; more are 429.
+        ``wrong_per_s``: secrets checked (scrypt) per key id and second, in this process (by
+        ``clock``); more are 429. ``slots``: the same bound across every process sharing the state
+        of record (:class:`CheckSlots`; ``None``: this process only).
         """
         self.state = state
         self._now = clock
         self._wrong_per_s = wrong_per_s
-        self._wrong: dict[str, deque[float]] = {}  # key id (of a stored record) -> recent wrong-secret times
+        self._slots = slots
+        # key id (of a stored record) -> times of its checks in flight and of its recent wrong secrets
+        self._wrong: dict[str, deque[float]] = {}
         self._good: OrderedDict[tuple[str, str], bytes] = OrderedDict()  # (id, stored hash) -> sha256(secret)
         self._bad: OrderedDict[bytes, None] = OrderedDict()
+        self._verified: OrderedDict[bytes, None] = OrderedDict()  # sha256(presented key) of keys verified
         # sha256(presented key) -> (change token before its record was read, expires_at, principal)
         self._principals: OrderedDict[bytes, tuple[int, float | None, Principal]] = OrderedDict()
         self._size = memo_size
@@ -236,12 +287,34 @@ class KeyVerifier:
             collections=None if record.collections is None else frozenset(record.collections),
             rate=record.rate, priority=record.priority, token_rate=record.token_rate,
         )
-        if token is not None:
-            with self._lock:
+        with self._lock:
+            self._verified[seen] = None
+            while len(self._verified) > self._size:
+                self._verified.popitem(last=False)
+            if token is not None:
                 self._principals[seen] = (token, record.expires_at, who)
                 while len(self._principals) > self._size:
                     self._principals.popitem(last=False)
         return who
+
+    def throttled(self, key_id: str, key: str) -> RateLimited | None:
+        """The 429 a check of ``key`` would get now without reading anything, or ``None``.
+
+        ``key_id``'s secret checks fill the last second, and ``key`` is not one verified before
+        (such a key is verified as usual: its record read again, its secret from the memo).
+        """
+        places = self._wrong.get(key_id)
+        if places is None or len(places) < self._wrong_per_s:
+            return None
+        now = self._now()
+        with self._lock:
+            recent = [t for t in places if t > now - 1.0]
+            if len(recent) < self._wrong_per_s or hashlib.sha256(key.encode()).digest() in self._verified:
+                return None
+        return RateLimited(
+            f"API key qk_{key_id}_… got {len(recent)} wrong secrets in the last second; retry in 1 s",
+            retry_after_s=max(1.0, recent[0] + 1.0 - now),
+        )
 
     def cached(self, key: str) -> Principal | None:
         """The principal of a key verified before, if nothing was committed since (no record read); else ``None``."""
@@ -259,9 +332,15 @@ class KeyVerifier:
     def _token(self) -> int | None:
         """The state of record's change token, or ``None`` where it has none (read every record)."""
         change_token = getattr(self.state, "change_token", None)
-        return None if change_token is None else int(change_token())
+        token = None if change_token is None else change_token()  # None: no listener now (PostgreSQL)
+        return None if token is None else int(token)
 
     def _secret_ok(self, record: ApiKeyRecord, secret: str) -> bool:
+        """Whether ``secret`` is the record's: from the memos, else one check (scrypt) within the bound.
+
+        Raises:
+            RateLimited: The key id's checks fill the last second (here, or in the state's slots).
+        """
         seen = hashlib.sha256(f"{record.id}:{record.hash}:{secret}".encode()).digest()
         with self._lock:
             known = self._good.get((record.id, record.hash))
@@ -269,8 +348,21 @@ class KeyVerifier:
                 return True
             if seen in self._bad:
                 return False
-            self._throttle(record.id)
-        ok = check_secret(secret, record.hash)
+            taken = self._throttle(record.id)  # this check's place, taken before it hashes
+        slot = None
+        try:
+            if self._slots is not None:
+                slot = self._slots.take(record.id)
+                if slot is None:
+                    raise RateLimited(
+                        f"API key qk_{record.id}_… got {self._wrong_per_s} wrong secrets in the last second on "
+                        "the servers sharing this state; retry in 1 s",
+                        retry_after_s=1.0,
+                    )
+            ok = check_secret(secret, record.hash)
+        except BaseException:
+            self._give_back(record.id, taken)  # not checked here: the place goes back
+            raise
         with self._lock:
             memo: OrderedDict[tuple[str, str], bytes] | OrderedDict[bytes, None]
             if ok:
@@ -278,32 +370,45 @@ class KeyVerifier:
                 memo = self._good
             else:
                 self._bad[seen] = None
-                self._wrong.setdefault(record.id, deque()).append(self._now())
                 memo = self._bad
             while len(memo) > self._size:
                 memo.popitem(last=False)
+        if ok:  # a right secret does not count against the bound
+            self._give_back(record.id, taken)
+            if slot is not None and self._slots is not None:
+                self._slots.give_back(slot)
         return ok
 
+    def _give_back(self, key_id: str, taken: float) -> None:
+        """Drop a place :meth:`_throttle` took (a right secret, or a check that never ran)."""
+        with self._lock:
+            places = self._wrong.get(key_id)
+            if places is not None and taken in places:
+                places.remove(taken)
 
-    def _throttle(self, key_id: str) -> None:
-        """Refuse to hash another secret for ``key_id`` while its wrong ones fill the last second (under the lock).
+
+    def _throttle(self, key_id: str) -> float:
+        """Take a place for one check of ``key_id``'s secret, or refuse (under the lock): its time.
+
+        The places are the checks in flight and the wrong secrets of the last second; a right
+        secret gives its place back (:meth:`_give_back`).
 
         Raises:
-            RateLimited: ``wrong_per_s`` wrong secrets in the last second.
+            RateLimited: ``wrong_per_s`` places taken in the last second.
         """
-        wrong = self._wrong.get(key_id)
-        if wrong is None:
-            return
         now = self._now()
-        while wrong and wrong[0] <= now - 1.0:
-            wrong.popleft()
-        if not wrong:
-            del self._wrong[key_id]  # bounded by the stored keys, and emptied as they calm down
-        elif len(wrong) >= self._wrong_per_s:
+        places = self._wrong.get(key_id)
+        if places is None:
+            places = self._wrong[key_id] = deque()  # bounded by the stored keys; emptied as they calm down
+        while places and places[0] <= now - 1.0:
+            places.popleft()
+        if len(places) >= self._wrong_per_s:
             raise RateLimited(
-                f"API key qk_{key_id}_… got {len(wrong)} wrong secrets in the last second; retry in 1 s",
-                retry_after_s=max(1.0, wrong[0] + 1.0 - now),
+                f"API key qk_{key_id}_… got {len(places)} wrong secrets in the last second; retry in 1 s",
+                retry_after_s=max(1.0, places[0] + 1.0 - now),
             )
+        places.append(now)
+        return now
 
 
 def _iso(at: float) -> str:

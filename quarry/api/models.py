@@ -9,6 +9,7 @@ from pydantic.config import JsonDict
 
 from indexing.collections import CollectionConfig, FusionConfig
 from indexing.sources import RESERVED_FIELDS
+from quarry.api.edge import Checked, Identifier
 from quarry.settings import SearchSettings
 from retrieval.text import Language
 from stores.filters import FIELD_NAME
@@ -16,8 +17,10 @@ from stores.filters import FIELD_NAME
 _MAX_QUERY_CHARS = SearchSettings.model_fields["max_query_chars"].default
 
 
-class _Body(BaseModel):
-    # strict: a JSON false is not 0 and 1 is not true; what the schema says is what is taken
+class _Body(Checked):
+    # strict: a JSON false is not 0 and 1 is not true; what the schema says is what is taken;
+    # every string passes quarry.api.edge first (no NUL, no lone surrogate), but the fields in
+    # parsed_later, which their own parsers check
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
@@ -83,11 +86,15 @@ class DocumentIn(BaseModel):
 class UpsertDocuments(_Body):
     """``POST /v1/collections/{name}/documents``: one atomic batch."""
 
+    parsed_later = frozenset({"documents"})  # parse_document names the document at fault
+
     documents: list[DocumentIn] = Field(min_length=1, max_length=1000)
 
 
 class DeleteDocuments(_Body):
     """``POST /v1/collections/{name}/documents/delete``."""
+
+    parsed_later = frozenset({"filters"})  # parse_filter names the field at fault
 
     ids: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(
         None, min_length=1, max_length=10000, description="The documents to delete (or give filters)."
@@ -114,11 +121,13 @@ class RerankIn(_Body):
         None, gt=0, allow_inf_nan=False,
         description="Default and most: QUARRY_RERANK__BUDGET_MS (a larger budget is clamped to it).",
     )
-    model: str | None = Field(None, description="Must match the configured reranker (one model per server).")
+    model: Identifier | None = Field(None, description="Must match the configured reranker (one model per server).")
 
 
 class SearchIn(_Body):
     """``POST /v1/collections/{name}/search``."""
+
+    parsed_later = frozenset({"query", "filters"})  # the search's own checks (InvalidQuery, InvalidFilter)
 
     query: str = Field(
         description=f"Query text; must not be blank; at most QUARRY_SEARCH__MAX_QUERY_CHARS "
@@ -312,8 +321,10 @@ class CollectionOut(CollectionConfig):
 class ReindexIn(_Body):
     """``POST /v1/collections/{name}/reindex``."""
 
-    model: str | None = Field(None, description="Another embedding model's URL (re-embeds); default: the live one's.")
-    index: str = Field("auto", description="auto (the planner's choice for the current size) or an index kind.")
+    model: Identifier | None = Field(
+        None, description="Another embedding model's URL (re-embeds); default: the live one's."
+    )
+    index: Identifier = Field("auto", description="auto (the planner's choice for the current size) or an index kind.")
     chunk_size: int | None = Field(
         None, ge=8, le=4096, description="Re-chunk to this cap in text tokens (default: the live version's)."
     )
@@ -325,7 +336,7 @@ class ReindexIn(_Body):
 class IngestJobIn(_Body):
     """``POST /v1/collections/{name}/jobs``: ingest a source on the server's disk."""
 
-    path: str = Field(
+    path: Identifier = Field(
         description="A BEIR folder, a .jsonl file or a folder of files, under one of the server's "
         "QUARRY_INGEST__ROOTS (a relative path is taken relative to the first)."
     )
@@ -395,13 +406,28 @@ class HealthOut(BaseModel):
     status: Literal["ok"]
 
 
-class ReadyOut(BaseModel):
-    """Readiness (200 ``ready`` or ``degraded``; 503 ``starting``, ``store error`` or ``collection error``)."""
+class DependencyOut(BaseModel):
+    """One dependency's state in ``/readyz``."""
 
-    status: Literal["starting", "ready", "degraded", "store error", "collection error"]
+    status: Literal["ok", "unavailable", "error", "off"]
+    message: str | None = Field(None, description="Why it is not ok (or, for the reranker, its model).")
+
+
+class ReadyOut(BaseModel):
+    """Readiness (200 ``ready``/``degraded``; 503 ``starting``, ``state store unavailable``, ``store error``...).
+
+    503 ``collection error`` too; ``dependencies`` gives each dependency's state.
+    """
+
+    status: Literal["starting", "ready", "degraded", "state store unavailable", "store error", "collection error"]
     embedding_model: str | None = None
     degraded: list[str] | None = Field(None, description="What is skipped and why.")
-    message: str | None = Field(None, description="The store's error (``store error``).")
+    message: str | None = Field(
+        None, description="The store's error (``store error``), or why the state store is unavailable."
+    )
+    dependencies: dict[Literal["vector_store", "state_store", "embedder", "llm", "reranker"], DependencyOut] | None = (
+        Field(None, description="Each dependency's state (after ``starting``).")
+    )
     collections: dict[str, str] | None = Field(
         None,
         description="Collections whose BM25 index can be neither loaded nor rebuilt, and why (``collection error``).",

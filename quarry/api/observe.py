@@ -23,11 +23,13 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from quarry import tracing
-from quarry.api.access import Shed, shed_early
+from quarry.api import pacing
+from quarry.api.access import Shed, limited_early, shed_early
 from quarry.api.errors import error_body
-from quarry.errors import Overloaded
+from quarry.errors import Overloaded, RateLimited
 from quarry.logs import REQUEST_ID, SHED_REPLY, request_id
 from quarry.metrics import IN_FLIGHT, LATENCY, REQUESTS
+from quarry.settings import AuthSettings
 
 log = logging.getLogger(__name__)
 HEADER = b"x-request-id"
@@ -65,6 +67,13 @@ class ObserveMiddleware:
         span = _server_span(scope, headers, rid) if tracing.TRACER is not None else None
         IN_FLIGHT.add(1)  # always: load shedding reads it, metrics or not
         try:
+            limited = _limited_early(scope, headers)
+            if limited is not None:  # over its rate, or its id flooded with wrong secrets: 429 before routing
+                auth = _auth_settings(scope)
+                if auth is not None:  # held a moment (not in flight meanwhile): paced, as a shed 503
+                    await pacing.hold(auth.limit_hold_s, limited.retry_after_s or 1.0, auth.shed_hold_max)
+                await _reply_early(limited, 429, scope, receive, send_status)
+                return
             if _shedding_on(scope):
                 # Yield once, so that every request already read from the sockets is counted
                 # before any is served: a BM25 search runs on the event loop without yielding,
@@ -117,6 +126,19 @@ def _shedding_on(scope: Scope) -> bool:
     return settings is not None and settings.auth.shed_in_flight > 0
 
 
+def _auth_settings(scope: Scope) -> AuthSettings | None:
+    service = getattr(getattr(scope.get("app"), "state", None), "quarry", None)
+    settings = getattr(service, "settings", None)
+    return None if settings is None else settings.auth
+
+
+def _limited_early(scope: Scope, headers: Headers) -> RateLimited | None:
+    if not scope["path"].startswith("/v1/"):
+        return None
+    access = getattr(getattr(scope.get("app"), "state", None), "access", None)
+    return None if access is None else limited_early(access, headers)
+
+
 def _shed_early(scope: Scope, headers: Headers) -> Shed | None:
     access = getattr(getattr(scope.get("app"), "state", None), "access", None)
     return None if access is None else shed_early(access, scope["method"], scope["path"], headers)
@@ -131,17 +153,24 @@ async def _reply_shed(error: Overloaded, scope: Scope, receive: Receive, send: S
 
     One WARNING line counts the shed requests, at most every :data:`SHED_LOG_EVERY_S` seconds.
     """
-    body = error_body(type(error).__name__, error.message, error.retryable)
-    retry = str(max(1, math.ceil(error.retry_after_s or 1)))
     _shed_log["count"] += 1
     now = time.monotonic()
     if now - _shed_log["since"] >= SHED_LOG_EVERY_S:
         log.warning("load shedding: %d requests refused (503 + Retry-After) in the last %.0f s",
                     _shed_log["count"], now - _shed_log["since"])
         _shed_log.update(since=now, count=0)
+    await _reply_early(error, 503, scope, receive, send)
+
+
+async def _reply_early(
+    error: Overloaded | RateLimited, status: int, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """A refusal before routing, with ``Retry-After`` and without uvicorn's access line (counted by its metric)."""
+    body = error_body(type(error).__name__, error.message, error.retryable)
+    retry = str(max(1, math.ceil(error.retry_after_s or 1)))
     token = SHED_REPLY.set(True)
     try:
-        await JSONResponse(body, status_code=503, headers={"Retry-After": retry})(scope, receive, send)
+        await JSONResponse(body, status_code=status, headers={"Retry-After": retry})(scope, receive, send)
     finally:
         SHED_REPLY.reset(token)
 

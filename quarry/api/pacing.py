@@ -1,4 +1,10 @@
-"""Retry-After pacing: a shed request is held a short while before its 503.
+"""Retry-After pacing: a shed request is held a short while before its 503, an early 429 before its 429.
+
+The 429s answered before routing (a key over its rate, an id whose wrong secrets fill the
+second: :func:`quarry.api.access.limited_early`) are held the same way, ``min(QUARRY_AUTH__LIMIT_HOLD_S,
+Retry-After)``, and count against the same ``QUARRY_AUTH__SHED_HOLD_MAX``: 32 closed-loop
+connections sending wrong secrets got ~4,600 429s a second, which took the other tenants' p50
+to 3.7x idle (``bench/abuse.py``).
 
 A client that ignores ``Retry-After`` and retries at once turns each shed 503 into the next
 request: 32 such closed-loop clients sent ~800 503s a second, and the event loop that answered

@@ -141,6 +141,7 @@ def test_rate_limit_10_per_s_at_50_per_s_for_5_s(
     clock = Clock()
     monkeypatch.setattr(limits.storage.memory, "time", clock)
     monkeypatch.setattr(access, "time", clock)
+    monkeypatch.setattr(server[0].settings.auth, "limit_hold_s", 0.0)  # 429s paced: test_attacks.py
     ok = limited = 0
     for i in range(250):  # 50 req/s for 5 s
         resp = client.get("/v1/collections", headers=_bearer(slow))
@@ -326,7 +327,8 @@ def test_shed_request_is_held_before_its_503_and_the_hold_is_bounded(
     # 0 turns the hold off
     monkeypatch.setattr(gate.settings, "shed_hold_s", 0.0)
     _error(client.get("/v1/collections", headers=_bearer(low)), 503, "Overloaded", "sheds low-priority keys first")
-    assert len(held.calls) == 2 and 'quarry_shed_requests_held 0.0' in client.get("/metrics").text
+    scraper = _bearer(_key(state, scopes="metrics"))  # /metrics needs the metrics scope once keys exist
+    assert len(held.calls) == 2 and 'quarry_shed_requests_held 0.0' in client.get("/metrics", headers=scraper).text
 
 
 def test_verified_key_is_cached_until_a_commit_and_a_revoke_elsewhere_counts_at_once(tmp_path: Path) -> None:

@@ -240,9 +240,9 @@ def test_router_and_unexpected_errors_use_the_error_envelope(
     assert _error(client.put("/v1/collections"), 405)
     broken = Quarry(Settings(data_dir=tmp_path), embedder=counting)
     try:
-        broken.docstore.close()  # a real failure no handler expects: sqlite3.ProgrammingError
+        broken.docstore.close()  # a real failure no handler expects: a call on a closed state store
         with TestClient(create_app(broken), raise_server_exceptions=False) as c:
-            assert "internal error (ProgrammingError)" in _error(c.get("/v1/collections/anything"), 500)
+            assert "internal error (ResourceClosedError)" in _error(c.get("/v1/collections/anything"), 500)
     finally:
         broken.store.close()
 

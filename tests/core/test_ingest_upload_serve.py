@@ -31,7 +31,7 @@ def test_the_cli_streams_a_local_source_to_a_running_server(tmp_path: Path) -> N
     root.mkdir()
     server = Server(data, root, tmp_path / "server.log")
     try:
-        url = f"http://127.0.0.1:{server.port}"
+        url = server.server.url
         assert server.client.post("/v1/collections", json={"name": "nightly"}).status_code == 201
         local = tmp_path / "local.jsonl"
         local.write_text("".join(

@@ -109,6 +109,9 @@ def _scrape(client: TestClient) -> dict[tuple[str, frozenset[tuple[str, str]]], 
     }
 
 
+OURS = {"tenant": "default", "collection": COLLECTION}  # the series of this module's collection
+
+
 def _value(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
@@ -120,7 +123,7 @@ def test_a_scrape_after_a_hybrid_rerank_search_holds_each_stage_histogram(up: Qu
         assert r.json()["reranked"] is True and not r.json()["degraded"]
         samples = _scrape(client)
     for stage in STAGES:
-        labels = frozenset({"stage": stage, "collection": COLLECTION, "mode": "hybrid"}.items())
+        labels = frozenset({"stage": stage, "tenant": "default", "collection": COLLECTION, "mode": "hybrid"}.items())
         assert samples[("quarry_stage_seconds_count", labels)] >= 1, stage
         assert samples[("quarry_stage_seconds_sum", labels)] > 0, stage
         assert samples[("quarry_stage_seconds_bucket", labels | {("le", "+Inf")})] >= 1, stage
@@ -137,10 +140,10 @@ def test_a_scrape_after_a_hybrid_rerank_search_holds_each_stage_histogram(up: Qu
 
 
 def test_a_bm25_search_observes_no_dense_stage_and_no_fusion(up: Quarry) -> None:
-    before = {s: _value("quarry_stage_seconds_count", stage=s, collection=COLLECTION, mode="bm25") for s in STAGES}
+    before = {s: _value("quarry_stage_seconds_count", stage=s, **OURS, mode="bm25") for s in STAGES}
     with TestClient(create_app(up)) as client:
         assert client.post(SEARCH, json={"query": "vitamin D", "mode": "bm25"}).status_code == 200
-    grew = {s for s in STAGES if _value("quarry_stage_seconds_count", stage=s, collection=COLLECTION, mode="bm25")
+    grew = {s for s in STAGES if _value("quarry_stage_seconds_count", stage=s, **OURS, mode="bm25")
             > before[s]}
     assert grew == {"bm25", "hydrate"}
 
@@ -149,7 +152,7 @@ def test_degraded_searches_and_answers_increment_their_counters(down: Quarry) ->
     skipped, failed = _value("quarry_degraded_answers_total", reason="dense_skipped"), _value(
         "quarry_degraded_answers_total", reason="llm_failed"
     )
-    total = _value("quarry_stage_seconds_count", stage="llm_total", collection=COLLECTION, mode="bm25")
+    total = _value("quarry_stage_seconds_count", stage="llm_total", **OURS, mode="bm25")
     with TestClient(create_app(down)) as client:
         r = client.post(SEARCH, json={"query": "vitamin D", "mode": "hybrid"})
         assert r.status_code == 200 and r.json()["degraded"]
@@ -158,7 +161,7 @@ def test_degraded_searches_and_answers_increment_their_counters(down: Quarry) ->
         assert a.status_code == 200 and a.json()["answer"] is None, a.text
         assert any(d.startswith("llm: ") for d in a.json()["degraded"])
     assert _value("quarry_degraded_answers_total", reason="llm_failed") == failed + 1
-    assert _value("quarry_stage_seconds_count", stage="llm_total", collection=COLLECTION, mode="bm25") == total + 1
+    assert _value("quarry_stage_seconds_count", stage="llm_total", **OURS, mode="bm25") == total + 1
     assert _value("quarry_degraded_answers_total", reason="dense_skipped") == skipped + 1  # a bm25 answer: no dense
 
 
@@ -167,13 +170,13 @@ def test_metrics_off_observes_nothing(data_dir: Path, counting: CountingEmbedder
     route = {"route": "/v1/collections/{name}/search", "status": "200"}
     try:
         before = _value("quarry_requests_total", **route), _value(
-            "quarry_stage_seconds_count", stage="bm25", collection=COLLECTION, mode="hybrid"
+            "quarry_stage_seconds_count", stage="bm25", **OURS, mode="hybrid"
         )
         with TestClient(create_app(quarry)) as client:
             assert client.post(SEARCH, json={"query": "vitamin D"}).status_code == 200
             assert client.get("/metrics").status_code == 200
         after = _value("quarry_requests_total", **route), _value(
-            "quarry_stage_seconds_count", stage="bm25", collection=COLLECTION, mode="hybrid"
+            "quarry_stage_seconds_count", stage="bm25", **OURS, mode="hybrid"
         )
         assert after == before
     finally:
@@ -216,7 +219,7 @@ def test_an_answer_has_a_gen_ai_chat_span_and_llm_stage_metrics(
     data_dir: Path, counting: CountingEmbedder, spans: InMemorySpanExporter
 ) -> None:
     quarry = Quarry(Settings(data_dir=data_dir, llm=llama_settings(), cache={"enabled": False}), embedder=counting)
-    labels = {"collection": COLLECTION, "mode": "bm25"}
+    labels = {"tenant": "default", "collection": COLLECTION, "mode": "bm25"}
     ttft = _value("quarry_stage_seconds_count", stage="llm_ttft", **labels)
     try:
         with TestClient(create_app(quarry)) as client:
@@ -369,11 +372,17 @@ def _promtool() -> str:
     return found
 
 
-def test_promtool_accepts_the_rules_and_the_config() -> None:
+def test_promtool_accepts_the_rules_and_the_config(tmp_path: Path) -> None:
+    """The config as deployed: its scrape key file (``quarry.key``, made by ``quarry keys create``) beside it."""
     promtool = _promtool()
+    deployed = shutil.copytree(PROMETHEUS, tmp_path / "prometheus")
+    assert not (PROMETHEUS / "quarry.key").exists() or (deployed / "quarry.key").exists()
+    (deployed / "quarry.key").write_text("qk_000000000000_" + "A" * 43 + "\n", encoding="utf-8")
     for args in (["check", "rules", "alerts.yml"], ["check", "config", "prometheus.yml"]):
-        done = subprocess.run([promtool, *args], cwd=PROMETHEUS, capture_output=True, text=True, timeout=60)
+        done = subprocess.run([promtool, *args], cwd=deployed, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stdout + done.stderr
+    config = (PROMETHEUS / "prometheus.yml").read_text(encoding="utf-8")
+    assert "credentials_file: quarry.key" in config  # /metrics needs a key of the metrics scope
 
 
 def test_the_p99_alert_fires_after_three_intervals_over_twice_the_sla() -> None:

@@ -1,12 +1,15 @@
 """The OpenAPI is the contract: schemathesis against a live server finds no 5xx and no drift.
 
-One ``quarry serve`` (uvicorn, Milvus Lite, the packaged MiniLM) on a free port, over a small
-collection ingested through the API; schemathesis reads ``/openapi.json`` and runs every
+One ``quarry serve`` (uvicorn, Milvus Lite, the packaged MiniLM) on a free port, with an API key
+(``read,write,admin``, made before the server starts: every route but the open ones needs it), over
+a small collection ingested through the API; schemathesis reads ``/openapi.json`` (its
+``securitySchemes`` and per-route ``security``), sends the key with every request and runs every
 operation through its four phases (examples, coverage, fuzzing, stateful), a bounded number of
 cases each, with a fixed seed. Every check runs but ``positive_data_acceptance``: the service
 also refuses, with a 400 in the envelope, requests that no JSON Schema can describe (``offset +
 top_k`` past the rank window, a blank query or text after stripping, a metadata field whose
-type an earlier document fixed, limits that are runtime settings).
+type an earlier document fixed, limits that are runtime settings). The ``ignored_auth`` check
+(part of ``all``) sends each keyed operation without the key too: it must be refused.
 """
 
 from __future__ import annotations
@@ -30,17 +33,22 @@ SEED = 20
 
 
 @pytest.fixture(scope="module")
-def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``http://127.0.0.1:<port>`` of a ``quarry serve`` child holding collection ``docs``."""
+def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """``(http://127.0.0.1:<port>, key)`` of a ``quarry serve`` child holding collection ``docs``."""
     data = tmp_path_factory.mktemp("conformance")
     env = {**os.environ, "QUARRY_DATA_DIR": str(data), "PYTHONPATH": str(REPO)}
+    made = subprocess.run(
+        [sys.executable, "-m", "quarry.cli", "keys", "create", "--scopes", "read,write,admin", "--name", "conformance"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=True,
+    )
+    key = made.stdout.strip()
     with QuarryServer(env, log=data / "server.log", cwd=REPO).wait_ready() as server:
-        _ingest(server.url)
-        yield server.url
+        _ingest(server.url, key)
+        yield server.url, key
 
 
-def _ingest(url: str) -> None:
-    with httpx.Client(base_url=url, timeout=120) as client:
+def _ingest(url: str, key: str) -> None:
+    with httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {key}"}) as client:
         assert client.post("/v1/collections", json={"name": "docs", "language": "en"}).status_code == 201
         docs = [
             {"id": f"d{i}", "title": title, "text": text, "metadata": {"year": 1995 + i, "tag": tag}}
@@ -55,7 +63,15 @@ def _ingest(url: str) -> None:
         assert r.status_code == 200, r.text
 
 
-def test_schemathesis_finds_no_server_error_and_no_drift(live_server: str, tmp_path: Path) -> None:
+def test_the_server_refuses_a_request_without_its_key(live_server: tuple[str, str]) -> None:
+    url, _ = live_server
+    assert httpx.get(f"{url}/v1/collections").status_code == 401
+    schema = httpx.get(f"{url}/openapi.json").json()
+    assert set(schema["components"]["securitySchemes"]) == {"bearer", "api-key"}
+
+
+def test_schemathesis_finds_no_server_error_and_no_drift(live_server: tuple[str, str], tmp_path: Path) -> None:
+    url, key = live_server
     started = time.monotonic()
     # This server has no LLM: an answer that must be given (require_answer) is its documented,
     # typed 503 LLMNotConfigured, not a server error; every other 5xx still fails the run.
@@ -68,7 +84,7 @@ def test_schemathesis_finds_no_server_error_and_no_drift(live_server: str, tmp_p
     cli = Path(sys.executable).with_name("schemathesis")
     run = subprocess.run(
         [
-            str(cli), "--no-color", "run", f"{live_server}/openapi.json",
+            str(cli), "--no-color", "run", f"{url}/openapi.json", "--header", f"Authorization: Bearer {key}",
             "--phases", "examples,coverage,fuzzing,stateful",
             "--checks", "all", "--exclude-checks", "positive_data_acceptance",
             "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED), "--workers", "1",
@@ -79,6 +95,6 @@ def test_schemathesis_finds_no_server_error_and_no_drift(live_server: str, tmp_p
     summary = run.stdout[-6000:]
     print(f"schemathesis: {time.monotonic() - started:.0f} s\n{summary}")
     assert run.returncode == 0, summary + run.stderr[-2000:]
-    operations = sum(len(ops) for ops in httpx.get(f"{live_server}/openapi.json").json()["paths"].values())
+    operations = sum(len(ops) for ops in httpx.get(f"{url}/openapi.json").json()["paths"].values())
     assert re.search(rf"Selected: {operations}/{operations}\s+Tested: {operations}\b", run.stdout), summary
     assert re.search(r"✅ Stateful", run.stdout), summary  # the stateful phase ran and passed

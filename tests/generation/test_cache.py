@@ -169,6 +169,9 @@ def test_the_factory_returns_none_when_disabled() -> None:
         ({}, True, True),
         ({"cache-control": "no-cache"}, False, True),
         ({"cache-control": "max-age=0, no-store"}, False, False),
+        # HTTP's request no-store forbids storing, not reading (RFC 9111, 5.2.1.5): the lookup stays
+        ({"cache-control": "no-store"}, True, False),
+        ({"cache-control": "No-Store, max-age=60"}, True, False),
         ({"x-quarry-cache": "Bypass"}, False, True),
     ],
 )

@@ -96,7 +96,8 @@ def unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
 
 
 def sample_value(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+    """A sample of the process' registry (``tenant``: ``default`` unless given), 0 when absent."""
+    return REGISTRY.get_sample_value(name, {"tenant": "default", **labels}) or 0.0
 
 
 def weak_collection(store: VectorStore, coll: str, rng: np.random.Generator, dim: int) -> None:
@@ -205,9 +206,11 @@ def test_a_full_queue_drops_and_counts(store: VectorStore, coll: str, tmp_path: 
     finally:
         monitor.close()
     assert sum(queued) < 50 and monitor.dropped == 50 - sum(queued)
-    assert sample_value("quarry_recall_samples_dropped_total", collection=coll) == before + monitor.dropped
+    dropped = sample_value("quarry_recall_samples_dropped_total", collection=coll)
+    assert dropped == before + monitor.dropped
     monitor.forget(coll)  # the collection was dropped: its series go
-    assert REGISTRY.get_sample_value("quarry_recall_samples_dropped_total", {"collection": coll}) is None
+    labels = {"tenant": "default", "collection": coll}
+    assert REGISTRY.get_sample_value("quarry_recall_samples_dropped_total", labels) is None
 
 
 def test_sampling_rate_zero_queues_nothing(store: VectorStore, tmp_path: Path) -> None:

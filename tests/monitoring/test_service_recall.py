@@ -41,8 +41,8 @@ def service(tmp_path: Path, minilm_vectors: CachedEmbedder) -> Iterator[Quarry]:
 def test_live_searches_are_sampled_and_reported(service: Quarry) -> None:
     # The metrics registry is the process's and other tests in this worker sample their
     # collections at the default 1 % rate: a name of its own, and the metrics read as deltas.
-    unfiltered = {"collection": "live_recall", "selectivity": "none"}
-    half = {"collection": "live_recall", "selectivity": ">=10%", "le": "1.0"}
+    unfiltered = {"tenant": "default", "collection": "live_recall", "selectivity": "none"}
+    half = {"tenant": "default", "collection": "live_recall", "selectivity": ">=10%", "le": "1.0"}
     none_before = sample_value("quarry_recall_samples_total", **unfiltered)
     half_before = sample_value("quarry_recall_bucket", **half)
     with TestClient(create_app(service)) as client:
@@ -65,8 +65,8 @@ def test_live_searches_are_sampled_and_reported(service: Quarry) -> None:
         assert figures["buckets"]["<1%"]["samples"] == 0 and figures["buckets"]["<1%"]["mean_recall"] is None
         assert figures["sample_rate"] == 1.0 and figures["dropped"] == 0 and not figures["trigger"]["fired"]
         metrics = client.get("/metrics").text
-        assert 'quarry_recall_samples_total{collection="live_recall",selectivity="none"}' in metrics
-        assert 'quarry_recall_bucket{collection="live_recall",le="1.0",selectivity=">=10%"}' in metrics
+        assert 'quarry_recall_samples_total{collection="live_recall",selectivity="none",tenant="default"}' in metrics
+        assert 'quarry_recall_bucket{collection="live_recall",le="1.0",selectivity=">=10%",tenant="default"}' in metrics
         assert sample_value("quarry_recall_samples_total", **unfiltered) - none_before == 3
         assert sample_value("quarry_recall_bucket", **half) - half_before == 1
         missing = client.get("/v1/collections/nope/recall")

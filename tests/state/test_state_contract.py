@@ -11,7 +11,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -301,17 +300,16 @@ def test_two_processes_writing_one_collection_never_share_or_skip_a_seq(
 
 def _hang_inside_a_write(url: str, folder: str, marker: str) -> None:
     """Start a write and stop inside its transaction (after its rows, before the commit) for good."""
-    store = open_docstore(url, Path(folder))
-    tx_class = sys.modules[type(store).__module__]._Tx  # type: ignore[attr-defined]
-    many = tx_class.many
+    from sqlalchemy import event
 
-    def stall(self: Any, sql: str, rows: Any) -> None:
-        many(self, sql, rows)
-        if sql.startswith("INSERT INTO change_log"):
+    store = open_docstore(url, Path(folder), timeout_s=600)
+
+    def stall(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.startswith("INSERT INTO change_log"):
             Path(marker).touch()
             time.sleep(600)
 
-    tx_class.many = stall
+    event.listen(store._engine, "after_cursor_execute", stall)  # type: ignore[attr-defined]
     store.write_batch("c", [_doc("half")], [_chunk("half", 0)], [], pending=["p"])
 
 
