@@ -19,6 +19,7 @@ from embedding.factory import open_embedder
 from embedding.process import ProcessEmbedder
 from indexing.collections import NAME, CollectionConfig, FusionConfig
 from indexing.docstore import DEFAULT_TENANT, CollectionVersion, Job, chunking_id_of, off_loop, open_docstore
+from indexing.fusion_default import choose_fusion
 from indexing.pipeline import Ingestor, IngestReport, Precomputed, Progress, Target
 from indexing.planner import GIB, IndexPlan, plan_for_store
 from indexing.reindex import Build, Reindexer, ReindexReport, new_owner
@@ -283,8 +284,10 @@ class Quarry:
     ) -> CollectionConfig:
         """Create a collection in the store and the docstore.
 
-        ``fusion`` is the collection's default hybrid fusion (``None``: the server's settings);
-        ``describe`` shows it and each search request may override it. ``shared``: a collection
+        ``fusion`` is the collection's default hybrid fusion (``None``: the server's settings, or,
+        for a language the embedding model does not declare, a BM25-leaning one:
+        :func:`indexing.fusion_default.choose_fusion`); ``describe`` shows it and its
+        ``fusion_origin``, and each search request may override it. ``shared``: a collection
         every tenant uses, each seeing its own documents only (:mod:`quarry.shared`).
 
         Raises:
@@ -343,10 +346,11 @@ class Quarry:
         if size < 1 or not 0 <= overlap < size:
             raise InvalidRequest(f"chunk_overlap must be >= 0 and < chunk_size ({size}), got {overlap}")
         self.embedder.warm_up()
+        fusion, origin = choose_fusion(language, self.embedder.card, self.embedder.model_id, fusion)
         cfg = CollectionConfig(
             name=name, language=language, embedding_model=self.embedder.model_id,
             embedding_fingerprint=self.embedder.fingerprint or None,
-            dim=self.embedder.dim, chunk_size=size, chunk_overlap=overlap, fusion=fusion,
+            dim=self.embedder.dim, chunk_size=size, chunk_overlap=overlap, fusion=fusion, fusion_origin=origin,
         )
         self.store.create_collection(name, cfg.dim, cfg.metric)
         try:
