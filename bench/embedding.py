@@ -120,8 +120,8 @@ def paired_overhead(
     keep each model's weights in cache, as when it runs alone.
     """
     for s in sentences[:8]:
-        inproc.embed([s])
-        remote.embed([s])
+        inproc.embed_queries([s])
+        remote.embed_queries([s])
     pairs = []
     until = time.perf_counter() + seconds
     k = 0
@@ -132,7 +132,7 @@ def paired_overhead(
         for side, embedder in enumerate((inproc, remote)):
             for text in texts:
                 t0 = time.perf_counter()
-                embedder.embed([text])
+                embedder.embed_queries([text])
                 ms[side].append((time.perf_counter() - t0) * 1000)
         pairs.append((float(np.median(ms[0])), float(np.median(ms[1]))))
     return pairs
@@ -160,7 +160,7 @@ def measure(
     name: str, embedder: Embedder, sentences: list[str], documents: list[str], seconds: float
 ) -> dict[str, Any]:
     embedder.warm_up()
-    by_clients = {str(c): drive(embedder.embed, sentences, c, seconds) for c in CLIENTS}
+    by_clients = {str(c): drive(embedder.embed_queries, sentences, c, seconds) for c in CLIENTS}
     row: dict[str, Any] = {"by_clients": by_clients}
     if documents:
         row["documents_per_s"] = documents_per_s(embedder, documents)

@@ -48,7 +48,7 @@ def measure(device: str, documents: list[str], queries: list[str]) -> dict[str, 
     latencies = []
     for q in queries:
         t = time.perf_counter()
-        model.embed([q])
+        model.embed_queries([q])
         latencies.append((time.perf_counter() - t) * 1000)
     latencies.sort()
     return {"documents_per_s": docs_s, "query_p50_ms": statistics.median(latencies),

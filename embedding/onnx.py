@@ -32,6 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embedding.base import Embeddings
+from embedding.card import CardOverrides, ModelCard, folder_card
 from embedding.length_batches import plan_batches
 from embedding.onnx_export import Quantize, ensure_onnx
 from embedding.sentence_transformers import fingerprint_of, model_id_for, resolve_model_path
@@ -76,6 +77,8 @@ class OnnxEmbedder:
         quantize: ``"int8"`` (dynamic, per-channel weights) or ``"none"`` (fp32).
         batch_size: Texts per ONNX Runtime call.
         threads: Intra-op threads; default the CPUs available to this process.
+        card: The URL's ``languages``/``query_prefix``/``passage_prefix`` over what the folder
+            declares (:mod:`embedding.card`).
     """
 
     def __init__(
@@ -86,11 +89,13 @@ class OnnxEmbedder:
         quantize: Quantize = "int8",
         batch_size: int = 64,
         threads: int | None = None,
+        card: CardOverrides | None = None,
     ) -> None:
         self.model_id = model_id_for(model)
         self.fingerprint = ""  # of the sentence-transformers folder, as torch:// has it (set by warm_up)
         self.quantize: Quantize = quantize
         self._path = resolve_model_path(model)
+        self.card: ModelCard = (card or CardOverrides()).over(folder_card(self._path))
         self._cache_dir = cache_dir
         self._batch_size = batch_size
         self._threads = threads or len(os.sched_getaffinity(0))
@@ -104,14 +109,16 @@ class OnnxEmbedder:
         self.max_seq_length = 0
 
     @classmethod
-    def from_url(cls, url: str, cache_dir: Path, batch_size: int = 64) -> OnnxEmbedder:
+    def from_url(
+        cls, url: str, cache_dir: Path, batch_size: int = 64, card: CardOverrides | None = None
+    ) -> OnnxEmbedder:
         """Build from ``onnx://<model>?quantize=int8|none[&threads=N]`` (nothing loads yet).
 
         Raises:
             ConfigError: Malformed URL or a model that is neither packaged nor a folder.
         """
         model, quantize, threads = parse_onnx_url(url)
-        return cls(model, cache_dir=cache_dir, quantize=quantize, batch_size=batch_size, threads=threads)
+        return cls(model, cache_dir=cache_dir, quantize=quantize, batch_size=batch_size, threads=threads, card=card)
 
     def warm_up(self) -> None:
         """Export/quantise once (cached), open the ONNX Runtime session and the tokenizer.
@@ -132,7 +139,7 @@ class OnnxEmbedder:
             from tokenizers import Tokenizer
 
             layout = read_layout(self._path)
-            self.fingerprint = fingerprint_of(self._path, self._cache_dir)
+            self.fingerprint = self.card.fold(fingerprint_of(self._path, self._cache_dir))
             path = ensure_onnx(layout, self._cache_dir, self.model_id, self.quantize)
             try:
                 session = ort.InferenceSession(
@@ -162,11 +169,18 @@ class OnnxEmbedder:
         return options
 
     def embed(self, texts: Sequence[str]) -> Embeddings:
-        """Embed texts: ``(n, dim) float32`` L2-normalised rows plus truncation flags.
+        """Embed document texts: ``(n, dim) float32`` L2-normalised rows plus truncation flags.
 
         Raises:
             EmbeddingError: ONNX Runtime failed on the batch.
         """
+        return self._embed(self.card.prefixed(texts, query=False))
+
+    def embed_queries(self, texts: Sequence[str]) -> Embeddings:
+        """Embed queries (the card's query prefix first); see :meth:`embed`."""
+        return self._embed(self.card.prefixed(texts, query=True))
+
+    def _embed(self, texts: Sequence[str]) -> Embeddings:
         self.warm_up()
         if not texts:
             return Embeddings(np.zeros((0, self.dim), np.float32), np.zeros(0, bool))

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from embedding.base import Embeddings
+from embedding.card import ModelCard
 from quarry.errors import ConfigError, EmbeddingError, EmbeddingUnavailable
 from quarry.settings import Settings
 
@@ -99,6 +100,7 @@ class ProcessEmbedder:
         self.fingerprint = ""  # the child's model's, once it is up
         self.dim = 0
         self.max_seq_length = 0
+        self.card = ModelCard()  # the child's model's, once it is up
 
     @property
     def pid(self) -> int | None:
@@ -135,7 +137,7 @@ class ProcessEmbedder:
             if kind != "ready":
                 _stop(process, conn)
                 raise EmbeddingUnavailable(f"query encoder process could not load {self._url}: {info[0]}")
-            self.dim, self.max_seq_length, self.model_id, self.fingerprint = info
+            self.dim, self.max_seq_length, self.model_id, self.fingerprint, self.card = info
             child = self._child = _Child(process, conn)
             receiver = threading.Thread(target=self._receive, args=(child,), name="quarry-query-encoder-recv")
             receiver.daemon = True
@@ -143,7 +145,7 @@ class ProcessEmbedder:
             log.info("query encoder %s runs in process %s", self.model_id, process.pid)
 
     def submit(self, texts: Sequence[str]) -> Future[Embeddings]:
-        """Queue ``texts`` for the child's next model call and return at once.
+        """Queue query ``texts`` for the child's next model call (``embed_queries``) and return at once.
 
         Before the child is up (first use, or after it died) the start runs on a helper thread.
 
@@ -160,8 +162,8 @@ class ProcessEmbedder:
                 return _failed(EmbeddingUnavailable("query encoder process was closed"))
         return self._send(child, texts)
 
-    def embed(self, texts: Sequence[str]) -> Embeddings:
-        """:meth:`submit` and wait; see :meth:`embedding.base.Embedder.embed`."""
+    def embed_queries(self, texts: Sequence[str]) -> Embeddings:
+        """:meth:`submit` and wait; see :meth:`embedding.base.Embedder.embed_queries`."""
         return self.submit(texts).result()
 
     def close(self) -> None:
@@ -312,7 +314,7 @@ def _serve(conn: Connection) -> None:
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it typed
         conn.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    conn.send(("ready", embedder.dim, embedder.max_seq_length, embedder.model_id, embedder.fingerprint))
+    conn.send(("ready", embedder.dim, embedder.max_seq_length, embedder.model_id, embedder.fingerprint, embedder.card))
     stop = False
     while not stop:
         batch: list[tuple[int, list[str]]] = []
@@ -335,7 +337,7 @@ def _serve(conn: Connection) -> None:
 
 def _answer(embedder: Any, batch: list[tuple[int, list[str]]]) -> list[tuple[int, Any]]:
     try:
-        result = embedder.embed([text for _, texts in batch for text in texts])
+        result = embedder.embed_queries([text for _, texts in batch for text in texts])
     except Exception as exc:  # noqa: BLE001 - each request of the batch gets the message
         return [(request, f"{type(exc).__name__}: {exc}") for request, _ in batch]
     answers, start = [], 0

@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from embedding.base import Embeddings
+from embedding.card import CardOverrides, ModelCard, folder_card
 from embedding.fingerprint import folder_fingerprint
 from embedding.length_batches import plan_batches
 from quarry.errors import ConfigError, EmbeddingError
@@ -105,14 +106,25 @@ def pick_device(device: str) -> str:
 
 
 class SentenceTransformerEmbedder:
-    """sentence-transformers model in this process; thread-safe (one forward at a time)."""
+    """sentence-transformers model in this process; thread-safe (one forward at a time).
+
+    ``card``: the URL's ``languages``/``query_prefix``/``passage_prefix`` over what the folder
+    declares (:mod:`embedding.card`).
+    """
 
     def __init__(
-        self, model: str, *, batch_size: int = 64, device: str = "auto", cache_dir: Path | None = None
+        self,
+        model: str,
+        *,
+        batch_size: int = 64,
+        device: str = "auto",
+        cache_dir: Path | None = None,
+        card: CardOverrides | None = None,
     ) -> None:
         self.model_id = model_id_for(model)
         self.fingerprint = ""  # set by warm_up
         self._path = resolve_model_path(model)
+        self.card: ModelCard = (card or CardOverrides()).over(folder_card(self._path))
         self._cache_dir = cache_dir
         self._batch_size = batch_size
         self._device = device
@@ -138,7 +150,7 @@ class SentenceTransformerEmbedder:
                 return
             from sentence_transformers import SentenceTransformer
 
-            self.fingerprint = fingerprint_of(self._path, self._cache_dir)
+            self.fingerprint = self.card.fold(fingerprint_of(self._path, self._cache_dir))
             device = pick_device(self._device)
             try:
                 model = SentenceTransformer(str(self._path), device=device, local_files_only=True)
@@ -166,11 +178,18 @@ class SentenceTransformerEmbedder:
         return self._cpu_threads if self._on_cpu else 1
 
     def embed(self, texts: Sequence[str]) -> Embeddings:
-        """Embed texts: ``(n, dim) float32`` L2-normalised rows plus truncation flags.
+        """Embed document texts: ``(n, dim) float32`` L2-normalised rows plus truncation flags.
 
         Raises:
             EmbeddingError: The model failed on the batch.
         """
+        return self._embed(self.card.prefixed(texts, query=False))
+
+    def embed_queries(self, texts: Sequence[str]) -> Embeddings:
+        """Embed queries (the card's query prefix first); see :meth:`embed`."""
+        return self._embed(self.card.prefixed(texts, query=True))
+
+    def _embed(self, texts: Sequence[str]) -> Embeddings:
         self.warm_up()
         if not texts:
             return Embeddings(np.zeros((0, self.dim), np.float32), np.zeros(0, bool))

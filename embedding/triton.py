@@ -26,6 +26,7 @@ import numpy as np
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from embedding.base import Embeddings
+from embedding.card import CardOverrides, ModelCard, parse_languages
 from embedding.fingerprint import spec_fingerprint
 from embedding.triton_protocol import ModelSpec, Protocol, Wire
 from quarry.errors import ConfigError, EmbeddingError, EmbeddingUnavailable
@@ -116,12 +117,22 @@ class TritonEmbedder:
         timeout_s: Connection and per-request timeout, in seconds.
         batch_size: Texts per request (capped at the server's ``max_batch_size``).
         backoff_s: First retry wait, in seconds; doubles each retry (capped at 2 s).
+        card: The URL's ``languages``/``query_prefix``/``passage_prefix``, over what the model's
+            config publishes as parameters of those names (:mod:`embedding.card`).
     """
 
     def __init__(
-        self, target: TritonTarget, *, timeout_s: float = 30.0, batch_size: int = 64, backoff_s: float = 0.1
+        self,
+        target: TritonTarget,
+        *,
+        timeout_s: float = 30.0,
+        batch_size: int = 64,
+        backoff_s: float = 0.1,
+        card: CardOverrides | None = None,
     ) -> None:
         self.target = target
+        self._card_overrides = card or CardOverrides()
+        self.card: ModelCard = self._card_overrides.over(ModelCard())
         self.model_id = target.model_id or target.model
         self.fingerprint = ""  # set by warm_up, from what the server reports
         self.dim = 0
@@ -137,13 +148,15 @@ class TritonEmbedder:
         self._generation = 0
 
     @classmethod
-    def from_url(cls, url: str, timeout_s: float = 30.0, batch_size: int = 64) -> TritonEmbedder:
+    def from_url(
+        cls, url: str, timeout_s: float = 30.0, batch_size: int = 64, card: CardOverrides | None = None
+    ) -> TritonEmbedder:
         """Build from a ``triton+grpc://`` / ``triton+http://`` URL (nothing connects yet).
 
         Raises:
             ConfigError: Malformed URL.
         """
-        return cls(parse_triton_url(url), timeout_s=timeout_s, batch_size=batch_size)
+        return cls(parse_triton_url(url), timeout_s=timeout_s, batch_size=batch_size, card=card)
 
     def warm_up(self) -> None:
         """Check the server is live and the model ready; read its config. Idempotent.
@@ -157,7 +170,8 @@ class TritonEmbedder:
                 return
             spec = self._call("checking the model", self._check)
             self.model_id = self.target.model_id or spec.parameters.get("model_id") or self.target.model
-            self.fingerprint = served_fingerprint(self.target, spec)
+            self.card = self._card_overrides.over(published_card(spec.parameters))
+            self.fingerprint = self.card.fold(served_fingerprint(self.target, spec))
             self.max_seq_length = int(spec.parameters.get("max_seq_length") or 0)
             self.dim = spec.dim
             self._spec = spec
@@ -165,13 +179,21 @@ class TritonEmbedder:
                 self.dim = int(self._infer(["dimension probe"])[0].shape[1])
 
     def embed(self, texts: Sequence[str]) -> Embeddings:
-        """Embed texts on the server: ``(n, dim) float32`` L2-normalised rows + truncation flags.
+        """Embed document texts on the server: ``(n, dim) float32`` L2-normalised rows + truncation flags.
 
         Raises:
             EmbeddingUnavailable: Server down/unready after the retries (retryable).
             EmbeddingError: The server rejected the request.
         """
         self.warm_up()
+        return self._embed(self.card.prefixed(texts, query=False))
+
+    def embed_queries(self, texts: Sequence[str]) -> Embeddings:
+        """Embed queries (the card's query prefix first); see :meth:`embed`."""
+        self.warm_up()
+        return self._embed(self.card.prefixed(texts, query=True))
+
+    def _embed(self, texts: Sequence[str]) -> Embeddings:
         if not texts:
             return Embeddings(np.zeros((0, self.dim), np.float32), np.zeros(0, bool))
         assert self._spec is not None
@@ -246,6 +268,15 @@ class TritonEmbedder:
                     retry_after_s=1.0,
                 ) from exc
             raise EmbeddingError(f"Triton at {self.target.url} failed {what}: {_describe(exc)}") from exc
+
+
+def published_card(parameters: dict[str, str]) -> ModelCard:
+    """The card a model config publishes: parameters ``languages`` (``en,zh``), ``query_prefix``, ``passage_prefix``."""
+    return ModelCard(
+        languages=parse_languages(parameters.get("languages", ""), "the Triton model config"),
+        query_prefix=parameters.get("query_prefix", ""),
+        passage_prefix=parameters.get("passage_prefix", ""),
+    )
 
 
 def served_fingerprint(target: TritonTarget, spec: ModelSpec) -> str:

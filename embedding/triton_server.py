@@ -8,7 +8,7 @@ Triton model with dynamic batching. The Triton model contract is the same as the
     input   text       TYPE_STRING [1]      one UTF-8 text per batch row
     output  embedding  TYPE_FP32   [dim]    L2-normalised
     output  truncated  TYPE_BOOL   [1]      the text was cut at max_seq_length tokens
-    parameters: model_id, max_seq_length
+    parameters: model_id, max_seq_length, fingerprint, languages (the model card's, comma-separated)
 
 Endpoints (Triton's own): HTTP ``/v2/health/live``, ``/v2/health/ready``,
 ``/v2/models/<name>/config``, gRPC on its port, Prometheus metrics on ``/metrics``.
@@ -299,6 +299,13 @@ def _run(config: ServeConfig, embedder: Embedder) -> None:
     from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig
 
+    if embedder.card.query_prefix or embedder.card.passage_prefix:
+        # the server embeds every text alike; the client would have to prefix queries and documents
+        raise ConfigError(
+            f"quarry triton serve serves models without query/passage prefixes; {embedder.model_id} has "
+            f"{embedder.card.query_prefix!r} / {embedder.card.passage_prefix!r}"
+        )
+
     select_tensor_transport(config.shared_memory)
     triton_config = TritonConfig(
         http_address=config.address, http_port=config.http_port,
@@ -326,7 +333,7 @@ def _run(config: ServeConfig, embedder: Embedder) -> None:
         )
         _publish_parameters(triton, {
             "model_id": embedder.model_id, "max_seq_length": str(embedder.max_seq_length),
-            "fingerprint": embedder.fingerprint,
+            "fingerprint": embedder.fingerprint, "languages": ",".join(sorted(embedder.card.languages)),
         })
         LOG.info(
             "starting Triton for %s as model %r: http %s:%d, grpc %s:%d, metrics %s:%d/metrics",

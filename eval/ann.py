@@ -152,14 +152,14 @@ def ann_vs_exact(
 def collection_ann(quarry: Quarry, name: str, ks: Sequence[int] = DEFAULT_KS) -> Callable[[BeirSplit], dict[str, Any]]:
     """The ``ann`` callback of :func:`eval.runner.evaluate` for one collection of a service.
 
-    The split's non-blank queries are embedded by the service's embedder; the chunk ids come from
+    The split's non-blank queries are embedded as queries by the service's embedder; the chunk ids come from
     the docstore.
     """
 
     def run(split: BeirSplit) -> dict[str, Any]:
         cfg = quarry.get_collection(name)
         qids = [q for q, text in split.queries.items() if text.strip()]
-        vectors = quarry.embedder.embed([split.queries[q] for q in qids]).vectors if qids else None
+        vectors = quarry.embedder.embed_queries([split.queries[q] for q in qids]).vectors if qids else None
         chunk_ids = quarry.docstore.bm25_chunk_ids(name)[1]
         if vectors is None:
             return {"exact": EXACT_METHOD, "skipped": "no non-blank queries"}

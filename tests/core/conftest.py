@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from embedding.base import Embedder, Embeddings
+from embedding.card import ModelCard
 from indexing.sources import SourceDocument, iter_jsonl
 from quarry.service import Quarry
 from quarry.settings import DocstoreSettings, Settings, StoreSettings
@@ -58,10 +59,19 @@ class CountingEmbedder:
     def warm_up(self) -> None:
         self.inner.warm_up()
 
+    @property
+    def card(self) -> ModelCard:
+        return self.inner.card
+
     def embed(self, texts: Sequence[str]) -> Embeddings:
         self.calls += 1
         self.texts += len(texts)
         return self.inner.embed(texts)
+
+    def embed_queries(self, texts: Sequence[str]) -> Embeddings:
+        self.calls += 1
+        self.texts += len(texts)
+        return self.inner.embed_queries(texts)
 
 
 @pytest.fixture(scope="session")

@@ -58,16 +58,28 @@ def test_vectors_equal_the_in_process_model_under_concurrent_queries(
     want = local.embed(texts).vectors
     assert got.shape == (64, 384) and got.dtype == np.float32
     assert float((got * want).sum(axis=1).min()) > 0.99999
-    long = encoder.embed(["word " * 400, "short"])
+    long = encoder.embed_queries(["word " * 400, "short"])
     assert long.truncated.tolist() == [True, False]
-    assert encoder.embed([]).vectors.shape == (0, 384)
+    assert encoder.embed_queries([]).vectors.shape == (0, 384)
+
+
+def test_the_child_embeds_queries_with_the_models_query_prefix(tmp_path: Path, onnx_cache: Path) -> None:
+    process = ProcessEmbedder(f"{URL}&query_prefix=query%3A%20", _settings(tmp_path, onnx_cache))
+    try:
+        got = process.submit(["vitamin D"]).result().vectors
+        assert process.card.query_prefix == "query: " and process.card.languages == {"en"}
+        assert process.fingerprint.startswith("prompted:")
+    finally:
+        process.close()
+    want = OnnxEmbedder.from_url(URL, onnx_cache).embed(["query: vitamin D"]).vectors
+    assert float(got[0] @ want[0]) > 0.99999
 
 
 def test_a_batch_the_model_rejects_fails_typed_and_the_child_serves_on(encoder: ProcessEmbedder) -> None:
-    pid = encoder.embed(["fine"]) and encoder.pid
+    pid = encoder.embed_queries(["fine"]) and encoder.pid
     with pytest.raises(EmbeddingError, match="failed on a batch"):
-        encoder.embed([None])  # type: ignore[list-item]  # the tokenizer raises TypeError in the child
-    assert encoder.embed(["still fine"]).vectors.shape == (1, 384) and encoder.pid == pid
+        encoder.embed_queries([None])  # type: ignore[list-item]  # the tokenizer raises TypeError in the child
+    assert encoder.embed_queries(["still fine"]).vectors.shape == (1, 384) and encoder.pid == pid
 
 
 def test_a_killed_child_fails_its_requests_typed_and_the_next_query_restarts_it(encoder: ProcessEmbedder) -> None:
@@ -79,7 +91,7 @@ def test_a_killed_child_fails_its_requests_typed_and_the_next_query_restarts_it(
     while encoder.pid == first and time.monotonic() < deadline:  # the receiver sees the socket close
         time.sleep(0.05)
     assert encoder.pid is None
-    assert encoder.embed(["after the crash"]).vectors.shape == (1, 384)  # a new child
+    assert encoder.embed_queries(["after the crash"]).vectors.shape == (1, 384)  # a new child
     assert encoder.pid not in (None, first)
 
 
@@ -115,14 +127,14 @@ def test_a_caller_that_gives_up_does_not_stop_the_answers(encoder: ProcessEmbedd
             await asyncio.wait_for(asyncio.wrap_future(encoder.submit(["word " * 200] * 32)), 0.001)
 
     asyncio.run(give_up())
-    assert encoder.embed(["next"]).vectors.shape == (1, 384)
+    assert encoder.embed_queries(["next"]).vectors.shape == (1, 384)
 
 
 def test_texts_that_cannot_be_sent_fail_typed(encoder: ProcessEmbedder) -> None:
     encoder.warm_up()
     with pytest.raises(EmbeddingError, match="cannot send"):
         encoder.submit([threading.Lock()]).result(timeout=10)  # type: ignore[list-item]
-    assert encoder.embed(["fine"]).vectors.shape == (1, 384)
+    assert encoder.embed_queries(["fine"]).vectors.shape == (1, 384)
 
 
 def test_a_module_named_like_ours_in_the_working_directory_does_not_shadow_the_child(
@@ -130,7 +142,7 @@ def test_a_module_named_like_ours_in_the_working_directory_does_not_shadow_the_c
 ) -> None:
     (tmp_path / "embedding.py").write_text("raise SystemExit('shadowed')\n")
     monkeypatch.chdir(tmp_path)
-    assert encoder.embed(["from elsewhere"]).vectors.shape == (1, 384)
+    assert encoder.embed_queries(["from elsewhere"]).vectors.shape == (1, 384)
 
 
 def test_a_model_that_cannot_load_is_a_typed_unavailable_error(tmp_path: Path, onnx_cache: Path) -> None:

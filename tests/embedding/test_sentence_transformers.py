@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -9,6 +10,8 @@ import numpy as np
 import pytest
 
 from embedding.sentence_transformers import _DIRECT_MAX, SentenceTransformerEmbedder, model_id_for, resolve_model_path
+
+from .contract import EmbedderContract
 
 
 def test_short_inputs_match_encode(minilm: SentenceTransformerEmbedder, scifact_subset: list[str]) -> None:
@@ -70,3 +73,17 @@ def test_a_folder_is_recorded_under_its_name_and_other_names_as_given(tmp_path: 
     folder.mkdir()
     assert model_id_for(str(folder)) == "my-model"
     assert model_id_for("org/other-model") == "org/other-model"
+
+
+class TestTorchContract(EmbedderContract):
+    """The packaged MiniLM in torch: no prefixes, so a query embeds as a document."""
+
+    MIN_BATCH_COSINE = 0.9999
+
+    @pytest.fixture()
+    def embedder(self, minilm: SentenceTransformerEmbedder) -> SentenceTransformerEmbedder:
+        return minilm
+
+    @pytest.fixture()
+    def reopen(self) -> Callable[[], SentenceTransformerEmbedder]:
+        return lambda: SentenceTransformerEmbedder("all-MiniLM-L6-v2", device="cpu")

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +33,7 @@ from quarry.service import Quarry
 from quarry.settings import Settings
 from tests.embedding_cache import CachedEmbedder
 
+from .contract import EmbedderContract
 from .server_process import ServerProcess, environ, free_ports, tagged_pids
 
 REPO = Path(__file__).resolve().parents[2]
@@ -422,6 +423,24 @@ def test_ingest_through_triton_gives_the_in_process_hits(
 
 
 @pytest.mark.integration
+class TestTritonContract(EmbedderContract):
+    """``quarry triton serve`` (ONNX fp32) through the gRPC client: the packaged MiniLM, no prefixes."""
+
+    MIN_BATCH_COSINE = 0.9999
+
+    @pytest.fixture()
+    def embedder(self, triton: TritonServer) -> Iterator[TritonEmbedder]:
+        model = TritonEmbedder.from_url(triton.url("grpc"), timeout_s=30, batch_size=64)
+        model.warm_up()
+        yield model
+        model.close()
+
+    @pytest.fixture()
+    def reopen(self, triton: TritonServer) -> Callable[[], TritonEmbedder]:
+        return lambda: TritonEmbedder.from_url(triton.url("grpc"), timeout_s=30, batch_size=64)
+
+
+@pytest.mark.integration
 def test_sigterm_stops_everything_and_then_ingestion_fails_typed(
     triton: TritonServer, tmp_path: Path, scifact_docs: list[SourceDocument]
 ) -> None:
@@ -450,4 +469,5 @@ def test_sigterm_stops_everything_and_then_ingestion_fails_typed(
             quarry.search("scifact", QUERIES[2], top_k=3, mode="dense")
     finally:
         quarry.close()
+
 
