@@ -10,10 +10,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any, cast
 
-from embedding.base import Embedder, QueryEncoder
+from embedding.base import Embedder, Embeddings, QueryEncoder
 from embedding.batching import BatchingEmbedder
 from embedding.factory import open_embedder
 from embedding.process import ProcessEmbedder
@@ -879,16 +880,18 @@ class Quarry:
         group: bool = True,
         fusion: FusionConfig | None = None,
         min_score: float | None = None,
+        rerank: RerankOptions | None = None,
+        embedded: Future[Embeddings] | None = None,
     ) -> SearchResult:
-        """:meth:`search` without rerank, for an event loop (see ``Searcher.search_async``).
+        """:meth:`search` for an event loop (see ``Searcher.search_async``, also for ``embedded``).
 
         The collection's configuration and live version come from the docstore's caches on the
         loop; after a commit they are read again in a worker thread (``off_loop``).
         """
         cfg, flt, target = await off_loop(self._search_target, name, filters, mode)
         return await self.searcher.search_async(
-            cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, fusion=fusion,
-            min_score=min_score, target=target, within=self._bm25_within(),
+            cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank, fusion=fusion,
+            min_score=min_score, target=target, within=self._bm25_within(), embedded=embedded,
         )
 
     def _search_target(

@@ -22,9 +22,11 @@ from generation.answer import Event
 from generation.cache import CacheKey, MemoryCache, Question, open_cache
 from generation.cache_guard import contradiction, terms
 from indexing.sources import SourceDocument
-from quarry.api import cache as answer_cache
 from quarry.api import create_app
+from quarry.api.cache import directives
 from quarry.service import Quarry
+from quarry.services import answer_cache
+from quarry.services.answer_cache import CacheUse
 from quarry.settings import CacheSettings, Settings
 from tests.generation.conftest import Served, sse_events
 from tests.llama import llama_settings, require_llama
@@ -176,7 +178,7 @@ def test_the_factory_returns_none_when_disabled() -> None:
     ],
 )
 def test_request_headers_bypass(headers: dict[str, str], read: bool, store: bool) -> None:
-    assert answer_cache.directives(headers) == (read, store)
+    assert directives(headers) == CacheUse(read, store)
 
 
 @pytest.mark.parametrize(
@@ -295,3 +297,26 @@ def test_answer_cache_against_the_real_llm(  # noqa: PLR0915 - one scenario, in 
     assert stats["miss_reasons"]["negation"] == 1 and stats["miss_reasons"]["number"] >= 1
     assert stats["invalidated"] >= 4  # Q, the negated and the two numbered questions, after the upsert
 
+
+
+@pytest.mark.integration
+def test_a_cache_miss_embeds_the_query_once(served: tuple[Served, Quarry], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lookup's vector is the search's: one query-encoder call per /answer miss (and per bypass)."""
+    server, q = served
+    asked: list[list[str]] = []
+    submit = q.query_embedder.submit
+
+    def counting(texts: list[str]) -> Any:
+        asked.append(list(texts))
+        return submit(texts)
+
+    monkeypatch.setattr(q.query_embedder, "submit", counting)
+    question = "Which cells does interleukin signalling act on in this cohort?"
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        r = c.post(URL, json={"query": question, **ASK})
+        assert r.status_code == 200 and r.json()["cache"] == "miss", r.text
+        assert r.json()["sources"], r.text  # the dense channel ran (hybrid, nothing degraded)
+        assert r.json()["degraded"] == [], r.text
+        assert asked == [[question]]
+        stored = c.post(URL, json={"query": question, **ASK}, headers={"X-Quarry-Cache": "bypass"})
+        assert stored.json()["cache"] == "bypass" and asked == [[question]] * 2
