@@ -86,6 +86,11 @@ class AnswerIn(_Body):
         None, ge=16, le=1_000_000, description="Budget of the sources in tokens. Default: QUARRY_LLM__CONTEXT_TOKENS."
     )
     require_answer: bool = Field(False, description="Fail (503/502) instead of answering null when the LLM fails.")
+    min_score: float | None = Field(
+        None, allow_inf_nan=False,
+        description="Abstain without asking the LLM (`abstained: true`) when no retrieved chunk scores at least "
+        "this (the mode's own score: fused for hybrid, BM25 for bm25, similarity for dense).",
+    )
 
     def request(self) -> AnswerRequest:
         """The service's request."""
@@ -93,7 +98,7 @@ class AnswerIn(_Body):
         return AnswerRequest(
             query=self.query, top_k=self.top_k, mode=self.mode, filters=self.filters, rerank=rerank,
             max_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed,
-            context_tokens=self.context_tokens, require_answer=self.require_answer,
+            context_tokens=self.context_tokens, require_answer=self.require_answer, min_score=self.min_score,
         )
 
 
@@ -190,6 +195,7 @@ class QuarryOptions(_Body):
     rerank: RerankIn | None = None
     context_tokens: int | None = Field(None, ge=16, le=1_000_000)
     require_answer: bool = False
+    min_score: float | None = Field(None, allow_inf_nan=False)
 
 
 class ChatIn(Checked):
@@ -247,7 +253,7 @@ async def chat_completions(
         query=users[-1], top_k=opts.top_k, mode=opts.mode, filters=opts.filters, rerank=opts.rerank,
         stream=body.stream, max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature, seed=body.seed, context_tokens=opts.context_tokens,
-        require_answer=opts.require_answer,
+        require_answer=opts.require_answer, min_score=opts.min_score,
     )
     events = await answers.events(
         q, collection, answer_in.request(), cache=directives(request.headers), shed=access.shed(request),

@@ -92,6 +92,9 @@ class AnswerRequest:
         seed: Sampling seed, where the LLM server honours one.
         context_tokens: Budget of the sources in tokens; ``None``: ``QUARRY_LLM__CONTEXT_TOKENS``.
         require_answer: Raise the LLM's error instead of answering ``None``.
+        min_score: Abstain (answer :data:`ABSTAINED`, ``abstained: true``, the LLM not asked) when
+            no retrieved chunk scores at least this, in the retrieval mode's own score (hybrid:
+            the fused score; bm25: BM25; dense: the store's similarity). ``None``: always answer.
     """
 
     query: str
@@ -104,6 +107,11 @@ class AnswerRequest:
     seed: int | None = None
     context_tokens: int | None = None
     require_answer: bool = False
+    min_score: float | None = None
+
+
+ABSTAINED = "The sources do not answer this question."
+"""The answer text of an abstention (``abstained: true``)."""
 
 
 class AnswerService:
@@ -180,6 +188,12 @@ class AnswerService:
         candidates, degraded, timings = await self._retrieve(q, name, req, plan)
         if plan.lookup_ms:
             timings["cache"] = plan.lookup_ms
+        best = max((c.score for c in candidates), default=None)
+        if req.min_score is not None and (best is None or best < req.min_score):
+            return answer_cache.recording(
+                _abstained(candidates, degraded, timings, started, best, req.min_score), plan,
+                cache is not None and cache.store,
+            )
         t = time.perf_counter()
         prompt = await self._prompt(req.query, candidates, budget)
         timings["prompt"] = (time.perf_counter() - t) * 1000
@@ -296,6 +310,25 @@ async def charged(
     finally:
         if not was_charged and streamed:
             quota.charge(streamed)
+
+
+async def _abstained(  # noqa: PLR0913 - what the answer reports
+    candidates: list[Candidate], degraded: list[str], timings: dict[str, float], started: float,
+    best: float | None, min_score: float,
+) -> AsyncIterator[Event]:
+    """An abstention's events: no source sent, the retrieved chunks left out, ``done`` without an LLM call."""
+    yield Event("sources", {
+        "sources": [],
+        "left_out": [{"document_id": c.document_id, "chunk_id": c.chunk_id, "score": c.score} for c in candidates],
+        "context": {"budget": 0, "tokens": 0, "tokenizer": "none"}, "degraded": list(degraded),
+    })
+    timings["total"] = (time.perf_counter() - started) * 1000
+    yield Event("done", {
+        "answer": ABSTAINED, "abstained": True,
+        "abstention": {"reason": "below_min_score", "best_score": best, "min_score": min_score},
+        "citations": [], "dropped_citations": 0, "finish_reason": "stop",
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0}, "degraded": list(degraded), "timings_ms": dict(timings),
+    })
 
 
 def _title(metadata: Mapping[str, Any]) -> str | None:

@@ -105,6 +105,7 @@ def cache_key(
         "context_tokens": budget, "max_tokens": params.max_tokens, "temperature": params.temperature,
         "seed": params.seed, "llm": [llm.url, generator.model_id], "prompt": PROMPT_VERSION,
         "support_threshold": llm.support_threshold, "encoder": q.query_embedder.model_id,
+        "min_score": body.min_score,
     }
     text = orjson.dumps(scope, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
     return CacheKey(text, f"{cfg.created_at!r}:{q.docstore.version(cfg.name)}")
