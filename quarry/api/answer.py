@@ -239,6 +239,7 @@ async def chat_completions(
     Raises:
         InvalidRequest: ``model`` is not ``quarry/<collection>``, or no user message.
     """
+    _refuse_unsupported(body)
     collection = body.model.removeprefix("quarry/")
     if collection == body.model or not collection:
         raise InvalidRequest(f'model must be "quarry/<collection>", got {clip(body.model)}')
@@ -274,6 +275,26 @@ async def chat_completions(
         "quarry": out,
     }
     return Response(orjson.dumps(completion), media_type="application/json")
+
+
+UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "logprobs", "top_logprobs", "logit_bias",
+               "audio", "modalities", "prediction", "parallel_tool_calls")
+"""OpenAI chat parameters refused with a 400 rather than silently ignored."""
+
+
+def _refuse_unsupported(body: ChatIn) -> None:
+    """Refuse what the answer path would otherwise ignore: ``n > 1`` and :data:`UNSUPPORTED` fields.
+
+    Raises:
+        UnsupportedParameter: The first such field (``error.param`` names it).
+    """
+    extra = body.model_extra or {}
+    n = extra.get("n")
+    if n is not None and n != 1:
+        raise e.UnsupportedParameter(f"n={clip(str(n))} is not supported: Quarry answers with one choice", param="n")
+    for name in UNSUPPORTED:
+        if extra.get(name) not in (None, False, [], {}):
+            raise e.UnsupportedParameter(f"{name} is not supported by Quarry's chat completions", param=name)
 
 
 def _usage(usage: dict[str, Any]) -> dict[str, int]:

@@ -256,3 +256,23 @@ def test_weak_evidence_abstains_without_an_llm_call(client: httpx.Client, stub: 
     stub.replies.append(Reply(pieces=["Vitamin D matters [1]."]))
     answered = client.post(URL, json={**QUERY, "mode": "dense", "min_score": -1.0}).json()
     assert "abstained" not in answered and len(stub.requests) == asked + 1
+
+
+@pytest.mark.parametrize(("extra", "param"), [({"n": 2}, "n"), ({"logprobs": True}, "logprobs"),
+                                              ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools")])
+def test_unsupported_openai_parameters_are_a_400_in_openai_shape(
+    served: Served, stub: StubLLM, extra: dict[str, object], param: str
+) -> None:
+    """The official client gets BadRequestError with error.param and error.code; the LLM is not asked."""
+    import openai
+
+    asked = len(stub.requests)
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(  # type: ignore[call-overload]
+            model=f"quarry/{COLLECTION}", messages=[{"role": "user", "content": "vitamin D"}], **extra,
+        )
+    error = caught.value.body
+    assert isinstance(error, dict), error
+    assert error["param"] == param and error["code"] == "unsupported_parameter" and error["type"], error
+    assert caught.value.status_code == 400 and len(stub.requests) == asked
