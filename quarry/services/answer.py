@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from generation.answer import Event, answer_events
+from generation.answer import Event, answer_events, prompt_tokens
 from generation.base import GenerationParams, Generator
 from generation.cache import AnswerCache
 from generation.prompt import Candidate, Prompt, approx_tokens, build_prompt
@@ -280,12 +280,6 @@ class AnswerService:
         )
         prompt.tokenizer = generator.tokenizer  # known once the first count probed the server
         return prompt
-
-
-def prompt_tokens(prompt: Prompt, generator: Generator) -> int:
-    """Tokens of the prompt sent to the LLM: the sources block's exact count, the rest estimated locally."""
-    rest = sum(generator.estimate_tokens(m["content"].replace(prompt.context, "")) for m in prompt.messages)
-    return prompt.context_tokens + rest
 
 
 async def charged(
