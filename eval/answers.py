@@ -1,9 +1,9 @@
 """The answers section of an evaluation: ask the answer path each judged query, score its citations.
 
 ``quarry eval --answers`` runs, after the retrieval modes, up to ``--answers-queries`` judged
-queries of the split through ``POST /v1/collections/{name}/answer``'s own code path (retrieval,
-the prompt within the context budget, the configured LLM, citation parsing; in process, not over
-HTTP) and reports, over those queries:
+queries of the split through the answer service that ``POST /v1/collections/{name}/answer`` calls
+(:class:`quarry.services.answer.AnswerService`: retrieval, the prompt within the context budget,
+the configured LLM, citations; in process, not over HTTP, without the answer cache) and reports, over those queries:
 
 - ``citation_validity``: markers that resolved to a source that was sent / all markers the
   answers wrote (resolved + dropped); ``None`` when no answer wrote a marker;
@@ -31,8 +31,8 @@ from eval.summary import percentile_ms
 from quarry.errors import LLMNotConfigured
 
 if TYPE_CHECKING:
-    from generation.base import Generator
     from quarry.service import Quarry
+    from quarry.services.answer import AnswerService
 
 
 @dataclass
@@ -141,30 +141,33 @@ def answer_queries(
     }
 
     async def run() -> AnswersSection:
+        from quarry.services.answer import AnswerService
+
         generator = open_generator(cfg)
         assert generator is not None  # the URL is set
+        answers = AnswerService(generator, None)  # no cache: eval measures the LLM
         section = AnswersSection(config)
         try:
             for qid, text in asked:
                 section.records.append(
-                    await _answer_one(quarry, generator, collection, qid, text, top_k, mode, max_tokens, seed)
+                    await _answer_one(quarry, answers, collection, qid, text, top_k, mode, max_tokens, seed)
                 )
         finally:
-            await generator.aclose()
+            await answers.aclose()
         return section
 
     return asyncio.run(run())
 
 
 async def _answer_one(  # noqa: PLR0913 - the request's fields
-    quarry: Quarry, generator: Generator, collection: str, qid: str, text: str, top_k: int,
+    quarry: Quarry, answers: AnswerService, collection: str, qid: str, text: str, top_k: int,
     mode: Literal["bm25", "dense", "hybrid"], max_tokens: int | None, seed: int | None,
 ) -> AnswerRecord:
-    """One answer through the ``/answer`` path, its ``done`` (or ``error``) event recorded."""
-    from quarry.api.answer import AnswerIn, prepare_answer
+    """One answer through the answer service, its ``done`` (or ``error``) event recorded."""
+    from quarry.services.answer import AnswerRequest
 
-    body = AnswerIn(query=text, top_k=top_k, mode=mode, max_tokens=max_tokens, temperature=0.0, seed=seed)
-    events = await prepare_answer(collection, body, quarry, generator)
+    req = AnswerRequest(query=text, top_k=top_k, mode=mode, max_tokens=max_tokens, temperature=0.0, seed=seed)
+    events = await answers.events(quarry.view, collection, req)
     record = AnswerRecord(qid, None, [], 0, None, 0.0)
     async for event in events:
         if event.kind == "done":

@@ -135,9 +135,17 @@ async def answer_events(  # noqa: C901 - one linear pipeline, easiest read in on
         except GenerationError:
             counted = None
         usage = Usage(usage.prompt_tokens if usage else None, counted)
+    if usage.prompt_tokens is None:  # the server did not say: the prompt's count (sources exact, the rest estimated)
+        usage = Usage(prompt_tokens(prompt, generator), usage.completion_tokens)
     _llm_ended(on_llm, span, asked, first, now, usage, finish, None)
     timings_ms["total"] = (time.perf_counter() - started) * 1000
     yield Event("done", _done(scanner.text, scanner, usage, finish, list(degraded), timings_ms))
+
+
+def prompt_tokens(prompt: Prompt, generator: Generator) -> int:
+    """Tokens of the prompt sent to the LLM: the sources block's exact count, the rest estimated locally."""
+    rest = sum(generator.estimate_tokens(m["content"].replace(prompt.context, "")) for m in prompt.messages)
+    return prompt.context_tokens + rest
 
 
 def _llm_ended(  # noqa: PLR0913 - what one LLM call reports

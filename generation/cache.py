@@ -81,9 +81,11 @@ class Lookup:
 
     Attributes:
         entry: The entry to serve, or ``None``.
-        reason: On a miss: ``empty`` (nothing stored for this scope and version),
-            ``threshold`` (none close enough), or the guard's reason for the closest entry
-            (``number``, ``negation``, ``content``, ``order``); ``None`` on a hit.
+        reason: On a miss: ``empty`` (nothing stored for this scope), ``invalidated`` (what
+            was stored is of another state of the collection: written since), ``below_threshold``
+            (none close enough), or ``guard:<rule>`` for the closest entry the lexical guard
+            refused (``guard:number``, ``guard:negation``, ``guard:content``, ``guard:order``);
+            ``None`` on a hit.
         similarity: Cosine of the closest entry (``None`` when there was none).
     """
 
@@ -138,14 +140,15 @@ class MemoryCache:
     def get(self, key: CacheKey, question: Question) -> Lookup:
         """See :meth:`AnswerCache.get`."""
         with self._lock:
+            invalidated = self._counts["invalidated"]
             entries = self._usable(key)
-            if not entries:
-                return self._miss("empty", None)
+            if not entries:  # nothing stored, or all of it for another state of the collection
+                return self._miss("invalidated" if self._counts["invalidated"] > invalidated else "empty", None)
             ids = list(entries)
             sims = np.stack([entries[i].question.vector for i in ids]) @ question.vector
             order = np.argsort(-sims)
             best = float(sims[order[0]])
-            reason = "threshold"
+            reason = "below_threshold"
             for j in order:
                 if sims[j] < self.threshold:
                     break
@@ -155,8 +158,8 @@ class MemoryCache:
                     self._lru.move_to_end(ids[j])
                     self._counts["hits"] += 1
                     return Lookup(entry, None, float(sims[j]))
-                if reason == "threshold":
-                    reason = why
+                if reason == "below_threshold":
+                    reason = f"guard:{why}"
             return self._miss(reason, best)
 
     def put(self, key: CacheKey, question: Question, events: Sequence[Any]) -> None:

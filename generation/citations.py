@@ -6,7 +6,8 @@ forms models write:
 
 * ``[3]``, ``[1, 2]``, ``[1-3]`` (also ``–``/``—``), ``[1 and 2]``, ``[Source 2]``, ``[doc 2]``;
 * ``【3】`` (full-width brackets, common in models trained on Chinese text);
-* ``(3)``, ``(1, 2)``: only numbers of at most 3 digits, so that a year, ``(2019)``, is not a marker.
+* ``(3)``, ``(1, 2)``: only numbers of at most 3 digits, so that a year, ``(2019)``, is not a marker,
+  and never glued to a word or formula (``1,25(OH)(2)D``, ``H(2)O``, ``CO(2)`` hold none).
 
 A number in ``1..n`` becomes a :class:`Citation` of that source; any other (``[3]`` with two
 sources sent) is dropped and counted, never mapped to another chunk (Haystack's AnswerBuilder
@@ -33,7 +34,7 @@ _NUMS = r"\d{1,4}(?:\s*(?:,|-|–|—|and|&)\s*\d{1,4})*"
 _PAR_NUMS = r"\d{1,3}(?:\s*(?:,|-|–)\s*\d{1,3})*"
 _PREFIX = r"(?:(?:sources?|docs?|documents?|refs?|references?)\s*:?\s*#?)?"
 MARKER = re.compile(
-    rf"\[\s*{_PREFIX}(?P<sq>{_NUMS})\s*\]|【\s*{_PREFIX}(?P<cjk>{_NUMS})\s*】|\(\s*(?P<par>{_PAR_NUMS})\s*\)",
+    rf"\[\s*{_PREFIX}(?P<sq>{_NUMS})\s*\]|【\s*{_PREFIX}(?P<cjk>{_NUMS})\s*】|(?<![\w)\]])\(\s*(?P<par>{_PAR_NUMS})\s*\)(?![\w(])",
     re.IGNORECASE,
 )
 _SPLIT = re.compile(r"\s*(,|-|–|—|and|&)\s*", re.IGNORECASE)

@@ -92,6 +92,20 @@ class InvalidRequest(QuarryError):
     """The caller sent something Quarry cannot use."""
 
 
+class UnsupportedParameter(InvalidRequest):
+    """An OpenAI parameter Quarry's chat completions do not honour (``n > 1``, ``tools``, ``logprobs``...).
+
+    Attributes:
+        param: The body field at fault (OpenAI's ``error.param``).
+        code: ``unsupported_parameter`` (OpenAI's ``error.code``).
+    """
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = "unsupported_parameter"
+
+
 class InvalidQuery(InvalidRequest):
     """Empty query text, ``top_k``/``offset`` out of range, or an unknown mode."""
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from typing import Any
 
-from embedding.base import Embedder, QueryEncoder
+from embedding.base import Embedder, Embeddings, QueryEncoder
 from indexing.bm25_registry import BM25Registry
 from indexing.collections import CollectionConfig, FusionConfig
 from indexing.docstore import CollectionVersion, Job, StateStore
@@ -294,11 +295,13 @@ class Quarry:
     async def search_async(  # noqa: PLR0913 - mirrors the request body
         self, name: str, query: str, *, top_k: int = 10, mode: Mode = "hybrid",
         filters: Mapping[str, Any] | None = None, offset: int = 0, group: bool = True,
-        fusion: FusionConfig | None = None, min_score: float | None = None,
+        fusion: FusionConfig | None = None, min_score: float | None = None, rerank: RerankOptions | None = None,
+        embedded: Future[Embeddings] | None = None,
     ) -> SearchResult:
         """See :func:`quarry.services.query.search_async`."""
         return await queries.search_async(self.view, name, query, top_k=top_k, mode=mode, filters=filters,
-                                        offset=offset, group=group, fusion=fusion, min_score=min_score)
+                                          offset=offset, group=group, fusion=fusion, min_score=min_score,
+                                          rerank=rerank, embedded=embedded)
 
     def recall(self, name: str) -> dict[str, Any]:
         """See :func:`quarry.services.query.recall`."""

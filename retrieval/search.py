@@ -324,12 +324,14 @@ class Searcher:
         flt: Filter | None = None,
         offset: int = 0,
         group: bool = True,
+        rerank: RerankOptions | None = None,
         fusion: FusionConfig | None = None,
         min_score: float | None = None,
         target: DenseTarget | None = None,
         within: str | None = None,
+        embedded: Future[Embeddings] | None = None,
     ) -> SearchResult:
-        """:meth:`search` (without rerank) for an event loop; same results and errors.
+        """:meth:`search` for an event loop; same results and errors.
 
         It waits on the model and the store without holding a thread; for a short unfiltered
         query BM25, fusion and hydration (well under a millisecond each) run on the loop. One
@@ -341,11 +343,20 @@ class Searcher:
         Unlike :meth:`search`, it waits at most ``dense_timeout_s`` for the dense channel: past
         it a hybrid query answers from BM25 alone (``degraded`` says so) and a dense query raises
         ``EmbeddingUnavailable`` or ``StoreUnavailable`` (whichever was late; both retryable).
+
+        With ``rerank`` every step runs in a worker thread (the cross-encoder is CPU-bound and
+        reads the chunks it rescores). ``embedded``: the query's vector already asked of this
+        searcher's encoder (:meth:`submit_query`, e.g. by the answer cache's lookup), used instead of
+        embedding the query again (when the collection's live version uses another encoder, that
+        one is asked).
         """
         deadline = time.monotonic() + self._settings.dense_timeout_s
         request = self._request(cfg, fusion, min_score)
-        steps = self._steps(cfg, query, top_k, mode, flt, offset, group, None, request, target, within)
-        if mode != "dense" and (len(query) > LOOP_QUERY_CHARS or flt is not None or not self._bm25_current(cfg.name)):
+        steps = self._steps(cfg, query, top_k, mode, flt, offset, group, rerank, request, target, within, embedded)
+        threaded = rerank is not None
+        if threaded or (
+            mode != "dense" and (len(query) > LOOP_QUERY_CHARS or flt is not None or not self._bm25_current(cfg.name))
+        ):
             step = await asyncio.to_thread(_advance, steps, None)
         else:
             step = _advance(steps, None)
@@ -353,12 +364,16 @@ class Searcher:
             if isinstance(step, StateRead):  # on the state's threads, failed there at its deadline
                 read: Future[Any] = self._docstore.submit(step.fn, *step.args)
                 await asyncio.wait({asyncio.wrap_future(read)})
-                step = _advance(steps, read)
+                step = await asyncio.to_thread(_advance, steps, read) if threaded else _advance(steps, read)
                 continue
             waiting = asyncio.wrap_future(step)
             waiting.add_done_callback(_read_outcome)  # read even when the query stopped waiting
             done, _ = await asyncio.wait({waiting}, timeout=max(0.0, deadline - time.monotonic()))
-            step = _advance(steps, step) if done else _advance(steps, None, _Late())
+            outcome: tuple[Future[Any] | None, _Late | None] = (step, None) if done else (None, _Late())
+            if threaded:
+                step = await asyncio.to_thread(_advance, steps, *outcome)
+            else:
+                step = _advance(steps, *outcome)
         return step
 
     def _bm25_current(self, name: str) -> bool:
@@ -383,6 +398,7 @@ class Searcher:
         request: _Request,
         target: DenseTarget | None = None,
         within: str | None = None,
+        embedded: Future[Embeddings] | None = None,
     ) -> Generator[Future[Any] | StateRead, Any, SearchResult]:
         """The query as steps, each waiting on a future (or a state read: :class:`StateRead`).
 
@@ -396,7 +412,7 @@ class Searcher:
         started = time.perf_counter()
         # The model runs while BM25 scores; submit never blocks (errors come through the future).
         physical, encoder = (cfg.name, self._embedder) if target is None else (target.physical, target.encoder)
-        pending = self._submit_query(query, encoder) if mode != "bm25" else None
+        pending = self._query_vector(query, encoder, embedded) if mode != "bm25" else None
         if mode in ("bm25", "hybrid"):
             channels["bm25"] = self._timed(result, "bm25", lambda: self._bm25_channel(cfg, query, flt, group, within))
         if pending is not None:
@@ -453,6 +469,14 @@ class Searcher:
         result.stage_times["hydrate"] = (started_hydrate, ended)
         self._observe(cfg.name, mode, result)
         return result
+
+    def _query_vector(
+        self, query: str, encoder: QueryEncoder, embedded: Future[Embeddings] | None
+    ) -> Future[Embeddings]:
+        """``embedded`` when it comes from ``encoder`` (this searcher's), else the query queued for ``encoder``."""
+        if embedded is not None and encoder is self._embedder:
+            return embedded
+        return self._submit_query(query, encoder)
 
     def submit_query(self, query: str) -> Future[Embeddings]:
         """The query's vector, queued for the model (or an outage, while the model is skipped).

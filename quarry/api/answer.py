@@ -1,11 +1,15 @@
-"""``POST /v1/collections/{name}/answer``: an LLM's answer over the hybrid search, with citations.
+"""``POST /v1/collections/{name}/answer`` and ``POST /v1/chat/completions``: the answer service over HTTP.
 
-Retrieval is the search endpoint's (hybrid by default, rerank when asked); the prompt holds the
-best chunks within the context budget (:mod:`generation.prompt`); the LLM is the configured
-:class:`~generation.base.Generator` (``QUARRY_LLM__URL``), opened at startup by this router's
-lifespan. ``stream: true`` answers with Server-Sent Events (sse-starlette's response, which
-listens for the client's disconnect and then cancels the stream, so the upstream LLM request is
-closed with it; nothing in the app buffers the body: the metrics middleware is pure ASGI).
+The answer itself (cache, retrieval, prompt, LLM, citations, token quota) is
+:class:`quarry.services.answer.AnswerService`'s, opened at startup by this router's lifespan with
+the configured LLM (``QUARRY_LLM__URL``) and answer cache. These routes map bodies to an
+:class:`~quarry.services.answer.AnswerRequest`, the cache headers to a
+:class:`~quarry.services.answer_cache.CacheUse` (:mod:`quarry.api.cache`), the key's token quota
+and the shed policy to the service's protocols, and the events to JSON, Server-Sent Events or
+OpenAI's chat-completion frames. ``stream: true`` answers with Server-Sent Events
+(sse-starlette's response, which listens for the client's disconnect and then cancels the stream,
+so the upstream LLM request is closed with it; nothing in the app buffers the body: the metrics
+middleware is pure ASGI).
 
 Degradation: with the LLM down, slow (a deadline missed) or refusing, the answer is ``null``,
 the sources are still returned and ``degraded`` says ``llm: <why>``; with ``require_answer`` the
@@ -22,35 +26,30 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from functools import partial
 from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
-from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from generation.answer import Event, answer_events
-from generation.base import GenerationParams, Generator
-from generation.cache import AnswerCache, open_cache
+from generation.answer import Event
+from generation.cache import open_cache
 from generation.factory import open_generator
-from generation.prompt import Candidate, Prompt, approx_tokens, build_prompt
-from indexing.collections import CollectionConfig, check_name_length
+from indexing.collections import check_name_length
 from indexing.docstore import off_loop
 from indexing.sources import is_blank
 from quarry import errors as e
-from quarry import metrics
 from quarry.api import access, edge
-from quarry.api import cache as answer_cache
+from quarry.api.cache import directives
 from quarry.api.edge import Checked, Identifier
 from quarry.api.errors import error_responses
-from quarry.api.models import RerankIn, SearchIn, _Body
-from quarry.errors import GenerationError, InvalidRequest, LLMNotConfigured, clip
+from quarry.api.models import RerankIn, _Body
+from quarry.errors import InvalidRequest, clip
 from quarry.service import Quarry
-from quarry.settings import LLMSettings
+from quarry.services.answer import AnswerRequest, AnswerService, RerankRequest
 
 
 @asynccontextmanager
@@ -59,11 +58,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     service: Quarry = app.state.quarry
     app.state.generator = open_generator(service.settings.llm)
     app.state.answer_cache = open_cache(service.settings.cache)
+    app.state.answers = AnswerService(app.state.generator, app.state.answer_cache)
     try:
         yield
     finally:
-        if app.state.generator is not None:
-            await app.state.generator.aclose()
+        await app.state.answers.aclose()
 
 
 router = APIRouter(lifespan=_lifespan)
@@ -87,16 +86,25 @@ class AnswerIn(_Body):
         None, ge=16, le=1_000_000, description="Budget of the sources in tokens. Default: QUARRY_LLM__CONTEXT_TOKENS."
     )
     require_answer: bool = Field(False, description="Fail (503/502) instead of answering null when the LLM fails.")
+    min_score: float | None = Field(
+        None, allow_inf_nan=False,
+        description="Abstain without asking the LLM (`abstained: true`) when no retrieved chunk scores at least "
+        "this (the mode's own score: fused for hybrid, BM25 for bm25, similarity for dense).",
+    )
+
+    def request(self) -> AnswerRequest:
+        """The service's request."""
+        rerank = None if self.rerank is None else RerankRequest(**self.rerank.model_dump())
+        return AnswerRequest(
+            query=self.query, top_k=self.top_k, mode=self.mode, filters=self.filters, rerank=rerank,
+            max_tokens=self.max_tokens, temperature=self.temperature, seed=self.seed,
+            context_tokens=self.context_tokens, require_answer=self.require_answer, min_score=self.min_score,
+        )
 
 
-async def _generator(request: Request) -> Generator | None:
-    gen: Generator | None = getattr(request.app.state, "generator", None)
-    return gen
-
-
-def _cache(request: Request) -> AnswerCache | None:
-    cache: AnswerCache | None = getattr(request.app.state, "answer_cache", None)
-    return cache
+async def _answers(request: Request) -> AnswerService:
+    found: AnswerService | None = getattr(request.app.state, "answers", None)
+    return found if found is not None else AnswerService(None, None)
 
 
 async def _quarry(request: Request) -> Quarry:
@@ -134,7 +142,7 @@ async def answer(
     body: AnswerIn,
     request: Request,
     q: Annotated[Quarry, Depends(_quarry)],
-    generator: Annotated[Generator | None, Depends(_generator)],
+    answers: Annotated[AnswerService, Depends(_answers)],
 ) -> Response:
     """Retrieve, build the prompt within the context budget, ask the LLM, check the citations.
 
@@ -142,199 +150,16 @@ async def answer(
     finish_reason, timings_ms, cache}`` (or, with ``stream``, the events ``sources``, ``delta``,
     ``citation``, ``done`` / ``error``). Errors of retrieval (unknown collection, bad filter) are
     plain error responses, before any event. ``cache`` is ``hit``, ``miss`` or ``bypass``
-    (:mod:`quarry.api.cache`; ``Cache-Control: no-cache`` or ``X-Quarry-Cache: bypass`` skip it).
+    (:mod:`quarry.services.answer_cache`; ``Cache-Control: no-cache`` or ``X-Quarry-Cache: bypass``
+    skip it), ``cache_reason`` a miss's reason.
     """
-    events = await _events(
-        name, body, q, generator, _cache(request), request.headers, access.shed(request), access.tokens(request)
+    events = await answers.events(
+        q.view, name, body.request(), cache=directives(request.headers), shed=access.shed(request),
+        quota=access.tokens(request),
     )
     if body.stream:
         return EventSourceResponse(_sse(events), ping=15)
-    return await _collect(events, body.require_answer)
-
-
-async def _events(  # noqa: PLR0913 - the request and its dependencies
-    name: str, body: AnswerIn, q: Quarry, generator: Generator | None, cache: AnswerCache | None,
-    headers: Mapping[str, str], shed: access.Shed | None = None, quota: access.KeyTokens | None = None,
-) -> AsyncIterator[Event]:
-    """The events to come: a cache hit's, or retrieve and build the prompt, then the LLM's.
-
-    Errors raised here (unknown collection, bad filter) are plain error responses. A request
-    the saturated server sheds (``shed``) gets a cache hit or the 503 (an LLM call is not cheap).
-    A key's token ``quota`` is spent by the prompt here and by the completion at ``done``.
-
-    Raises:
-        RateLimited: The key's token quota has no room for the prompt (the LLM is not asked).
-    """
-    started = time.perf_counter()
-    cfg: LLMSettings = q.settings.llm
-    if body.require_answer:
-        _check_available(generator)
-    collection = await off_loop(q.get_collection, name)
-    budget = body.context_tokens or cfg.context_tokens
-    params = GenerationParams(
-        max_tokens=body.max_tokens or cfg.max_tokens,
-        temperature=cfg.temperature if body.temperature is None else body.temperature,
-        seed=body.seed,
-    )
-    plan = await _cache_plan(q, collection, body, generator, cache, params, budget, headers)
-    plan.count()
-    if plan.result == "hit":
-        return answer_cache.replay(plan, started)
-    if shed is not None:
-        raise await shed.refused()
-    candidates, degraded, timings = await _retrieve(q, name, body)
-    if plan.lookup_ms:
-        timings["cache"] = plan.lookup_ms
-    t = time.perf_counter()
-    prompt = await _prompt(generator, body.query, candidates, budget)
-    timings["prompt"] = (time.perf_counter() - t) * 1000
-    if quota is not None and generator is not None and prompt.sent:  # the LLM will be asked
-        quota.reserve(prompt_tokens(prompt, generator))
-    events = answer_events(
-        generator, prompt, params, language=collection.language, threshold=cfg.support_threshold,
-        started=started, timings_ms=timings, degraded=degraded, on_llm=_llm_metrics(q, name, body),
-    )
-    if quota is not None and generator is not None:
-        events = _charged(events, quota, generator.estimate_tokens)
-    return answer_cache.recording(events, plan, answer_cache.directives(headers)[1])
-
-
-def prompt_tokens(prompt: Prompt, generator: Generator) -> int:
-    """Tokens of the prompt sent to the LLM: the sources block's exact count, the rest estimated locally."""
-    rest = sum(generator.estimate_tokens(m["content"].replace(prompt.context, "")) for m in prompt.messages)
-    return prompt.context_tokens + rest
-
-
-async def _charged(
-    events: AsyncIterator[Event], quota: access.KeyTokens, estimate: Callable[[str], int]
-) -> AsyncIterator[Event]:
-    """``events``, the completion's tokens spent from ``quota`` when ``done`` comes (before it is sent).
-
-    A stream that ends without ``done`` (the client left, the LLM failed mid-answer) is charged the
-    tokens of the text streamed so far (``estimate``, the generator's local count): leaving just
-    before the end must not make a long completion free.
-    """
-    streamed, charged = 0, False
-    try:
-        async for event in events:
-            if event.kind == "delta":
-                streamed += estimate(str(event.data.get("text", "")))
-            elif event.kind == "done":
-                used = (event.data.get("usage") or {}).get("completion_tokens")
-                quota.charge(int(used) if used is not None else streamed)
-                charged = True
-            yield event
-    finally:
-        if not charged and streamed:
-            quota.charge(streamed)
-
-
-async def _cache_plan(  # noqa: PLR0913 - the request's parts
-    q: Quarry, collection: CollectionConfig, body: AnswerIn, generator: Generator | None, cache: AnswerCache | None,
-    params: GenerationParams, budget: int, headers: Mapping[str, str],
-) -> answer_cache.Plan:
-    """Bypass (cache off, no LLM, asked by a header, a query search will refuse), or look it up."""
-    read, store = answer_cache.directives(headers)
-    # a query the search refuses (blank, too long, a NUL or a lone surrogate) is refused there, uncached
-    query_ok = not is_blank(body.query) and len(body.query) <= q.settings.search.max_query_chars
-    query_ok = query_ok and edge.is_text(body.query)
-    if cache is None or generator is None or not query_ok or not (read or store):
-        return answer_cache.Plan("bypass")
-    key = await off_loop(answer_cache.cache_key, q, collection, body, generator, params, budget)
-    return await answer_cache.lookup(q, cache, key, body.query, collection.language, read=read)
-
-
-async def prepare_answer(name: str, body: AnswerIn, q: Quarry, generator: Generator | None) -> AsyncIterator[Event]:
-    """The ``/answer`` path outside HTTP (``quarry eval --answers``): retrieve, build the prompt; the events.
-
-    Raises:
-        QuarryError: What retrieval raises (unknown collection, bad filter, ...), before any event.
-    """
-    return await _events(name, body, q, generator, None, {})  # no cache: eval measures the LLM
-
-
-def _llm_metrics(
-    q: Quarry, name: str, body: AnswerIn
-) -> Callable[[float | None, float, GenerationError | None], None] | None:
-    """What an answer's LLM call reports to :mod:`quarry.metrics` (``None`` with metrics off)."""
-    if not q.settings.metrics.enabled:
-        return None
-
-    def observe(ttft_s: float | None, total_s: float, error: GenerationError | None) -> None:
-        metrics.observe_llm(q.tenant_id, name, body.mode, ttft_s, total_s)
-        if error is not None and not body.require_answer:  # answered without the LLM's text
-            metrics.DEGRADED.labels("llm_failed").inc()
-
-    return observe
-
-
-def _check_available(generator: Generator | None) -> None:
-    """Fail at once when an answer is required and the LLM is missing or being skipped."""
-    if generator is None:
-        raise LLMNotConfigured("an answer was required but no LLM is configured (QUARRY_LLM__URL)")
-    outage = getattr(generator, "outage", None)
-    if outage is not None:
-        raise type(outage)(outage.message, retry_after_s=outage.retry_after_s)
-
-
-async def _retrieve(q: Quarry, name: str, body: AnswerIn) -> tuple[list[Candidate], list[str], dict[str, float]]:
-    from quarry.api.app import _rerank_options
-
-    search = SearchIn(query=body.query, top_k=body.top_k, mode=body.mode, filters=body.filters, rerank=body.rerank)
-    rerank = _rerank_options(q, search)
-    t = time.perf_counter()
-    if rerank is None:
-        result = await q.search_async(name, body.query, top_k=body.top_k, mode=body.mode, filters=body.filters)
-    else:
-        result = await run_in_threadpool(
-            partial(
-                q.search, name, body.query, top_k=body.top_k, mode=body.mode, filters=body.filters,
-                rerank=rerank, dense_timeout_s=q.settings.search.dense_timeout_s,
-            )
-        )
-    timings = {"retrieve": (time.perf_counter() - t) * 1000}
-    candidates = [Candidate(h.document_id, h.chunk_id, h.text, h.score) for h in result.hits]
-    return candidates, list(result.degraded), timings
-
-
-async def _prompt(generator: Generator | None, query: str, candidates: list[Candidate], budget: int) -> Prompt:
-    """The prompt, counted with the LLM's tokenizer (or the approximation when there is no LLM).
-
-    Chunks are chosen with the generator's local estimate; the block is counted once by the
-    server's tokenizer (one round trip; more only when the estimate fell short).
-    """
-    if generator is None:
-
-        async def approx(texts: Sequence[str]) -> list[int]:
-            return [approx_tokens(t) for t in texts]
-
-        return await build_prompt(query, candidates, budget, approx, "approx")
-    await generator.count_tokens([])  # on first use: find the tokenizer, calibrate the estimate
-    prompt = await build_prompt(
-        query, candidates, budget, generator.count_tokens, "approx", estimate=generator.estimate_tokens
-    )
-    prompt.tokenizer = generator.tokenizer  # known once the first count probed the server
-    return prompt
-
-
-async def _collect(events: AsyncIterator[Event], require_answer: bool) -> Response:
-    """The non-streaming answer: the ``sources`` event merged with ``done`` (or the degraded answer)."""
-    out: dict[str, Any] = {}
-    async for event in events:
-        if event.kind == "sources":
-            out.update(event.data)
-        elif event.kind == "done":
-            out.update(event.data)
-        elif event.kind == "error":
-            assert isinstance(event.error, GenerationError)
-            if require_answer:
-                raise event.error
-            out.update(
-                answer=None, citations=[], dropped_citations=0, finish_reason=None,
-                usage={"prompt_tokens": None, "completion_tokens": None},
-                degraded=[*out.get("degraded", []), f"llm: {event.error.message}"],
-                timings_ms=event.data["timings_ms"],
-            )
+    out = await answers.collect(events, body.require_answer)
     return Response(orjson.dumps(out), media_type="application/json")
 
 
@@ -370,6 +195,7 @@ class QuarryOptions(_Body):
     rerank: RerankIn | None = None
     context_tokens: int | None = Field(None, ge=16, le=1_000_000)
     require_answer: bool = False
+    min_score: float | None = Field(None, allow_inf_nan=False)
 
 
 class ChatIn(Checked):
@@ -399,7 +225,7 @@ async def chat_completions(
     body: ChatIn,
     request: Request,
     q: Annotated[Quarry, Depends(_quarry)],
-    generator: Annotated[Generator | None, Depends(_generator)],
+    answers: Annotated[AnswerService, Depends(_answers)],
 ) -> Response:
     """The answer path behind OpenAI's chat-completions API: change an OpenAI client's ``base_url``.
 
@@ -413,6 +239,7 @@ async def chat_completions(
     Raises:
         InvalidRequest: ``model`` is not ``quarry/<collection>``, or no user message.
     """
+    _refuse_unsupported(body)
     collection = body.model.removeprefix("quarry/")
     if collection == body.model or not collection:
         raise InvalidRequest(f'model must be "quarry/<collection>", got {clip(body.model)}')
@@ -427,16 +254,16 @@ async def chat_completions(
         query=users[-1], top_k=opts.top_k, mode=opts.mode, filters=opts.filters, rerank=opts.rerank,
         stream=body.stream, max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature, seed=body.seed, context_tokens=opts.context_tokens,
-        require_answer=opts.require_answer,
+        require_answer=opts.require_answer, min_score=opts.min_score,
     )
-    events = await _events(
-        collection, answer_in, q, generator, _cache(request), request.headers, access.shed(request),
-        access.tokens(request),
+    events = await answers.events(
+        q.view, collection, answer_in.request(), cache=directives(request.headers), shed=access.shed(request),
+        quota=access.tokens(request),
     )
     ident, created = f"chatcmpl-quarry-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
         return EventSourceResponse(_chat_sse(events, ident, created, body.model), ping=15)
-    out = orjson.loads((await _collect(events, answer_in.require_answer)).body)
+    out = await answers.collect(events, answer_in.require_answer)
     usage = out.pop("usage")
     completion = {
         "id": ident, "object": "chat.completion", "created": created, "model": body.model,
@@ -448,6 +275,26 @@ async def chat_completions(
         "quarry": out,
     }
     return Response(orjson.dumps(completion), media_type="application/json")
+
+
+UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "logprobs", "top_logprobs", "logit_bias",
+               "audio", "modalities", "prediction", "parallel_tool_calls")
+"""OpenAI chat parameters refused with a 400 rather than silently ignored."""
+
+
+def _refuse_unsupported(body: ChatIn) -> None:
+    """Refuse what the answer path would otherwise ignore: ``n > 1`` and :data:`UNSUPPORTED` fields.
+
+    Raises:
+        UnsupportedParameter: The first such field (``error.param`` names it).
+    """
+    extra = body.model_extra or {}
+    n = extra.get("n")
+    if n is not None and n != 1:
+        raise e.UnsupportedParameter(f"n={clip(str(n))} is not supported: Quarry answers with one choice", param="n")
+    for name in UNSUPPORTED:
+        if extra.get(name) not in (None, False, [], {}):
+            raise e.UnsupportedParameter(f"{name} is not supported by Quarry's chat completions", param=name)
 
 
 def _usage(usage: dict[str, Any]) -> dict[str, int]:

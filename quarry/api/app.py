@@ -57,11 +57,12 @@ from quarry.api.models import (
 )
 from quarry.api.observe import ObserveMiddleware
 from quarry.api.probe import StoreProbe, degradations, dependencies
-from quarry.errors import EmbeddingUnavailable, InvalidDocument, InvalidRequest, clip
+from quarry.errors import EmbeddingUnavailable, InvalidDocument
 from quarry.ingest_jobs import IngestJobs, job_or_404, progress_of
 from quarry.ingest_upload import is_upload_type, new_job_id, spool, upload_options
 from quarry.scheduler import ReindexScheduler
 from quarry.service import Quarry
+from retrieval.rerank_options import rerank_options
 from retrieval.search import RerankOptions
 
 log = logging.getLogger(__name__)
@@ -543,14 +544,5 @@ def _report(report: Any) -> dict[str, Any]:
 
 
 def _rerank_options(service: Quarry, body: SearchIn) -> RerankOptions | None:
-    if body.rerank is None:
-        return None
-    cfg = service.settings.rerank
     loaded = service.reranker.model_id if service.reranker is not None else None
-    if body.rerank.model and body.rerank.model != loaded:
-        serves = f"reranks with {loaded!r}" if loaded else "has no reranker (QUARRY_RERANK__MODEL)"
-        raise InvalidRequest(f"rerank model {clip(body.rerank.model)} is not loaded; this server {serves}")
-    return RerankOptions(
-        top_n=body.rerank.top_n or cfg.top_n, budget_ms=min(body.rerank.budget_ms or cfg.budget_ms, cfg.budget_ms),
-        batch_size=cfg.batch_size,
-    )
+    return rerank_options(service.settings.rerank, loaded, body.rerank)

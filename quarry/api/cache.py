@@ -1,72 +1,21 @@
-"""The answer routes' use of the semantic cache (:mod:`generation.cache`): lookup, replay, store.
+"""The answer routes' cache directives: what a request's headers let the semantic cache do.
 
-A request's question is embedded with the service's query encoder (the search path's breaker
-applies: while the model is skipped, the lookup is a miss at once), its :class:`CacheKey` built
-from every parameter that changes the answer and the collection's write version read *before*
-retrieval (a write landing while the LLM answers leaves the entry already stale). A hit replays
-the stored events (``sources``, ``delta``, ``citation``, ``done``) with this request's timings;
-a miss records the events as they pass and stores them when the answer is complete (``done``
-with a non-blank answer and nothing degraded; an ``error`` or a client gone mid-stream stores
-nothing).
-
-The ``sources`` event (so the JSON answer, and the chat front door's ``quarry`` field) carries
-``cache: "hit" | "miss" | "bypass"``; ``quarry_answer_cache_requests_total{result}`` counts them.
-Bypass: the cache is disabled, no LLM is configured, or the request says ``Cache-Control:
-no-cache`` (or ``max-age=0``) or ``X-Quarry-Cache: bypass`` (a bypassed answer is still stored,
-replacing the entry of the same question, unless ``no-store``). ``Cache-Control: no-store`` alone
-is looked up as any request (``hit`` or ``miss``) and its answer is not stored (:func:`directives`).
+Bypass: ``Cache-Control: no-cache`` (or ``max-age=0``) or ``X-Quarry-Cache: bypass`` skip the
+lookup (a bypassed answer is still stored, replacing the entry of the same question, unless
+``no-store``). ``Cache-Control: no-store`` alone is looked up as any request (``hit`` or
+``miss``) and its answer is not stored. The cache itself is the answer service's
+(:mod:`quarry.services.answer_cache`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import time
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Mapping
 
-import orjson
-from prometheus_client import Counter
-
-from generation.answer import Event
-from generation.base import GenerationParams, Generator
-from generation.cache import AnswerCache, CacheKey, Entry, Question
-from generation.cache_guard import terms
-from generation.prompt import SEPARATOR, messages_for, source_text
-from indexing.collections import CollectionConfig
-from quarry.errors import QuarryError
-from quarry.service import Quarry
-
-CACHE_REQUESTS = Counter(
-    "quarry_answer_cache_requests_total", "Answer requests by semantic cache outcome", ["result"]
-)
-PROMPT_VERSION = hashlib.sha256(
-    orjson.dumps([messages_for("{query}", "{context}"), source_text(0, "{text}"), SEPARATOR])
-).hexdigest()[:12]
-"""The prompt template's fingerprint: a change to it makes every cached answer unusable."""
-
-Result = Literal["hit", "miss", "bypass"]
+from quarry.services.answer_cache import CacheUse
 
 
-@dataclass
-class Plan:
-    """One request's cache decision: its result, and where to store the answer (if at all)."""
-
-    result: Result
-    cache: AnswerCache | None = None
-    key: CacheKey | None = None
-    question: Question | None = None
-    entry: Entry | None = None
-    lookup_ms: float = 0.0
-
-    def count(self) -> None:
-        """Count this request in ``quarry_answer_cache_requests_total``."""
-        CACHE_REQUESTS.labels(self.result).inc()
-
-
-def directives(headers: Mapping[str, str]) -> tuple[bool, bool]:
-    """``(read, store)`` from a request's headers, as HTTP caches read them (RFC 9111, 5.2.1).
+def directives(headers: Mapping[str, str]) -> CacheUse:
+    """What ``headers`` let the cache do, as HTTP caches read them (RFC 9111, 5.2.1).
 
     ``no-cache`` and ``max-age=0`` (no stored answer is fresh enough) and ``X-Quarry-Cache:
     bypass`` skip the lookup; ``no-store`` keeps this answer out of the cache, and only that:
@@ -78,92 +27,4 @@ def directives(headers: Mapping[str, str]) -> tuple[bool, bool]:
         control[name.lower()] = value.strip().strip('"')
     bypass = headers.get("x-quarry-cache", "").strip().lower() == "bypass"
     read = not (bypass or "no-cache" in control or control.get("max-age") == "0")
-    return read, "no-store" not in control
-
-
-def cache_key(
-    q: Quarry, cfg: CollectionConfig, body: Any, generator: Generator, params: GenerationParams, budget: int
-) -> CacheKey:
-    """The parameters that change an answer (``body`` is an ``AnswerIn``) and the collection's state."""
-    llm = q.settings.llm
-    scope = {
-        "tenant": q.tenant_id, "collection": cfg.name, "filters": body.filters, "top_k": body.top_k, "mode": body.mode,
-        "rerank": None if body.rerank is None else body.rerank.model_dump(mode="json"),
-        "reranker": q.settings.rerank.model if body.rerank is not None else None,
-        "context_tokens": budget, "max_tokens": params.max_tokens, "temperature": params.temperature,
-        "seed": params.seed, "llm": [llm.url, generator.model_id], "prompt": PROMPT_VERSION,
-        "support_threshold": llm.support_threshold, "encoder": q.query_embedder.model_id,
-    }
-    text = orjson.dumps(scope, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
-    return CacheKey(text, f"{cfg.created_at!r}:{q.docstore.version(cfg.name)}")
-
-
-async def lookup(  # noqa: PLR0913
-    q: Quarry, cache: AnswerCache, key: CacheKey, query: str, language: Any, *, read: bool = True
-) -> Plan:
-    """Embed ``query`` and look it up (unless not ``read``: a bypass that stores its answer).
-
-    A miss or a bypass keeps what :func:`recording` needs to store the answer.
-    """
-    started = time.perf_counter()
-    result: Result = "miss" if read else "bypass"
-    vector = await _vector(q, query)
-    if vector is None:  # no vector: an answer that cannot be stored (retrieval degrades anyway)
-        return Plan(result, lookup_ms=(time.perf_counter() - started) * 1000)
-    question = Question(query, vector, terms(query, language))
-    if not read:
-        return Plan(result, cache, key, question, lookup_ms=(time.perf_counter() - started) * 1000)
-    found = cache.get(key, question)
-    ms = (time.perf_counter() - started) * 1000
-    if found.entry is not None:
-        return Plan("hit", cache, key, question, found.entry, ms)
-    return Plan("miss", cache, key, question, lookup_ms=ms)
-
-
-async def _vector(q: Quarry, query: str) -> Any:
-    """The query's vector within the dense deadline, or ``None`` (model down, late or failing)."""
-    pending = asyncio.wrap_future(q.searcher.submit_query(query))
-    pending.add_done_callback(lambda f: f.cancelled() or f.exception())  # read even when late
-    done, _ = await asyncio.wait({pending}, timeout=q.settings.search.dense_timeout_s)
-    if not done:
-        return None
-    exc = pending.exception()
-    if exc is None:
-        return pending.result().vectors[0]
-    if isinstance(exc, QuarryError):
-        return None
-    raise exc  # a bug, not an outage
-
-
-async def replay(plan: Plan, started: float) -> AsyncIterator[Event]:
-    """A hit's stored events again, ``cache: "hit"`` on ``sources`` and this request's timings."""
-    assert plan.entry is not None
-    timings: dict[str, float] = {"cache": plan.lookup_ms}
-    for event in plan.entry.events:
-        if event.kind == "sources":
-            yield Event("sources", {**event.data, "cache": "hit"})
-        elif event.kind == "done":
-            timings["total"] = (time.perf_counter() - started) * 1000
-            yield Event("done", {**event.data, "timings_ms": timings})
-        else:
-            if event.kind == "delta" and "ttft" not in timings:
-                timings["ttft"] = (time.perf_counter() - started) * 1000
-            yield event
-
-
-async def recording(events: AsyncIterator[Event], plan: Plan, store: bool) -> AsyncIterator[Event]:
-    """Pass ``events`` on with ``cache`` on ``sources``; store them when the answer is complete."""
-    seen: list[Event] = []
-    async for event in events:
-        seen.append(event)
-        if event.kind == "sources":
-            event = Event("sources", {**event.data, "cache": plan.result})
-        elif event.kind == "done" and store and _complete(event) and plan.cache and plan.key and plan.question:
-            plan.cache.put(plan.key, plan.question, seen)
-        yield event
-
-
-def _complete(done: Event) -> bool:
-    """An answer worth serving again: some text, nothing degraded (an empty reply is a glitch)."""
-    answer = done.data.get("answer")
-    return isinstance(answer, str) and bool(answer.strip()) and not done.data.get("degraded")
+    return CacheUse(read, "no-store" not in control)

@@ -124,9 +124,10 @@ async def quarry_error(request: Request, exc: Exception) -> JSONResponse:
     headers = dict(getattr(exc, "headers", {}))  # e.g. Unauthenticated's WWW-Authenticate
     if exc.retry_after_s:
         headers["Retry-After"] = str(max(1, math.ceil(exc.retry_after_s)))
-    return JSONResponse(
-        error_body(type(exc).__name__, exc.message, exc.retryable), status_code=status_of(exc), headers=headers or None
-    )
+    body = error_body(type(exc).__name__, exc.message, exc.retryable)
+    if isinstance(exc, e.UnsupportedParameter):  # OpenAI's error shape: its clients read param and code
+        body["error"] = {**body["error"], "param": exc.param, "code": exc.code}  # type: ignore[dict-item]
+    return JSONResponse(body, status_code=status_of(exc), headers=headers or None)
 
 
 async def validation_error(request: Request, exc: Exception) -> JSONResponse:

@@ -7,8 +7,10 @@ synchronous :func:`search` adds the rerank stage, which runs in the caller's thr
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import Future
 from typing import Any
 
+from embedding.base import Embeddings
 from indexing.collections import CollectionConfig, FusionConfig
 from indexing.docstore import off_loop
 from quarry.errors import CollectionNotFound
@@ -102,8 +104,10 @@ async def search_async(  # noqa: PLR0913 - mirrors the request body
     group: bool = True,
     fusion: FusionConfig | None = None,
     min_score: float | None = None,
+    rerank: RerankOptions | None = None,
+    embedded: Future[Embeddings] | None = None,
 ) -> SearchResult:
-    """:func:`search` without rerank, for an event loop (see ``Searcher.search_async``).
+    """:func:`search` for an event loop (see ``Searcher.search_async``, also for ``embedded``).
 
     The collection's configuration and live version come from the state store's caches on the
     loop; after a commit they are read again in a worker thread (``off_loop``).
@@ -111,8 +115,8 @@ async def search_async(  # noqa: PLR0913 - mirrors the request body
     cfg, flt, dense = await off_loop(_search_target, v, name, filters, mode)
     with v.ns.messages():
         result = await v.space.searcher.search_async(
-            cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, fusion=fusion,
-            min_score=min_score, target=dense, within=v.ns.bm25_within(),
+            cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank, fusion=fusion,
+            min_score=min_score, target=dense, within=v.ns.bm25_within(), embedded=embedded,
         )
     return v.ns.result(name, result)
 

@@ -173,7 +173,7 @@ def test_a_stream_left_before_done_is_charged_what_it_streamed() -> None:
     from typing import Any, cast
 
     from generation.answer import Event
-    from quarry.api.answer import _charged
+    from quarry.services.answer import charged as _charged
 
     class Recording:
         def __init__(self) -> None:

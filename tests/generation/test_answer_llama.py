@@ -189,6 +189,8 @@ def test_chat_completions_with_the_official_openai_client(
     extension = (reply.model_extra or {})["quarry"]
     assert extension["citations"] == expected["citations"] and extension["sources"] == expected["sources"]
     assert reply.usage is not None and reply.usage.completion_tokens > 0
+    assert reply.usage.prompt_tokens > 0  # the prompt this server sent (its stream reports no usage)
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
 
     text, streamed_citations, final = "", [], None
     for chunk in oa.chat.completions.create(**args, stream=True):

@@ -235,3 +235,44 @@ def test_a_stall_in_a_chat_completion_stream_raises_in_the_openai_client(served:
     assert text == "Vitamin D"
     with pytest.raises(openai.BadRequestError, match="quarry/<collection>"):
         oa.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_weak_evidence_abstains_without_an_llm_call(client: httpx.Client, stub: StubLLM) -> None:
+    """Below ``min_score`` the answer abstains and the LLM server sees no request; above it, it is asked."""
+    asked = len(stub.requests)
+    out_of_corpus = {**QUERY, "query": "What is the capital of Mongolia?", "mode": "dense", "min_score": 0.5}
+    r = client.post(URL, json=out_of_corpus)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["abstained"] is True and body["abstention"]["reason"] == "below_min_score", body
+    assert body["abstention"]["best_score"] < 0.5 and body["sources"] == [] and body["citations"] == []
+    assert len(stub.requests) == asked  # no chat completion was asked for
+    chat = client.post("/v1/chat/completions", json={
+        "model": f"quarry/{COLLECTION}", "messages": [{"role": "user", "content": out_of_corpus["query"]}],
+        "quarry": {"mode": "dense", "min_score": 0.5},
+    })
+    assert chat.status_code == 200 and chat.json()["quarry"]["abstained"] is True, chat.text
+    assert len(stub.requests) == asked
+    stub.replies.append(Reply(pieces=["Vitamin D matters [1]."]))
+    answered = client.post(URL, json={**QUERY, "mode": "dense", "min_score": -1.0}).json()
+    assert "abstained" not in answered and len(stub.requests) == asked + 1
+
+
+@pytest.mark.parametrize(("extra", "param"), [({"n": 2}, "n"), ({"logprobs": True}, "logprobs"),
+                                              ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools")])
+def test_unsupported_openai_parameters_are_a_400_in_openai_shape(
+    served: Served, stub: StubLLM, extra: dict[str, object], param: str
+) -> None:
+    """The official client gets BadRequestError with error.param and error.code; the LLM is not asked."""
+    import openai
+
+    asked = len(stub.requests)
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(  # type: ignore[call-overload]
+            model=f"quarry/{COLLECTION}", messages=[{"role": "user", "content": "vitamin D"}], **extra,
+        )
+    error = caught.value.body
+    assert isinstance(error, dict), error
+    assert error["param"] == param and error["code"] == "unsupported_parameter" and error["type"], error
+    assert caught.value.status_code == 400 and len(stub.requests) == asked

@@ -22,9 +22,11 @@ from generation.answer import Event
 from generation.cache import CacheKey, MemoryCache, Question, open_cache
 from generation.cache_guard import contradiction, terms
 from indexing.sources import SourceDocument
-from quarry.api import cache as answer_cache
 from quarry.api import create_app
+from quarry.api.cache import directives
 from quarry.service import Quarry
+from quarry.services import answer_cache
+from quarry.services.answer_cache import CacheUse
 from quarry.settings import CacheSettings, Settings
 from tests.generation.conftest import Served, sse_events
 from tests.llama import llama_settings, require_llama
@@ -97,21 +99,21 @@ def test_a_repeat_and_a_close_paraphrase_hit_a_far_one_and_a_contradiction_miss(
     close = _unit(1, 0.2, 0, 0)  # cosine 0.98
     assert cache.get(KEY, _question("How can I enable the dark mode", close)).entry is not None
     far = _unit(1, 0.5, 0, 0)  # cosine 0.89
-    assert cache.get(KEY, _question("How can I enable the dark mode", far)).reason == "threshold"
+    assert cache.get(KEY, _question("How can I enable the dark mode", far)).reason == "below_threshold"
     # same vector, so only the guard stands between these and a wrong answer
-    assert cache.get(KEY, _question("How do I disable dark mode?", V)).reason == "content"
-    assert cache.get(KEY, _question("How do I not enable dark mode?", V)).reason == "negation"
+    assert cache.get(KEY, _question("How do I disable dark mode?", V)).reason == "guard:content"
+    assert cache.get(KEY, _question("How do I not enable dark mode?", V)).reason == "guard:negation"
     other_scope = CacheKey('{"collection":"d"}', KEY.version)
     assert cache.get(other_scope, _question("How do I enable dark mode?", V)).reason == "empty"
     stats = cache.stats()
     assert stats["hits"] == 2 and stats["misses"] == 5 and stats["entries"] == 1
-    assert stats["miss_reasons"] == {"empty": 2, "threshold": 1, "content": 1, "negation": 1}
+    assert stats["miss_reasons"] == {"empty": 2, "below_threshold": 1, "guard:content": 1, "guard:negation": 1}
 
 
 def test_numbers_make_a_miss_even_on_the_same_vector() -> None:
     cache = MemoryCache(threshold=0.95, ttl_s=60, max_entries=10)
     cache.put(KEY, _question("Is aspirin safe at 5 mg per day?", V), _events("yes"))
-    assert cache.get(KEY, _question("Is aspirin safe at 50 mg per day?", V)).reason == "number"
+    assert cache.get(KEY, _question("Is aspirin safe at 50 mg per day?", V)).reason == "guard:number"
     assert cache.get(KEY, _question("is aspirin safe at 5 mg per day", V)).entry is not None
 
 
@@ -119,7 +121,7 @@ def test_a_write_to_the_collection_makes_every_older_entry_unusable() -> None:
     cache = MemoryCache(threshold=0.95, ttl_s=60, max_entries=10)
     cache.put(KEY, _question("How do I enable dark mode?", V), _events("a"))
     after = CacheKey(KEY.scope, "1.0:4")
-    assert cache.get(after, _question("How do I enable dark mode?", V)).reason == "empty"
+    assert cache.get(after, _question("How do I enable dark mode?", V)).reason == "invalidated"
     assert cache.stats()["invalidated"] == 1 and cache.stats()["entries"] == 0
     # a collection dropped and created again starts its write counter again: its creation time differs
     cache.put(KEY, _question("How do I enable dark mode?", V), _events("a"))
@@ -176,7 +178,7 @@ def test_the_factory_returns_none_when_disabled() -> None:
     ],
 )
 def test_request_headers_bypass(headers: dict[str, str], read: bool, store: bool) -> None:
-    assert answer_cache.directives(headers) == (read, store)
+    assert directives(headers) == CacheUse(read, store)
 
 
 @pytest.mark.parametrize(
@@ -263,7 +265,9 @@ def test_answer_cache_against_the_real_llm(  # noqa: PLR0915 - one scenario, in 
             assert again[field] == first[field], field
         assert "retrieve" not in again["timings_ms"] and again["timings_ms"]["total"] < first["timings_ms"]["total"]
         assert ask(PARAPHRASE)["cache"] == "hit"
-        assert ask(NEGATED)["cache"] == "miss"
+        negated = ask(NEGATED)
+        assert negated["cache"] == "miss" and negated["cache_reason"] == "guard:negation", negated
+        assert negated["cache_similarity"] >= threshold
         assert ask(Q5)["cache"] == "miss"
         assert ask(Q50)["cache"] == "miss"
         assert ask(Q, **{"X-Quarry-Cache": "bypass"})["cache"] == "bypass"
@@ -286,12 +290,36 @@ def test_answer_cache_against_the_real_llm(  # noqa: PLR0915 - one scenario, in 
         assert r.json()["cache"] == "miss" and other["cache"] == "bypass"
 
         q.upsert(COLLECTION, scifact_sample[20:21])  # any write to the collection
-        assert ask(Q)["cache"] == "miss"
+        stale = ask(Q)
+        assert stale["cache"] == "miss" and stale["cache_reason"] == "invalidated", stale
         assert ask(PARAPHRASE)["cache"] == "hit"  # the answer stored after the write serves again
 
     after = {r: _counted(r) - before[r] for r in before}
     assert after == {"hit": 5, "miss": 6, "bypass": 3}, after
     stats = server.server.config.app.state.answer_cache.stats()
-    assert stats["miss_reasons"]["negation"] == 1 and stats["miss_reasons"]["number"] >= 1
+    assert stats["miss_reasons"]["guard:negation"] == 1 and stats["miss_reasons"]["guard:number"] >= 1
     assert stats["invalidated"] >= 4  # Q, the negated and the two numbered questions, after the upsert
 
+
+
+@pytest.mark.integration
+def test_a_cache_miss_embeds_the_query_once(served: tuple[Served, Quarry], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lookup's vector is the search's: one query-encoder call per /answer miss (and per bypass)."""
+    server, q = served
+    asked: list[list[str]] = []
+    submit = q.query_embedder.submit
+
+    def counting(texts: list[str]) -> Any:
+        asked.append(list(texts))
+        return submit(texts)
+
+    monkeypatch.setattr(q.query_embedder, "submit", counting)
+    question = "Which cells does interleukin signalling act on in this cohort?"
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        r = c.post(URL, json={"query": question, **ASK})
+        assert r.status_code == 200 and r.json()["cache"] == "miss", r.text
+        assert r.json()["sources"], r.text  # the dense channel ran (hybrid, nothing degraded)
+        assert r.json()["degraded"] == [], r.text
+        assert asked == [[question]]
+        stored = c.post(URL, json={"query": question, **ASK}, headers={"X-Quarry-Cache": "bypass"})
+        assert stored.json()["cache"] == "bypass" and asked == [[question]] * 2

@@ -71,3 +71,13 @@ def test_streamed_pieces_give_the_same_citations_as_the_whole_text() -> None:
         for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True):
             scanner.feed(text[a:b])
         assert scanner.citations == whole.citations and scanner.dropped == whole.dropped == 1
+
+
+def test_a_parenthesised_number_inside_a_formula_is_not_a_marker() -> None:
+    """``1,25(OH)(2)D`` (a vitamin D metabolite) holds no citation; a ``(2)`` after a word and a space does."""
+    from generation.citations import find_markers
+
+    assert find_markers("Levels of 1,25(OH)(2)D were low.") == []
+    assert find_markers("H(2)O and CO(2) rose.") == []
+    assert find_markers("Vitamin D lowers risk (2).")[0].numbers == (2,)
+    assert find_markers("Vitamin D lowers risk (1, 2), as shown.")[0].numbers == (1, 2)
