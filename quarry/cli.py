@@ -67,6 +67,26 @@ err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
 out = Console()
 
 Language = Annotated[str, typer.Option(help="BM25 analysis for a new collection: en, zh or auto.")]
+ServerUrl = Annotated[str | None, typer.Option(
+    "--server", envvar="QUARRY_URL",
+    help="A running server (http://host:port; or QUARRY_URL): go through its API (quarry_client), not local data.",
+)]
+ApiKey = Annotated[str | None, typer.Option("--api-key", envvar="QUARRY_API_KEY", help="With --server: the API key.")]
+
+
+def _client(server: str, api_key: str | None) -> Any:
+    """A :class:`quarry_client.Quarry` for ``--server``; its errors become the one error line (exit 2)."""
+    try:
+        from quarry_client import Quarry as Client
+    except ImportError:
+        raise ConfigError("--server needs the client: pip install 'quarry[client]'") from None
+    return Client(server, api_key)
+
+
+def _remote_error(exc: Exception) -> NoReturn:
+    err.print(f"[bold red]error[/] ({escape(getattr(exc, 'type', type(exc).__name__))}): "
+              f"{escape(getattr(exc, 'message', str(exc)))}")
+    raise typer.Exit(2) from None
 
 
 def _quarry(settings: Settings | None = None) -> Any:
@@ -149,6 +169,7 @@ def ingest(
     server: Annotated[
         str | None,
         typer.Option(
+            envvar="QUARRY_URL",
             help="Submit an ingest job to this running server (http://host:port) and follow it: PATH is read here "
             "and its documents streamed to the server (no server stop needed). Same output and exit codes; "
             "SIGINT cancels the job."
@@ -161,7 +182,10 @@ def ingest(
             help="With --server: PATH is on the server's disk, under its QUARRY_INGEST__ROOTS (the server reads it).",
         ),
     ] = False,
-    api_key: Annotated[str | None, typer.Option(help="With --server: the API key (write scope).")] = None,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="QUARRY_API_KEY", help="With --server: the API key (write scope; admin "
+                                 "for a new collection).")
+    ] = None,
 ) -> None:
     """Ingest documents (idempotent: unchanged documents are skipped without embedding).
 
@@ -222,6 +246,7 @@ def _ingest_remote(  # noqa: PLR0913 - the command's options
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     with httpx.Client(base_url=server, headers=headers, timeout=60) as client:
         try:
+            _create_remote(client, name)
             return RemoteIngest(client, name, str(path), options, out, err, upload=upload).execute()
         except RemoteError as exc:
             if as_json:
@@ -229,6 +254,29 @@ def _ingest_remote(  # noqa: PLR0913 - the command's options
                 out.file.write(json.dumps(line, ensure_ascii=False) + "\n")
             err.print(f"[bold red]error[/] (server): {escape(str(exc))}")
             return exc.code
+
+
+def _create_remote(client: Any, name: str) -> None:
+    """Create collection ``name`` on the server, as a local ingest does (one that exists is kept).
+
+    Raises:
+        RemoteError: The server refused (a key without ``admin`` for a new name: 403) or is unreachable.
+    """
+    import httpx
+
+    from quarry.ingest_remote import RemoteError
+    from quarry.ingest_run import EXIT_BAD_INPUT, EXIT_UNAVAILABLE
+
+    try:
+        if client.get(f"/v1/collections/{name}").status_code == 200:
+            return
+        resp = client.post("/v1/collections", json={"name": name})
+    except httpx.HTTPError as exc:
+        raise RemoteError(f"server {client.base_url} cannot be reached: {exc}", EXIT_UNAVAILABLE) from exc
+    if resp.status_code not in (201, 409):
+        error = (resp.json() if resp.content else {}).get("error", {})
+        code = EXIT_UNAVAILABLE if resp.status_code >= 500 or error.get("retryable") else EXIT_BAD_INPUT
+        raise RemoteError(f"{error.get('type', resp.status_code)}: {error.get('message', resp.text)}", code)
 
 
 def _ingest(  # noqa: PLR0913 - the command's options
@@ -305,6 +353,8 @@ def search(
     top_k: Annotated[int, typer.Option("--top-k", "-k")] = 10,
     filters: Annotated[str | None, typer.Option(help='JSON filter, e.g. \'{"year": {"$gte": 2000}}\'.')] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the raw result as JSON.")] = False,
+    server: ServerUrl = None,
+    api_key: ApiKey = None,
 ) -> None:
     """Search a collection and print the hits."""
     import dataclasses
@@ -313,15 +363,26 @@ def search(
         flt = json.loads(filters) if filters else None
     except json.JSONDecodeError as exc:
         raise InvalidRequest(f"--filters is not valid JSON: {exc.msg}") from exc
-    result = _quarry().search(collection, query, top_k=top_k, mode=mode, filters=flt)
+    if server is not None:
+        from quarry_client import QuarryError as ClientError
+
+        with _client(server, api_key) as client:
+            try:
+                result: Any = client.search(collection, query, top_k=top_k, mode=mode, filters=flt)
+            except ClientError as exc:
+                _remote_error(exc)
+        hits = [h.model_dump() for h in result.hits]
+    else:
+        result = _quarry().search(collection, query, top_k=top_k, mode=mode, filters=flt)
+        hits = [dataclasses.asdict(h) for h in result.hits]
     if as_json:
-        out.print_json(json.dumps({"hits": [dataclasses.asdict(h) for h in result.hits], "degraded": result.degraded}))
+        out.file.write(json.dumps({"hits": hits, "degraded": result.degraded}, ensure_ascii=False) + "\n")
         return
     table = Table("#", "document", "score", "bm25", "dense", "text", title=escape(f"{collection}: {query!r} ({mode})"))
-    for i, hit in enumerate(result.hits, start=1):
-        ranks = {k: str(v["rank"]) for k, v in hit.explain.items() if "rank" in v}
-        table.add_row(str(i), escape(hit.document_id), f"{hit.score:.4f}", ranks.get("bm25", "-"),
-                      ranks.get("dense", "-"), escape(hit.text[:80].replace("\n", " ")))
+    for i, hit in enumerate(hits, start=1):
+        ranks = {k: str(v["rank"]) for k, v in hit["explain"].items() if isinstance(v, dict) and "rank" in v}
+        table.add_row(str(i), escape(hit["document_id"]), f"{hit['score']:.4f}", ranks.get("bm25", "-"),
+                      ranks.get("dense", "-"), escape(hit["text"][:80].replace("\n", " ")))
     out.print(table)
     for note in result.degraded:
         err.print(f"[yellow]degraded[/]: {escape(note)}")
@@ -736,10 +797,20 @@ def rollback(name: Annotated[str, typer.Argument(help="The collection to swap ba
 
 
 @collections_app.command("list")
-def list_collections() -> None:
+def list_collections(server: ServerUrl = None, api_key: ApiKey = None) -> None:
     """List collections."""
-    for cfg in _quarry().list_collections():
-        out.print(f"{cfg.name}\t{cfg.language}\t{cfg.embedding_model}\t{cfg.dim}")
+    if server is not None:
+        from quarry_client import QuarryError as ClientError
+
+        with _client(server, api_key) as client:
+            try:
+                found: list[Any] = client.list_collections()
+            except ClientError as exc:
+                _remote_error(exc)
+    else:
+        found = _quarry().list_collections()
+    for cfg in found:
+        out.file.write(f"{cfg.name}\t{cfg.language}\t{cfg.embedding_model}\t{cfg.dim}\n")  # tabs kept: cut -f
 
 
 @collections_app.command("describe")
@@ -761,9 +832,21 @@ def list_docs(
     cursor: Annotated[str | None, typer.Option(help="The next_cursor of the previous page.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000, help="Documents per page.")] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="Print the page as JSON.")] = False,
+    server: ServerUrl = None,
+    api_key: ApiKey = None,
 ) -> None:
     """List a collection's documents in id order (id, chunks, metadata), a page at a time."""
-    docs, next_cursor = _quarry().list_documents(collection, cursor=cursor, limit=limit)
+    if server is not None:
+        from quarry_client import QuarryError as ClientError
+
+        with _client(server, api_key) as client:
+            try:
+                page = client.list_documents(collection, cursor=cursor, limit=limit)
+            except ClientError as exc:
+                _remote_error(exc)
+        docs, next_cursor = [d.model_dump() for d in page.documents], page.next_cursor
+    else:
+        docs, next_cursor = _quarry().list_documents(collection, cursor=cursor, limit=limit)
     if as_json:
         out.file.write(json.dumps({"documents": docs, "next_cursor": next_cursor}, ensure_ascii=False) + "\n")
         return
@@ -779,9 +862,20 @@ def get_doc(
     document_id: Annotated[str, typer.Argument(help="The document's id.")],
     collection: Annotated[str, typer.Option("--collection", "-c")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the document, its chunks included, as JSON.")] = False,
+    server: ServerUrl = None,
+    api_key: ApiKey = None,
 ) -> None:
     """Print a document: its text (its chunks' texts joined) and metadata."""
-    doc = _quarry().get_document(collection, document_id)
+    if server is not None:
+        from quarry_client import QuarryError as ClientError
+
+        with _client(server, api_key) as client:
+            try:
+                doc = client.get_document(collection, document_id).model_dump()
+            except ClientError as exc:
+                _remote_error(exc)
+    else:
+        doc = _quarry().get_document(collection, document_id)
     if as_json:
         out.file.write(json.dumps(doc, ensure_ascii=False) + "\n")
         return

@@ -588,7 +588,8 @@ def get_settings() -> Settings:
 
 ENV_PREFIX = "QUARRY_"
 TOOLING_ENV = frozenset({
-    # read by scripts/, model_repository/ and the test suite, not by the service
+    # read by scripts/, model_repository/ and the test suite, not by the service; the CLI's --server and key
+    "QUARRY_URL", "QUARRY_API_KEY",
     "QUARRY_SERVICES_DIR", "QUARRY_PG_PORT", "QUARRY_PG_START_TIMEOUT_S", "QUARRY_MILVUS_KEEP_DATA",
     "QUARRY_MILVUS_START_TIMEOUT_S", "QUARRY_MILVUS_STOP_TIMEOUT_S", "QUARRY_DEMO_DETACH", "QUARRY_DEMO_QUERY",
     "QUARRY_TORCH_SPEC", "QUARRY_MODEL_PATH", "QUARRY_TRITON_SERVE_PID", "QUARRY_LLAMA_EXTRA_BUFTS",

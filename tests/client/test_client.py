@@ -7,6 +7,7 @@ Three keys made before the server starts: ``admin`` (read,write,admin), ``reader
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -161,3 +162,36 @@ def test_a_429_is_retried_after_its_retry_after(live: tuple[str, dict[str, str]]
     with Quarry(url, keys["slow"], max_retries=3) as patient:
         for _ in range(3):  # each one past the first in its second waits for Retry-After, then passes
             assert "notes" in [c.name for c in patient.list_collections()]
+
+
+def _cli(url: str, key: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("QUARRY_") or k.endswith("CACHE_DIR")},
+           "PYTHONPATH": str(REPO), "QUARRY_URL": url, "QUARRY_API_KEY": key}
+    return subprocess.run(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "quarry.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+        check=False,
+    )
+
+
+def test_the_cli_goes_through_the_server_with_quarry_url(live: tuple[str, dict[str, str]], tmp_path: Path) -> None:
+    url, keys = live
+    listed = _cli(url, keys["admin"], "collections", "list")
+    assert listed.returncode == 0 and "notes\ten" in listed.stdout, listed.stderr
+    found = _cli(url, keys["admin"], "search", "moon tides", "-c", "notes", "--json", "-k", "1")
+    assert found.returncode == 0, found.stderr
+    assert json.loads(found.stdout)["hits"][0]["document_id"] == "d1"
+    docs = _cli(url, keys["admin"], "docs", "list", "-c", "notes", "--json")
+    assert [d["id"] for d in json.loads(docs.stdout)["documents"]] == ["d1", "d2", "d3"]
+    got = _cli(url, keys["admin"], "docs", "get", "d2", "-c", "notes")
+    assert "Ferries cross the harbour" in got.stdout
+    missing = _cli(url, keys["admin"], "search", "x", "-c", "nope")
+    assert missing.returncode == 2 and "CollectionNotFound" in missing.stderr
+    denied = _cli(url, "qk_wrong", "collections", "list")
+    assert denied.returncode == 2 and "Unauthenticated" in denied.stderr
+    source = tmp_path / "fresh.jsonl"
+    source.write_text("".join(json.dumps(d) + "\n" for d in DOCS), encoding="utf-8")
+    ingested = _cli(url, keys["admin"], "ingest", str(source), "-c", "fresh_by_cli", "--json")
+    assert ingested.returncode == 0, ingested.stderr
+    report = json.loads(ingested.stdout.splitlines()[-1])
+    assert (report["status"], report["added"]) == ("ok", 3), report
+    assert "warning" not in ingested.stderr, ingested.stderr
