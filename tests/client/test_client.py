@@ -45,6 +45,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[s
         "admin": _key(env, "--scopes", "read,write,admin"),
         "reader": _key(env, "--scopes", "read"),
         "slow": _key(env, "--scopes", "read", "--rate", "1/s"),
+        "other": _key(env, "--tenant", "other", "--scopes", "read,write,admin"),
     }
     with QuarryServer(env, log=data / "server.log", cwd=REPO).wait_ready() as server:
         with Quarry(server.url, keys["admin"]) as q:
@@ -150,6 +151,10 @@ def test_a_job_is_submitted_listed_and_waited_for(live: tuple[str, dict[str, str
             q.cancel_job(job.id)
     with Quarry(url, keys["reader"]) as reader, pytest.raises(errors.Forbidden):
         reader.list_jobs()
+    with Quarry(url, keys["other"]) as other:  # another tenant: none of these jobs, and 404 for its id
+        assert other.list_jobs() == []
+        with pytest.raises(errors.NotFound):
+            other.get_job(job.id)
 
 
 def test_a_429_is_retried_after_its_retry_after(live: tuple[str, dict[str, str]]) -> None:
