@@ -1,4 +1,4 @@
-"""The incremental BM25 index (retrieval.bm25_live) against a bm25s snapshot, in one run, on SciFact.
+"""The incremental BM25 index (indexing.bm25_live) against a bm25s snapshot, in one run, on SciFact.
 
 Prints: query latency (300 test queries, top-100, best of ``--repeats``) of both, and the ratio;
 the cost of one single-document upsert (incremental apply vs a full bm25s rebuild, which is what
@@ -20,9 +20,9 @@ sys.path.insert(0, str(REPO))
 from eval.beir import load_split  # noqa: E402
 from indexing.sources import iter_jsonl  # noqa: E402
 from quarry.settings import BM25Settings  # noqa: E402
-from retrieval.bm25 import BM25Index  # noqa: E402
-from retrieval.bm25_live import LiveBM25, Row  # noqa: E402
-from retrieval.text import tokenize  # noqa: E402
+from indexing.bm25 import BM25Index  # noqa: E402
+from indexing.bm25_live import LiveBM25, Row  # noqa: E402
+from indexing.text import tokenize  # noqa: E402
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ process sat at ~285 MiB during streaming (ps at ~90k docs). 2k vs 20k with the s
 peak 266.8 vs 267.8 MiB (stream_ratio 1.004), whole run 267.4 vs 300.9 MiB (1.125). The growth is
 the end-of-run BM25 rebuild (``BM25Registry.invalidate`` reads every row of the collection).
 
-Re-measured 2026-12-03 after BM25 became incremental (retrieval/bm25_live.py), same command:
+Re-measured 2026-12-03 after BM25 became incremental (indexing/bm25_live.py), same command:
 before the fix 321.0 vs 614.1 MiB (ratio 1.913; streaming 302.6 vs 318.5, 1.053): the live index
 was still built whole from the docstore's rows at the run's end. ``quarry ingest`` now marks its
 registry lazy (``BM25Registry.lazy``: a process that does not search leaves an index it never

@@ -61,8 +61,8 @@ sys.path.insert(0, str(REPO))
 from eval.beir import load_split  # noqa: E402
 from indexing.sources import iter_jsonl  # noqa: E402
 from quarry.settings import BM25Settings  # noqa: E402
-from retrieval.bm25 import BM25Index  # noqa: E402
-from retrieval.text import tokenize  # noqa: E402
+from indexing.bm25 import BM25Index  # noqa: E402
+from indexing.text import tokenize  # noqa: E402
 from tests.serve import QuarryServer  # noqa: E402
 
 console = Console()

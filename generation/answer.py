@@ -24,7 +24,7 @@ from generation.citations import CitationScanner, SourceRef
 from generation.prompt import Prompt
 from quarry import tracing
 from quarry.errors import GenerationError, QuarryError
-from retrieval.text import Language
+from indexing.text import Language
 
 
 @dataclass(frozen=True)

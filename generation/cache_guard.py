@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from retrieval.text import Language, tokenize
+from indexing.text import Language, tokenize
 
 NEGATIONS = frozenset({
     "not", "no", "never", "without", "none", "nobody", "nothing", "neither", "nor", "nowhere", "cannot",

@@ -26,7 +26,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from retrieval.text import Language, tokenize
+from indexing.text import Language, tokenize
 
 MAX_RANGE = 50
 _NUMS = r"\d{1,4}(?:\s*(?:,|-|–|—|and|&)\s*\d{1,4})*"

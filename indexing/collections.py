@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from quarry.errors import InvalidRequest, ModelMismatch
 from retrieval.fusion import Fusion
-from retrieval.text import Language
+from indexing.text import Language
 from stores.base import Metric
 from stores.filters import FieldType
 

@@ -31,8 +31,8 @@ from indexing.collections import CollectionConfig, model_mismatch
 from indexing.docstore import DocStore, StoredChunk, StoredDocument
 from indexing.sources import SourceDocument, check_sizes
 from quarry.errors import InvalidDocument, ModelDimensionMismatch
-from retrieval.bm25_registry import BM25Registry
-from retrieval.text import tokenize
+from indexing.bm25_registry import BM25Registry
+from indexing.text import tokenize
 from stores.base import VectorRecord, VectorStore
 from stores.filters import FieldType, field_type
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from indexing.formats import FORMAT_SUFFIXES, PARSERS, Section
 from quarry.errors import InvalidDocument, InvalidRequest, PayloadTooLarge, clip
-from retrieval.text import long_word
+from indexing.text import long_word
 from stores.base import Payload
 from stores.filters import FIELD_NAME
 
@@ -509,7 +509,7 @@ def check_sizes(docs: Sequence[SourceDocument], *, max_document_chars: int, max_
     Args:
         docs: The documents of one ingestion.
         max_document_chars: Longest text plus title, in characters.
-        max_token_chars: Longest word, in characters (see :func:`retrieval.text.long_word`).
+        max_token_chars: Longest word, in characters (see :func:`indexing.text.long_word`).
 
     Raises:
         PayloadTooLarge: A document is longer than ``max_document_chars`` (HTTP 413).

@@ -22,7 +22,7 @@ from indexing.docstore import DEFAULT_TENANT, CollectionVersion, Job, chunking_i
 from indexing.pipeline import Ingestor, IngestReport, Precomputed, Progress, Target
 from indexing.planner import GIB, IndexPlan, plan_for_store
 from indexing.reindex import Build, Reindexer, ReindexReport, new_owner
-from indexing.schedule import ReindexScheduler, last_trigger
+from quarry.scheduler import ReindexScheduler, last_trigger
 from indexing.sources import SourceDocument
 from indexing.versions import describe_versions, ensure_live, live_config
 from monitoring.monitor import RecallMonitor
@@ -41,9 +41,9 @@ from quarry.errors import (
 from quarry.metrics import SearchTelemetry
 from quarry.settings import Settings
 from rerank.base import Reranker
-from retrieval.bm25_registry import BM25Registry
+from indexing.bm25_registry import BM25Registry
 from retrieval.search import DenseTarget, Mode, RerankOptions, Searcher, SearchResult
-from retrieval.text import LANGUAGES, Language
+from indexing.text import LANGUAGES, Language
 from stores.base import IndexSpec, VectorStore, redact_url
 from stores.factory import open_store
 from stores.filters import FieldType, Filter, FilterLimits, matches, parse_filter
@@ -122,7 +122,7 @@ class Quarry:
             self.store, self.docstore, settings.reindex, self._writing, self._plan,
             index_timeout_s=settings.store.index_build_timeout_s,
         )
-        self.scheduler: ReindexScheduler | None = None  # `quarry serve` starts one (indexing/schedule.py)
+        self.scheduler: ReindexScheduler | None = None  # `quarry serve` starts one (quarry/scheduler.py)
         self.tenant_id = DEFAULT_TENANT
         self._tenants: dict[str, Quarry] = {}
         self._tenants_guard = threading.Lock()
@@ -763,7 +763,7 @@ class Quarry:
             index: See :meth:`reindex`.
             chunk_size: See :meth:`reindex` (checked here, before the job starts).
             chunk_overlap: See :meth:`reindex`.
-            trigger: Who asked (``api``, or a trigger of :mod:`indexing.schedule`), kept in the
+            trigger: Who asked (``api``, or a trigger of :mod:`quarry.scheduler`), kept in the
                 job's ``params`` with ``reason`` and ``by`` (the lease owner).
             reason: Why.
             owner: A lease owner that holds the collection's lease already (the scheduler).

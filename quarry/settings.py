@@ -264,7 +264,7 @@ class ReindexSettings(BaseModel):
         retention_s: Seconds a replaced version is kept for ``quarry rollback`` (then dropped).
         lease_ttl_s: Seconds a reindex's lease lasts unless renewed (a killed process's lapses).
         batch_size: Chunks copied (or re-embedded) per batch.
-        schedule: When ``quarry serve`` reindexes every collection (``indexing/schedule.py``):
+        schedule: When ``quarry serve`` reindexes every collection (``quarry/scheduler.py``):
             ``""`` (off, the default), an interval (``90s``, ``30m``, ``6h``, ``1d`` or seconds)
             or a five-field crontab in UTC (``0 3 * * *``).
         schedules: Per collection, a schedule that replaces ``schedule`` (``off`` for none),
@@ -294,7 +294,7 @@ class ReindexSettings(BaseModel):
     @field_validator("schedule")
     @classmethod
     def _schedule(cls, value: str) -> str:
-        from indexing.schedule import parse_schedule
+        from quarry.scheduler import parse_schedule
 
         parse_schedule(value)  # ValueError: an interval or crontab it cannot read
         return value.strip()
@@ -302,7 +302,7 @@ class ReindexSettings(BaseModel):
     @field_validator("schedules")
     @classmethod
     def _schedules(cls, value: dict[str, str]) -> dict[str, str]:
-        from indexing.schedule import parse_schedule
+        from quarry.scheduler import parse_schedule
 
         for text in value.values():
             parse_schedule(text)

@@ -59,7 +59,7 @@ from quarry.errors import CollectionNotFound, Conflict, Forbidden, InvalidDocume
 from quarry.service import Quarry
 from quarry.tenancy import TENANT_FIELD, TENANT_ID
 from retrieval.search import Hit, SearchResult
-from retrieval.text import Language
+from indexing.text import Language
 from stores.filters import And, Eq, FieldType, Filter, In, Ne, Nin, Or, Prefix
 
 log = logging.getLogger(__name__)

@@ -54,9 +54,9 @@ from quarry.errors import (
 from quarry.settings import SearchSettings
 from rerank.base import Reranker
 from retrieval.ann_batching import BatchingSearch
-from retrieval.bm25_registry import BM25Registry
+from indexing.bm25_registry import BM25Registry
 from retrieval.fusion import Fusion, fuse
-from retrieval.text import tokenize
+from indexing.text import tokenize
 from stores.base import ScoredId, VectorStore
 from stores.filters import Filter, predicate
 
@@ -293,7 +293,7 @@ class Searcher:
             target: The live version's store collection and query model (default: ``cfg.name``
                 and the searcher's encoder).
             within: A shared collection's tenant, as its document ids' prefix (``T/``): the BM25
-                channel's statistics (N, avgdl, df) are its rows' (:meth:`retrieval.bm25_live.LiveView.scores`),
+                channel's statistics (N, avgdl, df) are its rows' (:meth:`indexing.bm25_live.LiveView.scores`),
                 never the other tenants'. ``None``: the collection's.
 
         Returns:

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from indexing.collections import CollectionConfig, check_name_length
 from indexing.docstore import DEFAULT_TENANT, off_loop
-from indexing.schedule import ReindexScheduler
+from quarry.scheduler import ReindexScheduler
 from indexing.sources import SourceDocument, parse_document
 from quarry import errors as e
 from quarry import heap, metrics, tracing

@@ -11,7 +11,7 @@ from indexing.collections import CollectionConfig, FusionConfig
 from indexing.sources import RESERVED_FIELDS
 from quarry.api.edge import Checked, Identifier
 from quarry.settings import SearchSettings
-from retrieval.text import Language
+from indexing.text import Language
 from stores.filters import FIELD_NAME
 
 _MAX_QUERY_CHARS = SearchSettings.model_fields["max_query_chars"].default

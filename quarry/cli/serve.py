@@ -148,7 +148,7 @@ def _reindex_due(name: str | None) -> None:
     Raises:
         typer.Exit: Code 1 when a reindex failed.
     """
-    from indexing.schedule import ReindexScheduler
+    from quarry.scheduler import ReindexScheduler
 
     quarry = _quarry()
     failed = False

@@ -7,8 +7,8 @@ from rank_bm25 import BM25Okapi
 
 from indexing.sources import iter_jsonl
 from quarry.settings import BM25Settings
-from retrieval.bm25 import BM25Index
-from retrieval.text import tokenize
+from indexing.bm25 import BM25Index
+from indexing.text import tokenize
 
 
 @pytest.fixture(scope="module")

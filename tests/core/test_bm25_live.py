@@ -8,9 +8,9 @@ import pytest
 
 from indexing.sources import iter_jsonl
 from quarry.settings import BM25Settings
-from retrieval.bm25 import BM25Index
-from retrieval.bm25_live import WITHIN_KEPT, LiveBM25, Row
-from retrieval.text import tokenize
+from indexing.bm25 import BM25Index
+from indexing.bm25_live import WITHIN_KEPT, LiveBM25, Row
+from indexing.text import tokenize
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +78,10 @@ def test_a_view_never_changes_and_a_snapshot_round_trips(tmp_path: Path, scifact
 
 @pytest.mark.parametrize("method", ["lucene", "robertson", "atire", "bm25l", "bm25+"])
 def test_the_shared_formulas_are_bm25s_own(method: str) -> None:
-    """``retrieval.bm25_formulas`` (both indexes' formulas) equals bm25s' per-method scorers, element by element."""
+    """``indexing.bm25_formulas`` (both indexes' formulas) equals bm25s' per-method scorers, element by element."""
     from bm25s import scoring
 
-    from retrieval import bm25_formulas as f
+    from indexing import bm25_formulas as f
 
     n, k1, b = 1000.0, 1.5, 0.75
     df = np.array([1.0, 3.0, 40.0, 499.0, 500.0, 501.0, 999.0, 1000.0])  # robertson's idf clips at df > n / 2

@@ -25,7 +25,7 @@ from quarry.api.models import SearchIn
 from quarry.errors import ECHO_CHARS, InvalidDocument, InvalidFilter, InvalidRequest, clip
 from quarry.service import Quarry
 from quarry.settings import BM25Settings
-from retrieval.bm25_live import LiveBM25
+from indexing.bm25_live import LiveBM25
 from stores import milvus, pgvector_sql, qdrant_common
 from stores.filters import FIELD_NAME, PAYLOAD_KEY, parse_filter
 

@@ -35,7 +35,7 @@ from quarry.ingest_remote import RemoteError, RemoteIngest
 from quarry.ingest_run import EXIT_BAD_INPUT, EXIT_OK, EXIT_PARTIAL, Options
 from quarry.service import Quarry
 from quarry.settings import BM25Settings, IngestSettings, Settings
-from retrieval.bm25_registry import BM25Registry
+from indexing.bm25_registry import BM25Registry
 from tests.core.conftest import CountingEmbedder, write_jsonl
 from tests.state.test_bm25_follow import _write as bm25_write
 

@@ -33,7 +33,7 @@ from quarry.errors import InvalidFilter, StoreError, StoreTimeout, StoreUnavaila
 from quarry.service import Quarry
 from quarry.settings import BM25Settings, Settings
 from retrieval.ann_batching import BatchingSearch
-from retrieval.bm25 import BM25Index
+from indexing.bm25 import BM25Index
 from stores.base import FloatMatrix, ScoredId, VectorRecord, VectorStore
 from stores.factory import open_store
 from stores.filters import And, Eq, Filter, FilterLimits, In, Or, Range, parse_filter

@@ -290,7 +290,7 @@ def test_a_restarted_replica_serves_bm25_from_the_live_chunking(
     svc: Quarry, filled: str, scifact_docs: list[SourceDocument]
 ) -> None:
     """A snapshot of the old chunking is never followed by the new one's rows (after a swap and a write)."""
-    from retrieval.bm25_registry import BM25Registry
+    from indexing.bm25_registry import BM25Registry
 
     service = svc
     folder = service.settings.data_dir / "bm25"

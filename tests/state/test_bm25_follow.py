@@ -17,7 +17,7 @@ import pytest
 
 from indexing.docstore import StoredChunk, StoredDocument, open_docstore
 from quarry.settings import BM25Settings
-from retrieval.bm25_registry import BM25Registry
+from indexing.bm25_registry import BM25Registry
 from tests.state.conftest import pg_schema
 
 pytestmark = pytest.mark.integration

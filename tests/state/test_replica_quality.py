@@ -32,8 +32,8 @@ from eval.runner import collection_search, evaluate
 from indexing.sources import read_documents
 from quarry.service import Quarry
 from quarry.settings import Settings
-from retrieval.bm25_live import LiveView
-from retrieval.bm25_registry import BM25Registry
+from indexing.bm25_live import LiveView
+from indexing.bm25_registry import BM25Registry
 from tests.embedding_cache import CachedEmbedder, torch_vectors
 from tests.state.conftest import PG_URL, pg_schema
 

@@ -1,6 +1,6 @@
 """Keeps one live BM25 index per collection that follows the docstore's change log (issue 25).
 
-Every replica (process) holds a :class:`~retrieval.bm25_live.LiveBM25` per collection. A search
+Every replica (process) holds a :class:`~indexing.bm25_live.LiveBM25` per collection. A search
 reads its current immutable view; at most once per ``bm25.max_staleness_s`` (default 1 s) the
 search that finds the view due asks the docstore for the collection's ``seq`` (one cheap
 query instead of one per search) and, if it moved, applies the change-log tail
@@ -35,7 +35,7 @@ from pathlib import Path
 from indexing.docstore import CacheMiss, DocStore
 from quarry.errors import StateStoreUnavailable
 from quarry.settings import BM25Settings
-from retrieval.bm25_live import LiveBM25, LiveView, Row, SnapshotUnreadable
+from indexing.bm25_live import LiveBM25, LiveView, Row, SnapshotUnreadable
 
 log = logging.getLogger(__name__)
 

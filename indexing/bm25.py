@@ -10,7 +10,7 @@ With ``method="robertson"`` and the same ``k1``/``b``, scores equal rank-bm25's 
 (Robertson & Zaragoza, 2009) for every term of positive idf (tested). bm25s leaves out the
 constant ``(k1 + 1)`` numerator factor of the Okapi formula (rank-equivalent, as Lucene does);
 for ``robertson`` we put it back so the scores are the textbook values
-(:func:`retrieval.bm25_formulas.okapi_scale`, shared with the live index).
+(:func:`indexing.bm25_formulas.okapi_scale`, shared with the live index).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from quarry.settings import BM25Settings
-from retrieval.bm25_formulas import okapi_scale
+from indexing.bm25_formulas import okapi_scale
 
 _SIDECAR = "rows.json"
 
@@ -116,7 +116,7 @@ class BM25Index:
         """BM25 score of every row for a tokenised query: ``(len(self),) float32``.
 
         Args:
-            query_tokens: Output of :func:`retrieval.text.tokenize` for the query.
+            query_tokens: Output of :func:`indexing.text.tokenize` for the query.
             max_terms: Score only the first ``max_terms`` distinct terms of the query found in
                 the index (each with all its occurrences); ``None``: all. Scoring reads one
                 posting list per distinct term, so this bounds a long query's cost.
@@ -153,7 +153,7 @@ class BM25Index:
         """The best ``top_n`` rows with a positive score, as arrays (the query path's form).
 
         Args:
-            query_tokens: Output of :func:`retrieval.text.tokenize` for the query.
+            query_tokens: Output of :func:`indexing.text.tokenize` for the query.
             top_n: Largest number of rows.
             keep: Payload predicate (a compiled filter); rows it rejects are never returned.
             max_terms: See :meth:`scores`.

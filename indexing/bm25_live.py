@@ -5,7 +5,7 @@ cores shared with other runs, 2026-12-03):
 
 * (a) **this module**: an inverted index of per-row term frequencies and row lengths, scored at
   query time with the live N, avgdl and df (Robertson & Zaragoza, 2009; the same variants, k1, b
-  and idf formulas as bm25s, from :mod:`retrieval.bm25_formulas`), so its scores equal a bm25s
+  and idf formulas as bm25s, from :mod:`indexing.bm25_formulas`), so its scores equal a bm25s
   snapshot of the same rows (tested for all five variants after random upserts and deletes). A
   one-document upsert costs 8.7 ms against a 10 s full bm25s rebuild (what the registry did per
   write before); a top-100 query 5.3 ms against bm25s' 1.7 ms (3.2x: bm25s precomputes each
@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from quarry.settings import BM25Settings
-from retrieval.bm25_formulas import idf, okapi_scale, tfc, tfc_absent
+from indexing.bm25_formulas import idf, okapi_scale, tfc, tfc_absent
 
 Row = tuple[str, str, list[str], dict[str, Any]]  # (chunk_id, document_id, tokens, payload)
 
@@ -141,7 +141,7 @@ class LiveView:
         """BM25 score of every row for a tokenised query: ``(n_rows,) float32`` (dead rows 0).
 
         Repeated query terms count once per occurrence (as bm25s). ``max_terms``: score only the
-        first ``max_terms`` distinct known terms (see :meth:`retrieval.bm25.BM25Index.scores`).
+        first ``max_terms`` distinct known terms (see :meth:`indexing.bm25.BM25Index.scores`).
         ``within``: a document id prefix (a shared collection's tenant, ``T/``): N, avgdl and df
         are those of its rows (:meth:`rows_within`) and only its rows score, so the scores are
         an index of its rows alone's, whatever other tenants' rows hold (their terms moved a
@@ -191,7 +191,7 @@ class LiveView:
                 constant += share
             scores += constant
         scores *= self.alive[:n] if mask is None else mask
-        scores *= okapi_scale(p.method, p.k1)  # the textbook Okapi value for robertson (see retrieval.bm25)
+        scores *= okapi_scale(p.method, p.k1)  # the textbook Okapi value for robertson (see indexing.bm25)
         return scores.astype(np.float32)
 
     def top(
@@ -204,7 +204,7 @@ class LiveView:
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
         """The best ``top_n`` live rows with a positive score: ``(rows int64, scores float32)``.
 
-        Same contract as :meth:`retrieval.bm25.BM25Index.top` (ties broken by row); ``within``:
+        Same contract as :meth:`indexing.bm25.BM25Index.top` (ties broken by row); ``within``:
         see :meth:`scores`.
         """
         scores = self.scores(query_tokens, max_terms, within)

@@ -1,7 +1,7 @@
 """The BM25 scoring formulas of bm25s (Lù, 2024), vectorised: one module for both BM25 indexes.
 
-:class:`retrieval.bm25.BM25Index` lets bm25s score a snapshot (bm25s precomputes each posting's
-``idf * tfc`` at index time); :class:`retrieval.bm25_live.LiveView` scores at query time with the
+:class:`indexing.bm25.BM25Index` lets bm25s score a snapshot (bm25s precomputes each posting's
+``idf * tfc`` at index time); :class:`indexing.bm25_live.LiveView` scores at query time with the
 live N, avgdl and df, so it needs the formulas themselves. They are here, written as bm25s'
 ``scoring._score_idf_*`` / ``_score_tfc_*`` (Kamphuis et al., ECIR 2020, which bm25s cites) but
 over numpy arrays; ``tests/core/test_bm25_live.py`` checks them against bm25s' own functions.
