@@ -86,6 +86,8 @@ POLICY: dict[tuple[str, str], str | tuple[str, ...] | None] = {
     # submitting an ingest job writes documents, as an upsert does: write. Reading or cancelling a
     # job: a reindex job's needs admin, an ingest job's write or admin (the handler's check_job);
     # the tenant is checked in Quarry.get_job, the key's collections in ingest_jobs.job_or_404
+    # listing: the tenant's jobs a key may read (reindex jobs for admin only; its collections only)
+    ("GET", "/v1/jobs"): ("write", "admin"),
     ("GET", "/v1/jobs/{job_id}"): ("write", "admin"),
     ("DELETE", "/v1/jobs/{job_id}"): ("write", "admin"),
     ("POST", "/v1/collections/{name}/jobs"): "write",
@@ -611,6 +613,14 @@ def check_job(request: Request, kind: str) -> None:
         AUTH_FAILURES.labels("scope").inc()
         raise Forbidden(f"{_who(who)} has scopes {','.join(sorted(who.scopes))}; a {kind} job needs "
                         + " or ".join(f"'{s}'" for s in sorted(any_of)))
+
+
+def may_see_job(request: Request, kind: str, collection: str | None) -> bool:
+    """Whether the request's key may read a job of this kind and collection (a listing's filter)."""
+    who: Principal = getattr(request.state, "principal", OPEN)
+    any_of = {"write", "admin"} if kind == "ingest" else {"admin"}
+    return bool(who.scopes & any_of) and (who.collections is None or collection is None
+                                          or collection in who.collections)
 
 
 def tenant_of(request: Request) -> str:

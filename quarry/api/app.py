@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response
@@ -47,6 +47,7 @@ from quarry.api.models import (
     IngestJobIn,
     IngestOut,
     JobOut,
+    JobsOut,
     ReadyOut,
     RecallOut,
     ReindexIn,
@@ -316,6 +317,29 @@ def rollback_collection(name: str, q: Service) -> dict[str, int]:
     """Swap back to the version served before the last reindex (404 when none is kept)."""
     report = q.rollback(name)
     return {"version": report.version, "previous": report.previous}
+
+
+JobState = Literal["queued", "running", "cancelling", "done", "partial", "failed", "cancelled"]
+
+
+@router.get(
+    "/v1/jobs", tags=["collections"], response_model=JobsOut,
+    responses=error_responses(e.InvalidRequest, *_STORE),
+)
+def list_jobs(  # noqa: PLR0913 - the filters
+    request: Request, q: Service, collection: str | None = None, state: JobState | None = None,
+    kind: Literal["ingest", "reindex"] | None = None, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict[str, Any]:
+    """The jobs of the key's tenant, newest first, optionally of one collection, state or kind.
+
+    Only the jobs the key may read are listed: ingest jobs for ``write`` or ``admin``, reindex
+    jobs for ``admin``, and only of the collections the key may use.
+    """
+    if collection is not None:
+        check_name_length(collection)
+    found = q.docstore.list_jobs(collection=collection, state=state, limit=limit if kind is None else 1000)
+    jobs = [j for j in found if (kind is None or j.kind == kind) and access.may_see_job(request, j.kind, j.collection)]
+    return {"jobs": [_job(j) for j in jobs[:limit]]}
 
 
 @router.get(

@@ -381,6 +381,12 @@ class JobOut(BaseModel):
     updated_at: float
 
 
+class JobsOut(BaseModel):
+    """``GET /v1/jobs``: the tenant's jobs the key may read, newest first."""
+
+    jobs: list[JobOut]
+
+
 class RollbackOut(BaseModel):
     """A rollback's outcome."""
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,17 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from quarry import cli
+from quarry.cli import data as cli_data
+from quarry.cli import evaluate as cli_evaluate
+from quarry.cli import ingest as cli_ingest
+from quarry.cli import root as cli_root
+from quarry.cli import serve as cli_serve
 from quarry.service import Quarry
 from quarry.settings import Settings, get_settings
 from tests.core.conftest import write_jsonl
 from tests.embedding_cache import CachedEmbedder
+
+CLI_MODULES = (cli_root, cli_data, cli_evaluate, cli_ingest, cli_serve)  # each holds its _quarry, out, err
 
 
 @dataclass
@@ -61,13 +69,13 @@ def quarry_cli(minilm_vectors: CachedEmbedder) -> Iterator[Runner]:
 
     def run(args: list[str], data_dir: Path, **extra_env: str) -> Ran:
         env = {"QUARRY_DATA_DIR": str(data_dir), **extra_env}
-        with (
-            CliRunner().isolation(env=env) as (stdout, stderr, _),
-            patch.object(sys, "argv", ["quarry", *args]),
-            patch.object(cli, "_quarry", open_service),
-            patch.object(cli, "out", Console()),  # made here: they write to the captured streams
-            patch.object(cli, "err", Console(stderr=True)),
-        ):
+        with CliRunner().isolation(env=env) as (stdout, stderr, _), ExitStack() as patches:
+            patches.enter_context(patch.object(sys, "argv", ["quarry", *args]))
+            out, err = Console(), Console(stderr=True)  # made here: they write to the captured streams
+            for module in CLI_MODULES:
+                patches.enter_context(patch.object(module, "_quarry", open_service))
+                patches.enter_context(patch.object(module, "out", out))
+                patches.enter_context(patch.object(module, "err", err))
             get_settings.cache_clear()
             try:
                 cli.main()

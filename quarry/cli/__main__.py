@@ -1,0 +1,5 @@
+"""``python -m quarry.cli``."""
+
+from quarry.cli.root import main
+
+main()
