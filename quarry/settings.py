@@ -1,5 +1,8 @@
 """The one ``Settings`` object. Nothing else in Quarry reads ``os.environ``.
 
+Over 500 lines by design: every setting of every section, with its bounds and description, in
+one place (the team's rule: one ``Settings``); the environment checks are at the end.
+
 Every field can be set from the environment with the ``QUARRY_`` prefix and ``__`` between
 nested names, e.g. ``QUARRY_DATA_DIR=/srv/quarry``, ``QUARRY_STORE__URL=postgresql://...``,
 ``QUARRY_EMBEDDING__URL=torch://all-MiniLM-L6-v2``. The embedded default needs no

@@ -1,5 +1,10 @@
 """Milvus backend: Milvus Lite (``milvus:///abs/path.db``) and a Milvus server (``milvus://host:19530``).
 
+Over 500 lines by design: one module per backend, and this one implements the whole
+:class:`stores.base.VectorStore` contract (collections, aliases, upsert/delete, ANN and exact search,
+index builds, filters) for one engine; its mapping and filter translation are in
+:mod:`stores.milvus_mapping`.
+
 Collections: ``id`` VARCHAR(512) primary key, ``vector`` FLOAT_VECTOR(dim), ``payload`` JSON
 (:mod:`stores.milvus_mapping`). Reads use ``Strong`` consistency by default, so they see every
 earlier write. On a server a Strong read waits for the next time tick (~200 ms per search with the

@@ -1,5 +1,9 @@
 """PostgreSQL + pgvector backend: ``postgresql://user@host:port/db[?schema=quarry]``.
 
+Over 500 lines by design: one module per backend implementing the whole
+:class:`stores.base.VectorStore` contract for one engine (tables, aliases, HNSW/IVF builds,
+SQL filters, exact search).
+
 Layout, all inside one schema (default ``quarry``; ``?schema=`` in the URL picks another, which
 is how tests isolate themselves on a shared server):
 

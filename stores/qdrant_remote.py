@@ -1,5 +1,8 @@
 """Qdrant through qdrant-client: a server (``qdrant://host:6333``) or local mode (``qdrant+local://``).
 
+Over 500 lines by design: one module per backend implementing the whole
+:class:`stores.base.VectorStore` contract for one engine.
+
 See :mod:`stores.qdrant` for the behaviour both stores share.
 """
 
