@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from eval.compare import compare_runs, load_run, paired_stats, write_comparison
 from eval.metrics import METRICS
 from quarry import cli
+from quarry.cli import evaluate as cli_evaluate
 from quarry.errors import ConfigError, InvalidRequest
 
 QUERIES = [f"q{i:03d}" for i in range(60)]
@@ -132,7 +133,7 @@ def test_written_json_and_self_contained_html(runs: tuple[Path, Path], tmp_path:
 
 
 def test_cli_compare_prints_and_writes(runs: tuple[Path, Path], tmp_path: Path) -> None:
-    with patch.object(cli, "out", Console(width=200, file=io.StringIO())) as console:
+    with patch.object(cli_evaluate, "out", Console(width=200, file=io.StringIO())) as console:
         args = ["eval", "compare", str(runs[0]), str(runs[1]), "--out", str(tmp_path / "o")]
         result = CliRunner().invoke(cli.app, args)
         printed = console.file.getvalue()
