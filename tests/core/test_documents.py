@@ -10,8 +10,8 @@ import pytest
 
 from eval.beir import iter_corpus, load_queries
 from indexing.sources import SourceDocument, iter_jsonl, read_jsonl
-from quarry.api.app import _documents
 from quarry.api.models import UpsertDocuments
+from quarry.api.routes.documents import documents_of
 from quarry.errors import InvalidDocument, InvalidRequest
 
 BAD: list[tuple[dict[str, Any], str]] = [
@@ -33,7 +33,7 @@ def _jsonl(tmp_path: Path, rows: list[Any]) -> Path:
 
 
 def _api(raw: dict[str, Any]) -> list[SourceDocument]:
-    return _documents(UpsertDocuments.model_validate({"documents": [{"id": "ok", "text": "fine"}, raw]}))
+    return documents_of(UpsertDocuments.model_validate({"documents": [{"id": "ok", "text": "fine"}, raw]}))
 
 
 @pytest.mark.parametrize(("raw", "rule"), BAD, ids=[rule for _, rule in BAD])

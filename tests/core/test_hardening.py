@@ -21,8 +21,9 @@ from indexing.bm25_live import LiveBM25
 from indexing.collections import NAME
 from indexing.sources import SourceDocument, is_blank, parse_document, read_documents
 from quarry.api import create_app
-from quarry.api.app import _rerank_options, router
 from quarry.api.models import SearchIn
+from quarry.api.routes import ROUTERS
+from quarry.api.routes.search import rerank_options_of
 from quarry.errors import ECHO_CHARS, InvalidDocument, InvalidFilter, InvalidRequest, clip
 from quarry.service import Quarry
 from quarry.settings import BM25Settings
@@ -99,7 +100,7 @@ def test_document_ids_are_printable() -> None:
 def test_every_route_parameter_is_matched_whole() -> None:
     """A value with a trailing newline reaches a handler whole, or routes nowhere: never shortened."""
     checked = 0
-    for route in router.routes:
+    for route in (r for router in ROUTERS for r in router.routes):
         if not isinstance(route, Route) or not route.param_convertors:
             continue
         checked += 1
@@ -213,9 +214,9 @@ def test_documents_over_the_size_limits_are_refused(client: TestClient) -> None:
 
 def test_a_client_rerank_budget_is_clamped_to_the_servers(service: Quarry) -> None:
     ask = SearchIn.model_validate({"query": "x", "rerank": {"budget_ms": 3_600_000}})
-    options = _rerank_options(service, ask)
+    options = rerank_options_of(service, ask)
     assert options is not None and options.budget_ms == service.settings.rerank.budget_ms == 2000
-    lower = _rerank_options(service, SearchIn.model_validate({"query": "x", "rerank": {"budget_ms": 50}}))
+    lower = rerank_options_of(service, SearchIn.model_validate({"query": "x", "rerank": {"budget_ms": 50}}))
     assert lower is not None and lower.budget_ms == 50
 
 
