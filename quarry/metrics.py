@@ -19,7 +19,7 @@ without a tenant (:class:`TenantView`), never another tenant's collection names.
 * ``quarry_rate_limited_total``, ``quarry_shed_total{priority}``, ``quarry_auth_failures_total{reason}``:
   defined here, counted by the access layer (API keys, limits, shedding) once it exists.
 * ``quarry_token_limited_total``: answer requests refused (429) by a key's LLM token quota
-  before the LLM was asked (:class:`quarry.api.access.TokenQuota`).
+  before the LLM was asked (:class:`quarry.api.quotas.TokenQuota`).
 * ``quarry_shed_requests_held``: shed requests held before their 503 (:mod:`quarry.api.pacing`).
 * ``quarry_batcher_queue_depth{batcher}``: items waiting in each dynamic batcher (``embed``,
   ``ann``, ``ann-filtered``), read at scrape time (:func:`quarry.microbatch.queue_depths`).

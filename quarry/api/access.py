@@ -20,7 +20,8 @@
    request (or ``reject``) 503 ``Overloaded`` with ``Retry-After``, held a moment first
    (``QUARRY_AUTH__SHED_HOLD_S``, :mod:`quarry.api.pacing`);
 
-and leaves the :class:`~quarry.api.keys.Principal` in ``request.state.principal``. Handlers that
+and leaves the :class:`~quarry.api.keys.Principal` in ``request.state.principal``. The rate and
+token windows are :mod:`quarry.api.quotas`; the shed decision :mod:`quarry.api.shedding`. Handlers that
 take a collection name from the body call :func:`check_collection`; admin actions call
 :func:`audit`.
 
@@ -36,26 +37,19 @@ import functools
 import hashlib
 import ipaddress
 import logging
-import math
 import re
-import threading
-import time
-from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
-from limits import RateLimitItem, RateLimitItemPerMinute, RateLimitItemPerSecond
-from limits.storage import MemoryStorage, Storage, storage_from_string
-from limits.strategies import MovingWindowRateLimiter
 from starlette.datastructures import Headers
 
 from indexing.docstore import AuditEntry, StateStore, off_loop
-from quarry.api import pacing
 from quarry.api.keys import OPEN, CheckSlots, KeyVerifier, Principal
-from quarry.errors import ConfigError, Forbidden, Overloaded, RateLimited, Unauthenticated, clip
-from quarry.metrics import AUTH_FAILURES, IN_FLIGHT, RATE_LIMITED, SHED, TOKEN_LIMITED
+from quarry.api.quotas import KeyTokens, RateLimiter, TokenQuota
+from quarry.api.shedding import CHEAP_ROUTES, Shed, shedding
+from quarry.errors import ConfigError, Forbidden, RateLimited, Unauthenticated, clip
+from quarry.metrics import AUTH_FAILURES, IN_FLIGHT
 from quarry.service import Quarry
 from quarry.settings import AuthSettings
 
@@ -95,205 +89,6 @@ POLICY: dict[tuple[str, str], str | tuple[str, ...] | None] = {
     ("POST", "/v1/collections/{name}/answer"): "read",
     ("POST", "/v1/chat/completions"): "read",
 }
-
-
-class RateLimiter:
-    """Requests per second per key, in a moving window of one second (a rate under 1/s: per minute).
-
-    ``storage_uri`` ``memory://`` (this process) keeps each key's request times in a deque,
-    counted on the caller's thread. ``limits``' own ``MemoryStorage`` starts a timer thread every
-    10 ms to expire its windows, and each ``Thread.start()`` held the event loop until the OS ran
-    the new thread: on the shared 2-core machine a server with one rate-limited key answered
-    ~50 req/s instead of ~300-500, 1-client p50 18-24 ms instead of 1.5 ms (``bench/access.py``).
-    Shared storages for replicas go through the ``limits`` library (its moving window):
-    ``redis://host:6379``, ``memcached://host:11211`` (install the driver).
-    """
-
-    def __init__(self, storage_uri: str = "memory://") -> None:
-        """Open the storage.
-
-        Raises:
-            ConfigError: ``limits`` does not know the URI's scheme, or its driver is missing.
-        """
-        self._windows: dict[str, deque[float]] | None = None
-        self._lock = threading.Lock()
-        # key id -> (time.time() until which its window is full, its rate), set by a refusal:
-        # limited_early's answer before routing, dropped once that time has passed
-        self._full_until: dict[str, tuple[float, float]] = {}
-        self.storage: Storage | None = None
-        if storage_uri.startswith("memory://"):
-            self._windows = {}
-            return
-        try:
-            storage = storage_from_string(storage_uri)
-        except Exception as exc:  # limits raises ConfigurationError / ImportError variants
-            raise ConfigError(f"rate-limit storage {clip(storage_uri)}: {exc}") from exc
-        if not isinstance(storage, Storage):
-            raise ConfigError(f"rate-limit storage {clip(storage_uri)}: an async storage; name the plain one")
-        self.storage = storage
-        self.limiter = MovingWindowRateLimiter(storage)
-        self._items: dict[float, RateLimitItem] = {}
-
-    def _item(self, rate: float) -> RateLimitItem:
-        item = self._items.get(rate)
-        if item is None:
-            item = (
-                RateLimitItemPerSecond(int(rate)) if rate >= 1 else RateLimitItemPerMinute(max(1, round(rate * 60)))
-            )
-            self._items[rate] = item
-        return item
-
-    def spend(self, key_id: str, rate: float) -> None:
-        """Count one request of ``key_id`` against ``rate`` requests/s.
-
-        Raises:
-            RateLimited: The window is full; ``retry_after_s`` is when its oldest request leaves it.
-        """
-        wait = self._local(key_id, rate) if self._windows is not None else self._shared(key_id, rate)
-        if wait is None:
-            return
-        self._full_until[key_id] = (time.time() + wait, rate)
-        RATE_LIMITED.inc()
-        raise self.refusal(key_id, rate, wait)
-
-    @staticmethod
-    def refusal(key_id: str, rate: float, wait: float) -> RateLimited:
-        """The 429 of a key over its rate, ``wait`` seconds before its window has room."""
-        return RateLimited(
-            f"API key qk_{key_id}_… is limited to {rate:g} requests/s; retry in {math.ceil(wait) or 1} s",
-            retry_after_s=max(wait, 1.0),
-        )
-
-    def full(self, key_id: str) -> RateLimited | None:
-        """The 429 of ``key_id`` while its window is full, as its last refusal found it; ``None``: it may have room.
-
-        A dictionary lookup: what :func:`limited_early` asks before routing. A window found full
-        stays full until its oldest request leaves it (a refused request does not count).
-        """
-        found = self._full_until.get(key_id)
-        if found is None:
-            return None
-        wait = found[0] - time.time()
-        if wait <= 0:
-            self._full_until.pop(key_id, None)
-            return None
-        RATE_LIMITED.inc()
-        return self.refusal(key_id, found[1], wait)
-
-    def _local(self, key_id: str, rate: float) -> float | None:
-        """Count in this process: ``None``, or the seconds until the window's oldest request leaves it."""
-        assert self._windows is not None
-        limit, window_s = (int(rate), 1.0) if rate >= 1 else (max(1, round(rate * 60)), 60.0)
-        now = time.time()
-        with self._lock:
-            times = self._windows.get(key_id)
-            if times is None:
-                times = self._windows[key_id] = deque()
-            while times and times[0] <= now - window_s:
-                times.popleft()
-            if len(times) >= limit:
-                return times[0] + window_s - now
-            times.append(now)
-        return None
-
-    def _shared(self, key_id: str, rate: float) -> float | None:
-        item = self._item(rate)
-        if self.limiter.hit(item, "quarry", key_id):
-            return None
-        reset = self.limiter.get_window_stats(item, "quarry", key_id).reset_time
-        return max(0.0, reset - time.time())
-
-
-class TokenQuota:
-    """LLM tokens per key on the answer path, in a moving window of 60 s (the ``limits`` library, ``cost=``).
-
-    A key's ``token_rate`` (tokens/s, ``quarry keys create --tokens 20000/min``) allows
-    ``round(token_rate * 60)`` tokens in any 60 s. Before the LLM is asked, :meth:`reserve` spends
-    the prompt's tokens or refuses (429, the LLM not asked); after the answer :meth:`charge` spends
-    the completion's tokens (the LLM's ``usage``, else the path's own count), as far as the
-    window holds them (``limits`` cannot overdraw a window: a long completion fills it, and the
-    key waits for it to empty). The storage is the request limiter's (``QUARRY_AUTH__RATE_STORAGE``):
-    ``limits``' ``MemoryStorage`` in this process (made on the first answer of a key with a quota;
-    its expiry timer thread starts on such answers only, never on other requests), or the shared
-    store of the replicas.
-    """
-
-    WINDOW_S = 60
-
-    def __init__(self, storage: Storage | None = None) -> None:
-        """Count in ``storage`` (a ``limits`` storage); ``None``: a ``MemoryStorage``, made on first use."""
-        self._storage = storage
-        self._limiter: MovingWindowRateLimiter | None = None
-        self._items: dict[float, RateLimitItem] = {}
-
-    @property
-    def limiter(self) -> MovingWindowRateLimiter:
-        """The moving-window limiter (its ``MemoryStorage`` starts a timer thread: only once a quota is used)."""
-        if self._limiter is None:
-            self._limiter = MovingWindowRateLimiter(self._storage or MemoryStorage())
-        return self._limiter
-
-    def _item(self, token_rate: float) -> RateLimitItem:
-        item = self._items.get(token_rate)
-        if item is None:
-            item = self._items[token_rate] = RateLimitItemPerMinute(max(1, round(token_rate * self.WINDOW_S)))
-        return item
-
-    def reserve(self, key_id: str, token_rate: float, tokens: int) -> None:
-        """Spend ``tokens`` prompt tokens of ``key_id``'s window, or refuse.
-
-        Raises:
-            RateLimited: The window has no room for them (``retry_after_s``: when its oldest tokens
-                leave it, at least 1 s), or they exceed the whole quota (retry after the window).
-        """
-        item, tokens = self._item(token_rate), max(1, tokens)
-        if tokens > item.amount:
-            TOKEN_LIMITED.inc()
-            raise RateLimited(
-                f"API key qk_{key_id}_… has a token quota of {item.amount} LLM tokens/min; this answer's prompt "
-                f"needs {tokens}: ask for fewer sources (context_tokens, top_k)",
-                retry_after_s=float(self.WINDOW_S),
-            )
-        if self.limiter.hit(item, "quarry-tokens", key_id, cost=tokens):
-            return
-        stats = self.limiter.get_window_stats(item, "quarry-tokens", key_id)
-        wait = max(1.0, stats.reset_time - time.time())
-        TOKEN_LIMITED.inc()
-        raise RateLimited(
-            f"API key qk_{key_id}_… has used its token quota of {item.amount} LLM tokens/min ({stats.remaining} "
-            f"left, this answer's prompt needs {tokens}); retry in {math.ceil(wait)} s",
-            retry_after_s=wait,
-        )
-
-    def charge(self, key_id: str, token_rate: float, tokens: int) -> int:
-        """Spend ``tokens`` completion tokens, as many as the window holds; the number spent."""
-        item = self._item(token_rate)
-        room = self.limiter.get_window_stats(item, "quarry-tokens", key_id).remaining
-        cost = min(max(0, tokens), room)
-        if cost and not self.limiter.hit(item, "quarry-tokens", key_id, cost=cost):
-            return 0  # another request took the room meanwhile
-        return cost
-
-
-@dataclass(frozen=True)
-class KeyTokens:
-    """One request's key and its token quota (see :func:`tokens`)."""
-
-    quota: TokenQuota
-    key_id: str
-    token_rate: float
-
-    def reserve(self, tokens: int) -> None:
-        """:meth:`TokenQuota.reserve` for this key.
-
-        Raises:
-            RateLimited: See :meth:`TokenQuota.reserve`.
-        """
-        self.quota.reserve(self.key_id, self.token_rate, tokens)
-
-    def charge(self, tokens: int) -> int:
-        """:meth:`TokenQuota.charge` for this key."""
-        return self.quota.charge(self.key_id, self.token_rate, tokens)
 
 
 def tokens(request: Request) -> KeyTokens | None:
@@ -462,7 +257,7 @@ def shed_early(access: Access, method: str, path: str, headers: Headers) -> Shed
     who = None if key is None else access.verifier.cached(key)
     if who is None:
         return None
-    shed = _shedding(access.settings, who.priority)
+    shed = shedding(access.settings, who.priority)
     if shed is None:
         return None
     if shed.policy != "reject" and method == "POST" and _CHEAP_PATH.fullmatch(path):
@@ -505,66 +300,12 @@ async def authorize(request: Request) -> Principal:
     if who.rate is not None and who.key_id is not None:
         access.limiter.spend(who.key_id, who.rate)
     request.state.principal = who
-    shed = _shedding(access.settings, who.priority)
+    shed = shedding(access.settings, who.priority)
     if shed is not None:
         if shed.policy == "reject" or (request.method, template) not in CHEAP_ROUTES:
             raise await shed.refused()
         request.state.shed = shed  # the handler answers from the cache or BM25, or refuses
     return who
-
-
-# routes with a cheaper honest answer than their full one (the semantic cache, BM25 alone)
-CHEAP_ROUTES = frozenset({
-    ("POST", "/v1/collections/{name}/search"), ("POST", "/v1/collections/{name}/answer"),
-    ("POST", "/v1/chat/completions"),
-})
-
-
-@dataclass(frozen=True)
-class Shed:
-    """A request the saturated server sheds: its priority's policy and how to refuse it.
-
-    ``hold_s`` and ``hold_max``: how long its 503 is held, and the most requests held at once
-    (``QUARRY_AUTH__SHED_HOLD_S``, ``__SHED_HOLD_MAX``; :mod:`quarry.api.pacing`).
-    """
-
-    priority: str
-    policy: str
-    in_flight: int
-    retry_after_s: float
-    hold_s: float = 0.0
-    hold_max: int = 0
-
-    def refuse(self) -> Overloaded:
-        """The 503 (counted in ``quarry_shed_total{priority}``) when no cheap answer exists."""
-        SHED.labels(self.priority).inc()
-        return Overloaded(
-            f"the server is saturated ({self.in_flight} requests in flight) and sheds {self.priority}-priority "
-            f"keys first; retry in {self.retry_after_s:g} s",
-            retry_after_s=self.retry_after_s,
-        )
-
-    async def refused(self) -> Overloaded:
-        """:meth:`refuse`'s 503 after the request's hold (Retry-After pacing, :func:`quarry.api.pacing.hold`)."""
-        await pacing.hold(self.hold_s, self.retry_after_s, self.hold_max)
-        return self.refuse()
-
-
-def _shedding(settings: AuthSettings, priority: int) -> Shed | None:
-    """The shed decision of a key of ``priority`` now (``None``: served in full)."""
-    if not settings.shed_in_flight or priority > 0:
-        return None
-    name, policy = ("low", settings.shed_low) if priority < 0 else ("normal", settings.shed_normal)
-    in_flight = IN_FLIGHT.count
-    if policy == "off" or in_flight <= settings.shed_in_flight:
-        return None
-    return Shed(name, policy, in_flight, settings.shed_retry_after_s, settings.shed_hold_s, settings.shed_hold_max)
-
-
-def shed(request: Request) -> Shed | None:
-    """The request's :class:`Shed` when the access layer let it through for a cheap answer."""
-    found: Shed | None = getattr(request.state, "shed", None)
-    return found
 
 
 def service(request: Request) -> Quarry:

@@ -16,7 +16,7 @@ the sources are still returned and ``degraded`` says ``llm: <why>``; with ``requ
 error is returned instead (503 with ``Retry-After``, or 502 for a refusal). In a stream, a
 failure after the ``sources`` event ends it with an ``error`` event.
 
-Token quota: for a key with one (``quarry keys create --tokens``, :class:`quarry.api.access.TokenQuota`),
+Token quota: for a key with one (``quarry keys create --tokens``, :class:`quarry.api.quotas.TokenQuota`),
 the prompt's tokens are spent before the LLM is asked (429 ``RateLimited`` with ``Retry-After``
 and the LLM not asked when the key's window has no room), the completion's when the answer is
 done (at the end of a stream); a semantic-cache hit costs nothing.
@@ -42,7 +42,7 @@ from indexing.collections import check_name_length
 from indexing.docstore import off_loop
 from indexing.sources import is_blank
 from quarry import errors as e
-from quarry.api import access, edge
+from quarry.api import access, edge, shedding
 from quarry.api.cache import directives
 from quarry.api.edge import Checked, Identifier
 from quarry.api.errors import error_responses
@@ -154,7 +154,7 @@ async def answer(
     skip it), ``cache_reason`` a miss's reason.
     """
     events = await answers.events(
-        q.view, name, body.request(), cache=directives(request.headers), shed=access.shed(request),
+        q.view, name, body.request(), cache=directives(request.headers), shed=shedding.shed(request),
         quota=access.tokens(request),
     )
     if body.stream:
@@ -257,7 +257,7 @@ async def chat_completions(
         require_answer=opts.require_answer, min_score=opts.min_score,
     )
     events = await answers.events(
-        q.view, collection, answer_in.request(), cache=directives(request.headers), shed=access.shed(request),
+        q.view, collection, answer_in.request(), cache=directives(request.headers), shed=shedding.shed(request),
         quota=access.tokens(request),
     )
     ident, created = f"chatcmpl-quarry-{uuid.uuid4().hex}", int(time.time())

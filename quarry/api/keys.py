@@ -74,7 +74,7 @@ class Principal:
         rate: Requests per second allowed (``None``: unlimited).
         priority: ``-1`` low, ``0`` normal, ``1`` high (:data:`PRIORITIES`).
         token_rate: LLM tokens per second allowed on the answer path, over a moving window of 60 s
-            (``None``: unlimited; :class:`quarry.api.access.TokenQuota`).
+            (``None``: unlimited; :class:`quarry.api.quotas.TokenQuota`).
     """
 
     key_id: str | None

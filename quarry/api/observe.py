@@ -24,8 +24,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from quarry import tracing
 from quarry.api import pacing
-from quarry.api.access import Shed, limited_early, shed_early
+from quarry.api.access import limited_early, shed_early
 from quarry.api.errors import error_body
+from quarry.api.shedding import Shed
 from quarry.errors import Overloaded, RateLimited
 from quarry.logs import REQUEST_ID, SHED_REPLY, request_id
 from quarry.metrics import IN_FLIGHT, LATENCY, REQUESTS

@@ -27,7 +27,7 @@ from prometheus_client import REGISTRY
 
 from indexing.docstore import StateStore, open_docstore
 from quarry import metrics
-from quarry.api import access, create_app, keys, observe, pacing
+from quarry.api import access, create_app, keys, observe, pacing, quotas
 from quarry.api.access import check_bind
 from quarry.api.keys import KeyVerifier, check_secret, hash_secret, new_key
 from quarry.errors import ConfigError, RateLimited, Unauthenticated
@@ -140,7 +140,7 @@ def test_rate_limit_10_per_s_at_50_per_s_for_5_s(
 
     clock = Clock()
     monkeypatch.setattr(limits.storage.memory, "time", clock)
-    monkeypatch.setattr(access, "time", clock)
+    monkeypatch.setattr(quotas, "time", clock)
     monkeypatch.setattr(server[0].settings.auth, "limit_hold_s", 0.0)  # 429s paced: test_attacks.py
     ok = limited = 0
     for i in range(250):  # 50 req/s for 5 s
@@ -396,8 +396,8 @@ def test_in_process_rate_limit_counts_without_starting_threads(monkeypatch: pyte
             return self.now
 
     clock = Clock()
-    monkeypatch.setattr(access, "time", clock)
-    limiter = access.RateLimiter("memory://")
+    monkeypatch.setattr(quotas, "time", clock)
+    limiter = quotas.RateLimiter("memory://")
     for _ in range(100):
         limiter.spend("k1", 100.0)
     with pytest.raises(RateLimited) as refused:

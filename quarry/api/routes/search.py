@@ -11,7 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from quarry import errors as e
 from quarry import metrics
-from quarry.api import access
+from quarry.api import shedding
 from quarry.api.deps import STORE_ERRORS, Service
 from quarry.api.errors import error_responses
 from quarry.api.models import SearchIn, SearchOut
@@ -44,7 +44,7 @@ async def search(name: str, body: SearchIn, request: Request, q: Service) -> Res
     """  # noqa: D301 - the form feed is FastAPI's cut
     started = time.perf_counter()
     rerank = rerank_options_of(q, body)
-    shed = access.shed(request)
+    shed = shedding.shed(request)
     if shed is not None:  # saturated: BM25 alone where it is cheaper than what was asked, else the 503
         if body.mode == "dense" or (body.mode == "bm25" and rerank is None):
             raise await shed.refused()  # nothing cheaper than a dense-only or a plain BM25 search
