@@ -16,7 +16,7 @@ The steps (docs/design-state.md, issue 22), each safe to interrupt before the sw
    build does not hold;
 4. verify recall, still without the lock: recall@10 of the new ANN index, searched at the
    searcher's depth as live searches are (``depth``), against the store's exact search
-   (:func:`monitoring.monitor.exact_recalls`), over a sample of its own vectors as queries, is
+   (:func:`monitoring.exact.exact_recalls`), over a sample of its own vectors as queries, is
    at least ``QUARRY_REINDEX__RECALL_FLOOR``; replay the writes made meanwhile;
 5. under the write lock, for as long as the last few writes take: replay what is left (no
    write can land between it and the swap), check that the vector count equals the docstore's
@@ -61,7 +61,7 @@ from indexing.pipeline import indexed_text, plan_chunks
 from indexing.planner import IndexPlan
 from indexing.sources import SourceDocument
 from indexing.versions import SUFFIX, chunking_of, new_chunking, same_chunking
-from monitoring.monitor import Sample, exact_recalls
+from monitoring.exact import Sample, exact_recalls
 from monitoring.recall import DEFAULT_TOL
 from quarry.errors import ModelDimensionMismatch, ReindexFailed, ReindexRunning
 from quarry.settings import ReindexSettings
@@ -489,7 +489,7 @@ class Reindexer:
         The queries are ``recall_sample`` of its own stored vectors (a seeded sample of the
         chunk ids); each is searched as a live search is (the ANN asked for ``depth``
         candidates, the first 10 kept) and compared with the store's exact answer
-        (:func:`monitoring.monitor.exact_recalls`: an ANN hit counts when it is in the exact
+        (:func:`monitoring.exact.exact_recalls`: an ANN hit counts when it is in the exact
         top 10 or ties its 10th score).
 
         Returns:

@@ -3,7 +3,9 @@
 * :mod:`monitoring.recall`: tie-aware recall@k and the filter-selectivity buckets (pure functions);
 * :mod:`monitoring.monitor`: :class:`~monitoring.monitor.RecallMonitor`, which samples live dense
   and hybrid searches, re-runs each exactly in a background thread (``VectorStore.search_exact``),
-  exports Prometheus metrics and serves recent figures and the reindex trigger;
+  serves recent figures and the reindex trigger;
+* :mod:`monitoring.exact`: a sample and its measurement against exact search (the reindex check's too);
+* :mod:`monitoring.metrics`: the monitor's Prometheus series;
 * :mod:`monitoring.recent`: the last sampled queries per collection, kept on disk for
   ``quarry recall`` and a reindex's verification.
 """

@@ -13,6 +13,9 @@ ANN's ids and row counts kept :data:`COUNT_TTL_S` seconds; recall@k is tie-aware
 ``cpu_share`` of one core (waiting on a store server costs no CPU, so it does not slow the
 sampler down).
 
+Samples and their exact measurement: :mod:`monitoring.exact`; the Prometheus series:
+:mod:`monitoring.metrics`.
+
 Figures are kept per version: windows are keyed by the store collection that answered
 (``Sample.physical``), so a reindex's swap starts fresh buckets, and :meth:`RecallMonitor.figures`
 and :meth:`RecallMonitor.trigger` read the live version's (the one the service names, else the
@@ -45,82 +48,26 @@ import queue
 import random
 import threading
 import time
-import weakref
 from collections import deque
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from prometheus_client import REGISTRY, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
-from monitoring.recall import BUCKETS, Bucket, recall_at_k, selectivity_bucket
+from monitoring.exact import Measurement, Sample, exact_recalls, filter_key, groups
+from monitoring.metrics import DROPPED, ERRORS, MONITORS, OFFERED, RECALL, SAMPLES
+from monitoring.recall import BUCKETS, Bucket, selectivity_bucket
 from monitoring.recent import RecentQueries
 from quarry.settings import MonitorSettings
 from stores.base import Metric, ScoredId, VectorStore
 from stores.filters import Filter
 
 log = logging.getLogger(__name__)
-RECALL = Histogram(
-    "quarry_recall", "Tie-aware recall@k of sampled ANN answers against exact search",
-    ["tenant", "collection", "selectivity"], buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0),
-)
-SAMPLES = Counter(
-    "quarry_recall_samples", "Sampled searches measured exactly", ["tenant", "collection", "selectivity"]
-)
-OFFERED = Counter("quarry_recall_samples_offered", "Searches drawn for a recall sample", ["tenant", "collection"])
-DROPPED = Counter(
-    "quarry_recall_samples_dropped", "Sampled searches dropped: the queue was full", ["tenant", "collection"]
-)
-ERRORS = Counter("quarry_recall_sample_errors", "Sampled searches whose exact search failed", ["tenant", "collection"])
 MAX_BATCH = 64  # samples the worker measures together (one exact search per store collection and filter)
 COUNT_TTL_S = 30.0  # row counts (the selectivity bucket's share) are re-read after this many seconds
 KEPT_VERSIONS = 2  # store collections per collection whose windows are kept (the live one and the one before)
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One search to measure.
-
-    Attributes:
-        collection: The collection (or alias) searched.
-        metric: Its metric (to score the ANN's ids exactly).
-        vector: The query vector, ``(dim,) float32``.
-        flt: The search's filter.
-        k: Recall cut-off: the search's ``top_k``.
-        ids: The ANN answer's first ``k`` ids, best first (searched at the live depth).
-        physical: The store collection the ANN searched (a version's, ``indexing.versions``);
-            ``None``: ``collection`` itself. The exact re-run reads that one, so it measures the
-            index that answered, with vectors of the query's own model, and the figures are
-            kept under it (a swap starts fresh ones).
-    """
-
-    collection: str
-    metric: Metric
-    vector: npt.NDArray[np.float32]
-    flt: Filter | None
-    k: int
-    ids: tuple[str, ...]
-    physical: str | None = None
-
-    @property
-    def store_name(self) -> str:
-        """The store collection to re-run it on."""
-        return self.physical or self.collection
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """A sample's outcome: recall@k, its selectivity bucket and the rows the filter matched."""
-
-    collection: str
-    bucket: Bucket
-    recall: float
-    matching: int | None
-    total: int
 
 
 @dataclass(frozen=True)
@@ -198,7 +145,7 @@ class RecallMonitor:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        _MONITORS.add(self)
+        MONITORS.add(self)
 
     # -- the request path ---------------------------------------------------------------------
 
@@ -372,7 +319,7 @@ class RecallMonitor:
             except Exception as exc:  # noqa: BLE001 - a full disk must not stop the measuring
                 log.warning("recording %d sampled queries failed: %s", len(samples), exc)
         out: list[Measurement | Exception | None] = [None] * len(samples)
-        for indexes in _groups(samples):
+        for indexes in groups(samples):
             group = [samples[i] for i in indexes]
             try:
                 measured: list[Measurement | Exception] = list(self._measure_group(group))
@@ -401,7 +348,7 @@ class RecallMonitor:
 
     def _count(self, name: str, flt: Filter | None) -> int:
         """Rows of ``name`` (matching ``flt``), re-read every :data:`COUNT_TTL_S` seconds."""
-        key = (name, _key(flt))
+        key = (name, filter_key(flt))
         now = time.monotonic()
         with self._lock:
             cached = self._counts.get(key)
@@ -532,104 +479,3 @@ class RecallMonitor:
                 continue
         if self.recent is not None:
             self.recent.forget(collection)
-
-
-def exact_recalls(store: VectorStore, samples: Sequence[Sample], tolerance: float) -> list[float]:
-    """Tie-aware recall@k of samples of one store collection and filter against its exact answers.
-
-    One :meth:`~stores.base.VectorStore.search_exact` for all (at the largest ``k``) and one
-    ``get`` of the ANN's ids (their true scores, for ties); the reindex's check uses it too.
-
-    Args:
-        store: The vector store.
-        samples: Searches of ``samples[0].store_name`` with ``samples[0].flt``, each with its ANN ids.
-        tolerance: Score tolerance of a tie (``MonitorSettings.tolerance``).
-
-    Returns:
-        Recall@k per sample, in ``[0, 1]``.
-
-    Raises:
-        QuarryError: The store failed.
-    """
-    if not samples:
-        return []
-    first = samples[0]
-    name = first.store_name
-    queries = np.stack([np.asarray(s.vector, dtype=np.float32) for s in samples])
-    exact = store.search_exact(name, queries, max(s.k for s in samples), first.flt)
-    wanted = list(dict.fromkeys(i for s in samples for i in s.ids))
-    found = {r.id: r.vector for r in store.get(name, wanted)} if wanted else {}
-    out = []
-    for sample, query, answer in zip(samples, queries, exact, strict=True):
-        true = [_score(sample.metric, query, found[i]) if i in found else float("-inf") for i in sample.ids]
-        out.append(recall_at_k(list(sample.ids), true, [h.id for h in answer], [h.score for h in answer], sample.k,
-                               tolerance))
-    return out
-
-
-def _key(flt: Filter | None) -> Hashable:
-    """A filter as a dictionary key (filters are frozen dataclasses; ``repr`` for one holding a list)."""
-    try:
-        hash(flt)
-    except TypeError:
-        return repr(flt)
-    return flt
-
-
-def _groups(samples: Sequence[Sample]) -> Iterable[list[int]]:
-    """Indexes of ``samples`` grouped by store collection, filter and metric (one exact search each)."""
-    groups: dict[tuple[str, Hashable, str], list[int]] = {}
-    for i, s in enumerate(samples):
-        groups.setdefault((s.store_name, _key(s.flt), s.metric), []).append(i)
-    return groups.values()
-
-
-def _score(metric: Metric, query: npt.NDArray[np.float32], vector: npt.NDArray[np.float32]) -> float:
-    """A stored vector's score as the stores give it: inner product, or ``-`` Euclidean distance."""
-    if metric == "l2":
-        return -float(np.linalg.norm(query - vector))
-    return float(np.dot(query, vector))
-
-
-_MONITORS: weakref.WeakSet[RecallMonitor] = weakref.WeakSet()
-
-
-class _Windows(Collector):
-    """``quarry_recall_window_mean`` / ``_samples``: every monitor's serving versions, read at each scrape.
-
-    Per ``(tenant, collection, selectivity)``, over ``trigger_window_s``: the figures the trigger
-    reads. Two monitors of one tenant with a same-named collection give one series, the lower mean;
-    two tenants' same-named collections are two series.
-    """
-
-    def collect(self) -> Iterable[GaugeMetricFamily]:
-        rows: dict[tuple[str, str, str], tuple[float, int]] = {}
-        for monitor in list(_MONITORS):
-            for collection in monitor.collections():
-                for bucket, values in monitor.window(collection).items():
-                    if not values:
-                        continue
-                    mean, n = float(np.mean(values)), len(values)
-                    key = (monitor.tenant, collection, bucket)
-                    seen = rows.get(key)
-                    if seen is None or mean < seen[0]:
-                        rows[key] = (mean, n)
-        means, counts = self.describe()
-        for labels, (mean, n) in sorted(rows.items()):
-            means.add_metric(list(labels), mean)
-            counts.add_metric(list(labels), n)
-        yield means
-        yield counts
-
-    def describe(self) -> list[GaugeMetricFamily]:
-        labels = ["tenant", "collection", "selectivity"]
-        return [
-            GaugeMetricFamily("quarry_recall_window_mean",
-                              "Mean recall@k of the live version's samples over QUARRY_MONITOR__TRIGGER_WINDOW_S",
-                              labels=labels),
-            GaugeMetricFamily("quarry_recall_window_samples",
-                              "Samples of the live version over QUARRY_MONITOR__TRIGGER_WINDOW_S", labels=labels),
-        ]
-
-
-REGISTRY.register(_Windows())

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from monitoring.monitor import Measurement, Sample
+from monitoring.exact import Measurement, Sample
 from monitoring.recall import BUCKETS
 from monitoring.recent import RecordedQuery
 from quarry.errors import InvalidRequest

@@ -247,7 +247,7 @@ def test_recall_trigger_reindexes_once(
     150 documents no index of these engines answers a live search below the floor (pgvector
     re-runs short IVF answers exactly), so the weak index is stood for by the wrong answer.
     """
-    from monitoring.monitor import Sample
+    from monitoring.exact import Sample
     from quarry.settings import MonitorSettings
 
     settings = Settings(

@@ -25,7 +25,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from indexing.sources import SourceDocument, iter_jsonl
-from monitoring.monitor import RecallMonitor, Sample
+from monitoring.exact import Sample
+from monitoring.monitor import RecallMonitor
 from quarry.errors import ReindexFailed
 from quarry.scheduler import recall_reason
 from quarry.service import Quarry
