@@ -50,7 +50,7 @@ from quarry.errors import EvaluationError, InvalidRequest
 if TYPE_CHECKING:
     from indexing.collections import FusionConfig
     from quarry.service import Quarry
-    from retrieval.search import Mode
+    from retrieval.results import Mode
 
 SearchHit = tuple[str, float] | tuple[str, float, Mapping[str, int]]
 """``(document_id, score)``, or ``(document_id, score, {channel: 1-based rank in that channel})``."""

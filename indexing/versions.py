@@ -14,7 +14,7 @@ N ≥ 2   ``<name>__v<N>``             a reindex (:mod:`indexing.reindex`)
 ======  ===========================  =====================================================
 
 Quarry's own readers and writers take the store collection *and* the query model from the
-same version record (:class:`~retrieval.search.DenseTarget`), so a query vector is never
+same version record (:class:`~retrieval.results.DenseTarget`), so a query vector is never
 searched against vectors of another model. The store alias ``<name>`` is kept pointing at the
 live version for outside readers once ``<name>`` is no longer a physical collection (after
 version 1 is dropped at the end of its retention).

@@ -121,7 +121,7 @@ class SearchTelemetry:
     """What a finished search reports: its stages' histograms, its degradation, its spans.
 
     Called by :class:`~retrieval.search.Searcher` once per search with its
-    :attr:`~retrieval.search.SearchResult.stage_times`; the labelled histogram children are kept
+    :attr:`~retrieval.results.SearchResult.stage_times`; the labelled histogram children are kept
     per ``(stage, collection, mode)`` so that a search costs one dictionary lookup per stage.
 
     Args:

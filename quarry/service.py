@@ -43,7 +43,8 @@ from quarry.services.view import (
 )
 from quarry.settings import Settings
 from rerank.base import Reranker
-from retrieval.search import Mode, RerankOptions, Searcher, SearchResult
+from retrieval.results import Mode, RerankOptions, SearchResult
+from retrieval.search import Searcher
 from stores.base import VectorStore
 
 

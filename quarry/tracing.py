@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 class SearchResult(Protocol):
-    """What a search span reads of a search's answer (:class:`retrieval.search.SearchResult`)."""
+    """What a search span reads of a search's answer (:class:`retrieval.results.SearchResult`)."""
 
     @property
     def hits(self) -> Sequence[Any]: ...  # noqa: D102

@@ -11,7 +11,7 @@ from typing import Protocol
 
 from quarry.errors import InvalidRequest, clip
 from quarry.settings import RerankSettings
-from retrieval.search import RerankOptions
+from retrieval.results import RerankOptions
 
 
 class RerankAsk(Protocol):

@@ -18,50 +18,53 @@ query is queued for the embedding model first and BM25 scores while the model ru
 The query is written once, as steps that yield two futures (the query's vector from the batching
 embedder, its ANN hits from :class:`~retrieval.ann_batching.BatchingSearch`): :meth:`Searcher.search`
 blocks on them in the calling thread (CLI, evaluation), :meth:`Searcher.search_async` awaits them
-on the REST API's event loop.
+on the REST API's event loop (the step driver: :mod:`retrieval.steps`). What a search returns:
+:mod:`retrieval.results`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-import threading
 import time
 from collections.abc import Callable, Generator, Sequence
-from concurrent.futures import Future, wait
-from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, cast
+from concurrent.futures import Future
+from typing import Any
 
 import numpy as np
 
 from embedding.base import Embeddings, QueryEncoder
 from indexing.bm25_registry import BM25Registry
-from indexing.chunking import document_id_of
 from indexing.collections import CollectionConfig, FusionConfig, model_mismatch
 from indexing.docstore import DocStore, cache_only
-from indexing.sources import check_unicode, is_blank
 from indexing.text import tokenize
 from quarry.breaker import OutageBreaker, failed
 from quarry.errors import (
     EmbeddingError,
     EmbeddingUnavailable,
-    InvalidQuery,
     ModelDimensionMismatch,
     ModelMismatch,
     QuarryError,
     StoreTimeout,
     StoreUnavailable,
-    clip,
 )
 from quarry.settings import SearchSettings
 from rerank.base import Reranker
 from retrieval.ann_batching import BatchingSearch
-from retrieval.fusion import Fusion, fuse
+from retrieval.fusion import Fusion
+from retrieval.page import SearchRequest, check_min_score, check_query, fuse_channels, hydrate
+from retrieval.results import (
+    Candidate,
+    Channel,
+    DenseTarget,
+    Mode,
+    RerankOptions,
+    SearchResult,
+    ranked,
+)
+from retrieval.steps import Late, StateRead, advance, outcome, read_outcome, resolve
 from stores.base import ScoredId, VectorStore
 from stores.filters import Filter, predicate
 
-Mode = Literal["bm25", "dense", "hybrid"]
-MODES: tuple[Mode, ...] = ("bm25", "dense", "hybrid")
 DEPTH_FACTOR = 2  # chunks fetched per channel = DEPTH_FACTOR × rank_window_size
 # On the REST path a query longer than this (characters), or one with a filter (a Python test of
 # every row's payload), tokenises and scores BM25 in a worker thread, off the event loop: four
@@ -71,118 +74,6 @@ LOOP_QUERY_CHARS = 256
 # the store collection searched);
 # must return at once (the recall monitor's RecallMonitor.offer queues a sample or does nothing).
 DenseSampler = Callable[[str, Any, Any, Filter | None, int, Sequence[ScoredId], str], object]
-
-
-class _Request(NamedTuple):
-    """A search's fusion (resolved) and score floor."""
-
-    fusion: Fusion
-    min_score: float | None
-
-
-class _Late(Exception):
-    """Thrown into the query's steps when the future they wait on missed the dense deadline."""
-
-
-class ChannelHit(NamedTuple):
-    """A chunk found by one channel: 1-based rank (after grouping), score, chunk id (a named tuple: cheap to build)."""
-
-    key: str
-    chunk_id: str
-    document_id: str
-    rank: int
-    score: float
-
-
-@dataclass(frozen=True, slots=True)
-class _Channel:
-    """One channel's ranked hits as parallel lists (position ``i`` has rank ``i + 1``).
-
-    Columns, not a :class:`ChannelHit` per hit: a channel keeps up to ``rank_window_size``
-    hits per query, and fusion reads only their keys; hits are built for the fused page alone.
-    """
-
-    keys: list[str]
-    chunk_ids: list[str]
-    document_ids: list[str]
-    scores: list[float]
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def hit(self, i: int) -> ChannelHit:
-        """The hit at position ``i`` (rank ``i + 1``)."""
-        return ChannelHit(self.keys[i], self.chunk_ids[i], self.document_ids[i], i + 1, self.scores[i])
-
-
-class _Candidate(NamedTuple):
-    """A fused candidate: its key, fused (or single-channel) score and the hit of each channel."""
-
-    key: str
-    score: float
-    channels: dict[str, ChannelHit]
-    fused: bool = False  # scored by the fusion over two channels
-    normalized: dict[str, float] | None = None  # each channel's contribution before its weight
-    rerank: dict[str, float] | None = None  # cross-encoder score and rank before it
-
-    @property
-    def best(self) -> ChannelHit:
-        """The channel hit whose chunk represents this candidate (the best-ranked one)."""
-        return min(self.channels.values(), key=lambda h: h.rank)
-
-
-@dataclass
-class Hit:
-    """One result returned to the caller."""
-
-    document_id: str
-    chunk_id: str
-    score: float
-    text: str
-    metadata: dict[str, Any]
-    explain: dict[str, Any]
-
-
-@dataclass
-class SearchResult:
-    """A page of hits plus how it was produced.
-
-    ``total`` is the number of candidates the page is cut from: the distinct hits (documents
-    when grouping) of the channels' candidate windows (``rank_window_size`` each; in hybrid mode
-    their union, at most twice that) whose score passes ``min_score``. Pages reach
-    ``min(total, rank_window_size)`` of them.
-    """
-
-    hits: list[Hit]
-    total: int
-    mode: Mode
-    degraded: list[str] = field(default_factory=list)
-    reranked: bool | None = None
-    rerank_reason: str | None = None
-    timings_ms: dict[str, float] = field(default_factory=dict)
-    # (start, end) of each stage in time.perf_counter() seconds: embed, bm25, ann, fusion, rerank, hydrate
-    stage_times: dict[str, tuple[float, float]] = field(default_factory=dict, repr=False, compare=False)
-
-
-@dataclass(frozen=True)
-class DenseTarget:
-    """Where a query's dense channel searches: a version's store collection and that version's model.
-
-    Chosen together from one version record (``indexing.versions``), so that a query vector is
-    only ever searched against vectors of the same model.
-    """
-
-    physical: str
-    encoder: QueryEncoder
-
-
-@dataclass(frozen=True)
-class RerankOptions:
-    """Rerank the fused top ``top_n`` within ``budget_ms``."""
-
-    top_n: int
-    budget_ms: float
-    batch_size: int = 32
 
 
 class Searcher:
@@ -312,7 +203,7 @@ class Searcher:
         deadline = None if dense_timeout_s is None else time.monotonic() + dense_timeout_s
         request = self._request(cfg, fusion, min_score)
         steps = self._steps(cfg, query, top_k, mode, flt, offset, group, rerank, request, target, within)
-        return _resolve(steps, deadline)
+        return resolve(steps, deadline)
 
     async def search_async(  # noqa: PLR0913 - these are the request's fields
         self,
@@ -357,23 +248,23 @@ class Searcher:
         if threaded or (
             mode != "dense" and (len(query) > LOOP_QUERY_CHARS or flt is not None or not self._bm25_current(cfg.name))
         ):
-            step = await asyncio.to_thread(_advance, steps, None)
+            step = await asyncio.to_thread(advance, steps, None)
         else:
-            step = _advance(steps, None)
+            step = advance(steps, None)
         while isinstance(step, StateRead | Future):
             if isinstance(step, StateRead):  # on the state's threads, failed there at its deadline
                 read: Future[Any] = self._docstore.submit(step.fn, *step.args)
                 await asyncio.wait({asyncio.wrap_future(read)})
-                step = await asyncio.to_thread(_advance, steps, read) if threaded else _advance(steps, read)
+                step = await asyncio.to_thread(advance, steps, read) if threaded else advance(steps, read)
                 continue
             waiting = asyncio.wrap_future(step)
-            waiting.add_done_callback(_read_outcome)  # read even when the query stopped waiting
+            waiting.add_done_callback(read_outcome)  # read even when the query stopped waiting
             done, _ = await asyncio.wait({waiting}, timeout=max(0.0, deadline - time.monotonic()))
-            outcome: tuple[Future[Any] | None, _Late | None] = (step, None) if done else (None, _Late())
+            outcome: tuple[Future[Any] | None, Late | None] = (step, None) if done else (None, Late())
             if threaded:
-                step = await asyncio.to_thread(_advance, steps, *outcome)
+                step = await asyncio.to_thread(advance, steps, *outcome)
             else:
-                step = _advance(steps, *outcome)
+                step = advance(steps, *outcome)
         return step
 
     def _bm25_current(self, name: str) -> bool:
@@ -395,7 +286,7 @@ class Searcher:
         offset: int,
         group: bool,
         rerank: RerankOptions | None,
-        request: _Request,
+        request: SearchRequest,
         target: DenseTarget | None = None,
         within: str | None = None,
         embedded: Future[Embeddings] | None = None,
@@ -403,12 +294,14 @@ class Searcher:
         """The query as steps, each waiting on a future (or a state read: :class:`StateRead`).
 
         Each ``yield`` hands out a future (the query's vector, then its ANN hits) and takes its
-        result back, or its exception thrown in; the caller decides how to wait (:func:`_resolve`
+        result back, or its exception thrown in; the caller decides how to wait (:func:`retrieval.steps.resolve`
         blocks, :meth:`search_async` awaits).
         """
-        self._validate(query, top_k, offset, mode, rerank)
+        check_query(
+            query, top_k, offset, mode, rerank, max_chars=self._settings.max_query_chars, window=self.window
+        )
         result = SearchResult([], 0, mode)
-        channels: dict[str, _Channel] = {}
+        channels: dict[str, Channel] = {}
         started = time.perf_counter()
         # The model runs while BM25 scores; submit never blocks (errors come through the future).
         physical, encoder = (cfg.name, self._embedder) if target is None else (target.physical, target.encoder)
@@ -422,7 +315,7 @@ class Searcher:
                 embeddings = yield pending
             except EmbeddingError as exc:
                 _skip_dense(result, exc)
-            except _Late:
+            except Late:
                 no_vector = EmbeddingUnavailable(f"no query vector within {self._late()}")
                 self._embed_breaker.record(no_vector)  # a hung model server is skipped like a down one
                 _skip_dense(result, no_vector)
@@ -444,7 +337,7 @@ class Searcher:
                     found: list[ScoredId] = yield asked
                 except StoreUnavailable as exc:
                     _skip_dense(result, exc)
-                except _Late:
+                except Late:
                     no_hits = StoreTimeout(f"the vector store did not answer within {self._late()}")
                     self._ann.late(asked, no_hits)  # this query's failure; several in a row: an outage
                     _skip_dense(result, no_hits)
@@ -452,7 +345,7 @@ class Searcher:
                     ended = time.perf_counter()
                     result.timings_ms["ann"] = (ended - ann_started) * 1000
                     result.stage_times["ann"] = (ann_started, ended)
-                    channels["dense"] = _ranked([h.id for h in found], [h.score for h in found], group, self.window)
+                    channels["dense"] = ranked([h.id for h in found], [h.score for h in found], group, self.window)
                     self._sample_dense(cfg.name, cfg.metric, embeddings.vectors[0], flt, top_k, found, physical)
                     result.timings_ms["dense"] = (time.perf_counter() - dense_started) * 1000
         needed = offset + top_k if rerank is None else max(offset + top_k, rerank.top_n)
@@ -463,7 +356,7 @@ class Searcher:
         started_hydrate = time.perf_counter()
         # the state read is a step: in this thread for search(), on the state's threads for search_async()
         stored = yield StateRead(self._docstore.get_chunks, cfg.name, [item.best.chunk_id for item in page])
-        result.hits = self._hydrate(page, request.fusion, stored)
+        result.hits = hydrate(page, request.fusion, stored)
         ended = time.perf_counter()
         result.timings_ms["hydrate"] = (ended - started_hydrate) * 1000
         result.stage_times["hydrate"] = (started_hydrate, ended)
@@ -491,44 +384,15 @@ class Searcher:
         if skipped is not None:
             return failed(skipped)
         pending = (encoder or self._embedder).submit([query])
-        pending.add_done_callback(lambda done: self._embed_breaker.record(_outcome(done)))
+        pending.add_done_callback(lambda done: self._embed_breaker.record(outcome(done)))
         return pending
 
     def _late(self) -> str:
         return f"{self._settings.dense_timeout_s:g} s (QUARRY_SEARCH__DENSE_TIMEOUT_S)"
 
-    def _validate(self, query: str, top_k: int, offset: int, mode: str, rerank: RerankOptions | None) -> None:
-        limit = self._settings.max_query_chars
-        if len(query) > limit:
-            raise InvalidQuery(
-                f"query is {len(query):,} characters; the limit is {limit:,} (QUARRY_SEARCH__MAX_QUERY_CHARS)"
-            )
-        if is_blank(query):  # "   ", and "\u200b", "\u0000", "\ufeff": nothing visible, nothing to rank by
-            raise InvalidQuery("query must not be empty (it holds no visible character)")
-        check_unicode(query, "query", InvalidQuery)
-        if "\x00" in query:  # as in a document's text: nothing stores or tokenizes it
-            raise InvalidQuery(f"query holds a NUL character at character {query.index(chr(0))}")
-        if mode not in MODES:
-            raise InvalidQuery(f"unknown mode {clip(mode)}; use one of {', '.join(MODES)}")
-        if top_k < 1:
-            raise InvalidQuery(f"top_k must be >= 1, got {top_k}")
-        if offset < 0:
-            raise InvalidQuery(f"offset must be >= 0, got {offset}")
-        if offset + top_k > self.window:
-            raise InvalidQuery(
-                f"offset + top_k must be <= {self.window} (rank_window_size, "
-                f"QUARRY_SEARCH__CANDIDATES), got {offset} + {top_k}"
-            )
-        if rerank is not None and offset + top_k > rerank.top_n:
-            raise InvalidQuery(
-                f"offset + top_k must be <= rerank.top_n ({rerank.top_n}: the reranked window, as "
-                f"Elasticsearch's rank_window_size), got {offset} + {top_k}; a page past it would mix "
-                "cross-encoder and fusion scores"
-            )
-
     def _bm25_channel(
         self, cfg: CollectionConfig, query: str, flt: Filter | None, group: bool, within: str | None = None,
-    ) -> _Channel:
+    ) -> Channel:
         index = self._bm25.get(cfg.name)
         keep = None if flt is None else predicate(flt)
         tokens = tokenize(query, cfg.language)
@@ -540,14 +404,14 @@ class Searcher:
         row_list = rows[: self.window].tolist()
         chunk_ids = [index.chunk_ids[r] for r in row_list]
         document_ids = [index.document_ids[r] for r in row_list]
-        return _Channel(document_ids if group else chunk_ids, chunk_ids, document_ids, scores[: self.window].tolist())
+        return Channel(document_ids if group else chunk_ids, chunk_ids, document_ids, scores[: self.window].tolist())
 
     def _timed_fuse(
-        self, channels: dict[str, _Channel], needed: int, request: _Request, result: SearchResult
-    ) -> tuple[list[_Candidate], int]:
-        """:meth:`_fuse`, its time recorded as the ``fusion`` stage when two channels are fused."""
+        self, channels: dict[str, Channel], needed: int, request: SearchRequest, result: SearchResult
+    ) -> tuple[list[Candidate], int]:
+        """:func:`~retrieval.page.fuse_channels`, timed as the ``fusion`` stage when two channels are fused."""
         started = time.perf_counter()
-        fused = self._fuse(channels, needed, request)
+        fused = fuse_channels(channels, needed, request)
         if len(channels) > 1:
             result.stage_times["fusion"] = (started, time.perf_counter())
         return fused
@@ -565,37 +429,13 @@ class Searcher:
                 setting = layer.over(setting)
         return setting
 
-    def _request(self, cfg: CollectionConfig, fusion: FusionConfig | None, min_score: float | None) -> _Request:
-        if min_score is not None and not math.isfinite(min_score):
-            raise InvalidQuery(f"min_score must be a finite number, got {min_score!r}")
-        return _Request(self.fusion(cfg, fusion), min_score)
-
-    def _fuse(self, channels: dict[str, _Channel], needed: int, request: _Request) -> tuple[list[_Candidate], int]:
-        """The best ``needed`` candidates passing ``min_score`` (hits of each channel attached) and how many pass."""
-        floor = request.min_score
-        if len(channels) == 1:
-            (name, only), = channels.items()
-            passing = len(only) if floor is None else sum(1 for x in only.scores if x >= floor)  # scores descend
-            head = range(min(needed, passing))
-            return [_Candidate(only.keys[i], only.scores[i], {name: only.hit(i)}) for i in head], passing
-        lists = {n: list(zip(channel.keys, channel.scores, strict=True)) for n, channel in channels.items()}
-        fused = fuse(lists, request.fusion, needed if floor is None else None)
-        if floor is None:
-            total = len(set().union(*(channels[n].keys for n in lists if request.fusion.weights.get(n, 1.0) > 0)))
-        else:
-            fused = [f for f in fused if f.score >= floor]
-            total = len(fused)
-            fused = fused[:needed]
-        # A channel hit's rank is its 1-based position in that channel's list (keys are unique there).
-        candidates = [
-            _Candidate(f.id, f.score, {n: channels[n].hit(r - 1) for n, r in f.ranks.items()}, True, f.normalized)
-            for f in fused
-        ]
-        return candidates, total
+    def _request(self, cfg: CollectionConfig, fusion: FusionConfig | None, min_score: float | None) -> SearchRequest:
+        check_min_score(min_score)
+        return SearchRequest(self.fusion(cfg, fusion), min_score)
 
     def _rerank(
-        self, cfg: CollectionConfig, query: str, fused: list[_Candidate], opts: RerankOptions, result: SearchResult
-    ) -> list[_Candidate]:
+        self, cfg: CollectionConfig, query: str, fused: list[Candidate], opts: RerankOptions, result: SearchResult
+    ) -> list[Candidate]:
         from rerank.budget import rerank_within_budget
 
         if self._reranker is None:
@@ -618,27 +458,6 @@ class Searcher:
         rescored = [head[i]._replace(rerank={"score": scores[i], "rank_before": i + 1}) for i in order]
         return rescored + tail
 
-    def _hydrate(self, page: Sequence[_Candidate], fusion: Fusion, chunks: dict[str, Any]) -> list[Hit]:
-        hits = []
-        for item in page:
-            best = item.best
-            stored = chunks.get(best.chunk_id)
-            if stored is None:  # a vector whose chunk is gone (orphan): never shown
-                continue
-            explain: dict[str, Any] = {
-                name: {"rank": h.rank, "score": h.score, "chunk_id": h.chunk_id} for name, h in item.channels.items()
-            }
-            if item.fused:
-                for name, part in (item.normalized or {}).items():
-                    explain[name]["normalized"] = part
-                explain["fusion"] = {**fusion.describe(), "score": item.score}
-            if item.rerank is not None:
-                explain["rerank"] = item.rerank
-            score = item.rerank["score"] if item.rerank is not None else item.score
-            metadata = {k: v for k, v in stored.payload.items() if k != "document_id"}
-            hits.append(Hit(stored.document_id, stored.chunk_id, float(score), stored.text, metadata, explain))
-        return hits
-
     def _model_mismatch(self, cfg: CollectionConfig) -> ModelMismatch | None:
         return model_mismatch(cfg, self._embedder.model_id, self._embedder.fingerprint)
 
@@ -660,100 +479,8 @@ def _no_sample(*_: Any) -> None:
     """The default :data:`DenseSampler`: no recall monitor."""
 
 
-class StateRead:
-    """A step that reads the state of record: ``fn(*args)``, a method of the docstore.
-
-    :func:`_resolve` runs it in its own thread; :meth:`Searcher.search_async` on the docstore's
-    threads (:meth:`~indexing.docstore.StateStore.submit`), so that no state call waits on the
-    event loop. Either way it answers or fails (``StateStoreUnavailable``) within the docstore's
-    deadline.
-    """
-
-    __slots__ = ("fn", "args")
-
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        self.fn, self.args = fn, args
-
-    def run(self) -> Future[Any]:
-        """Run it here: a finished future with its outcome."""
-        done: Future[Any] = Future()
-        try:
-            done.set_result(self.fn(*self.args))
-        except Exception as exc:  # noqa: BLE001 - handed to the steps through the future
-            done.set_exception(exc)
-        return done
-
-
-def _resolve(steps: Generator[Future[Any] | StateRead, Any, SearchResult], deadline: float | None) -> SearchResult:
-    """Run :meth:`Searcher._steps` in this thread, blocking on each future until ``deadline`` (monotonic s)."""
-    step = _advance(steps, None)
-    while isinstance(step, StateRead | Future):
-        if isinstance(step, StateRead):
-            step = _advance(steps, step.run())
-            continue
-        left = None if deadline is None else min(max(0.0, deadline - time.monotonic()), threading.TIMEOUT_MAX)
-        done, _ = wait([step], timeout=left)
-        step = _advance(steps, step) if done else _advance(steps, None, _Late())
-    return step
-
-
-def _advance(
-    steps: Generator[Future[Any] | StateRead, Any, SearchResult], done: Future[Any] | None, late: _Late | None = None
-) -> Future[Any] | StateRead | SearchResult:
-    """Start the steps, or hand them a finished future's outcome or a missed deadline.
-
-    ``done`` is ``None`` to start; else its result is sent in or its exception thrown in. ``late``
-    is thrown in instead when the future the steps wait on ran past the deadline.
-
-    Returns:
-        The next future to wait on, or the search result once the steps end.
-    """
-    try:
-        if late is not None:
-            return steps.throw(late)
-        if done is None:
-            return next(steps)
-        exc = done.exception()
-        return steps.throw(exc) if exc is not None else steps.send(done.result())
-    except StopIteration as end:
-        return cast(SearchResult, end.value)
-
-
-def _outcome(done: Future[Any]) -> BaseException | None:
-    """A finished future's exception (``None``: it succeeded, or was cancelled: the next call finds out)."""
-    return None if done.cancelled() else done.exception()
-
-
-def _read_outcome(waiting: asyncio.Future[Any]) -> None:
-    """Mark a finished wrapper's exception read (asyncio logs unread ones; _advance reads the source)."""
-    if not waiting.cancelled():
-        waiting.exception()
-
-
 def _skip_dense(result: SearchResult, error: QuarryError) -> None:
     """A hybrid query goes on BM25-only and says why; a dense query has nothing left and raises."""
     if result.mode == "dense":
         raise error
     result.degraded.append(f"dense channel skipped, BM25 only: {error.message}")
-
-
-def _ranked(chunk_ids: Sequence[str], scores: Sequence[float], group: bool, window: int) -> _Channel:
-    """A channel's chunks (best first) as its first ``window`` ranked hits, one per document if grouping."""
-    if not group:
-        kept = list(chunk_ids[:window])
-        return _Channel(kept, kept, [document_id_of(c) for c in kept], list(scores[:window]))
-    keys: list[str] = []
-    kept_chunks: list[str] = []
-    kept_scores: list[float] = []
-    seen: set[str] = set()
-    for chunk_id, score in zip(chunk_ids, scores, strict=True):
-        document_id = document_id_of(chunk_id)
-        if document_id in seen:
-            continue
-        seen.add(document_id)
-        keys.append(document_id)
-        kept_chunks.append(chunk_id)
-        kept_scores.append(score)
-        if len(keys) == window:
-            break
-    return _Channel(keys, kept_chunks, keys, kept_scores)

@@ -228,7 +228,7 @@ def _check_eval_inputs(beir: Path, split: str, modes: list[str], out_dir: Path) 
     from eval.beir import load_split
     from eval.report import ARTIFACTS, require_plots
     from indexing.sources import read_documents
-    from retrieval.search import MODES
+    from retrieval.results import MODES
 
     require_plots()  # before the ingest, not after the run
     if not (beir / "corpus.jsonl").is_file():

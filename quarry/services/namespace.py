@@ -43,7 +43,7 @@ from indexing.docstore import DEFAULT_TENANT
 from indexing.sources import SourceDocument
 from quarry.errors import Forbidden, InvalidDocument, InvalidFilter, clip
 from quarry.tenancy import TENANT_FIELD, TENANT_ID
-from retrieval.search import Hit, SearchResult
+from retrieval.results import Hit, SearchResult
 from stores.filters import And, Eq, FieldType, Filter, In, Ne, Nin, Or, Prefix
 
 log = logging.getLogger(__name__)

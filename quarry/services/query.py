@@ -19,7 +19,7 @@ from quarry.services.recall_check import RecallCheck
 from quarry.services.recall_check import check_recall as monitoring_check
 from quarry.services.versions import live_version
 from quarry.services.view import View
-from retrieval.search import DenseTarget, Mode, RerankOptions, SearchResult
+from retrieval.results import DenseTarget, Mode, RerankOptions, SearchResult
 from stores.filters import Filter, FilterLimits, parse_filter
 
 

@@ -20,7 +20,7 @@ from indexing.versions import ensure_live, live_config
 from quarry.errors import CollectionNotFound, Conflict, EmbeddingError, InvalidRequest, NotFound, clip
 from quarry.services.view import View
 from quarry.tenancy import SHARED
-from retrieval.search import DenseTarget, Mode
+from retrieval.results import DenseTarget, Mode
 from stores.base import IndexSpec
 
 log = logging.getLogger(__name__)

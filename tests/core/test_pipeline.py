@@ -16,7 +16,7 @@ from quarry.errors import (
     StoreUnavailable,
 )
 from quarry.service import Quarry
-from retrieval.search import Mode
+from retrieval.results import Mode
 from tests.core.conftest import CountingEmbedder, write_jsonl
 
 

@@ -14,7 +14,7 @@ from indexing.sources import SourceDocument
 from quarry.service import Quarry
 from quarry.settings import RerankSettings, Settings
 from rerank.cross_encoder import CrossEncoderReranker
-from retrieval.search import RerankOptions
+from retrieval.results import RerankOptions
 from tests.rerank.conftest import stepping_clock
 
 N_DOCS = 150

@@ -17,7 +17,7 @@ from quarry.api.errors import error_responses
 from quarry.api.models import SearchIn, SearchOut
 from quarry.service import Quarry
 from retrieval.rerank_options import rerank_options
-from retrieval.search import RerankOptions
+from retrieval.results import RerankOptions
 
 router = APIRouter()
 
