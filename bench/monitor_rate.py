@@ -36,7 +36,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from indexing.planner import GIB, plan_for_store  # noqa: E402
+from indexing.index_sizing import GIB  # noqa: E402
+from indexing.planner import plan_for_store  # noqa: E402
 from monitoring.monitor import RecallMonitor  # noqa: E402
 from quarry.settings import MonitorSettings  # noqa: E402
 from stores.base import IndexSpec, VectorRecord, VectorStore  # noqa: E402

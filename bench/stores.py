@@ -45,7 +45,8 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from indexing.ann_data import AnnDataset, load_ann_dataset, recall_at_k  # noqa: E402
-from indexing.planner import GIB, hnsw_ef, hnsw_m, plan_for_store  # noqa: E402
+from indexing.index_sizing import GIB, hnsw_ef, hnsw_m  # noqa: E402
+from indexing.planner import plan_for_store  # noqa: E402
 from stores.base import VectorRecord, VectorStore  # noqa: E402
 from stores.factory import open_store  # noqa: E402
 

@@ -30,7 +30,7 @@ from indexing.bm25_registry import BM25Registry
 from indexing.chunking import chunk_sections, make_chunk_id
 from indexing.collections import CollectionConfig, model_mismatch
 from indexing.docstore import DocStore, StoredChunk, StoredDocument
-from indexing.sources import SourceDocument, check_sizes
+from indexing.document_rules import SourceDocument, check_sizes
 from indexing.text import tokenize
 from quarry.errors import InvalidDocument, ModelDimensionMismatch
 from stores.base import VectorRecord, VectorStore

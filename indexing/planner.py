@@ -26,52 +26,24 @@ disk; pgvector builds HNSW on ``halfvec`` (dim <= 4000), halving vector memory. 
 available variant that fits the budget wins; when none fits, the first available one is
 returned with ``fits=False``.
 
-Memory formulas (bytes, ``n`` vectors of dimension ``d``):
-
-=================  ==========================================================================
-FLAT               ``n·d·4`` (raw float32)
-HNSW               ``n·(d·b + 2·M·4)``, ``b`` = 4 (float32) or 2 (halfvec). Faiss wiki,
-                   "Guidelines to choose an index": IndexHNSWFlat uses ``(d·4 + M·2·4)``
-                   bytes per vector (level-0 links dominate).
-HNSW + SQ/PQ       ``n·c`` with ``c`` the quantized code (``d`` bytes for int8 SQ, ``4·d/x``
-                   for PQ ``x``-fold): Qdrant with ``on_disk`` keeps the original vectors
-                   and the graph on disk and the codes in RAM (Qdrant "Quantization" and
-                   "Storage" docs); ``n·(c + 2·M·4)`` when the graph stays in RAM.
-IVF_FLAT           ``n·(d·b + 8) + nlist·d·4`` (vectors, 8-byte ids, centroids).
-IVF_PQ             ``n·(m·nbits/8 + 8) + nlist·d·4`` (Faiss wiki: IndexIVFPQ code size + 8
-                   bytes per vector for the id; plus coarse centroids).
-DISKANN            ``n·c``, ``c = min(0.125·4·d, budget/n)`` bytes of PQ code per vector;
-                   Milvus' default ``DiskIndex.PQCodeBudgetGBRatio`` is 0.125 of raw size,
-                   allowed (0, 0.25]. A code under 32 bytes is not planned (DiskANN,
-                   Subramanya et al., NeurIPS 2019, serves 1B points with ~32-byte codes).
-=================  ==========================================================================
+Memory formulas and parameter rules (``M``, ``ef``, ``nlist``, ``nprobe``, PQ ``m``):
+:mod:`indexing.index_sizing`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from indexing import index_sizing as sizing
 from quarry.errors import InvalidRequest, UnsupportedIndex
 from stores.base import IndexKind, IndexSpec, Metric, StoreCapabilities
 
 if TYPE_CHECKING:
     from stores.base import VectorStore
 
-GIB = 1 << 30
 FLAT_MAX_VECTORS = 20_000
 FLAT_FALLBACK_MAX_OPS = 50_000_000
-EF_CONSTRUCTION = 200
-PQ_NBITS = 8
-PQ_SUBVECTOR_DIMS = (2, 4, 8)
-NLIST_MIN, NLIST_MAX = 16, 65_536
-ID_BYTES = 8
-DISKANN_PQ_RATIO = 0.125
-DISKANN_MIN_CODE_BYTES = 32
-HALFVEC_MAX_DIM = 4000
-PGVECTOR_MAX_LISTS = 32_768
-QDRANT_PQ_COMPRESSIONS = (8, 16, 32, 64)
 
 # Option groups of the fallback chains; "HNSW_Q" = HNSW with engine-specific quantization.
 _CHAINS: dict[IndexKind, tuple[str, ...]] = {
@@ -164,115 +136,42 @@ class _Candidate:
     label: str
 
 
-# ---------------------------------------------------------------- memory formulas (bytes)
-
-
-def flat_bytes(n: int, dim: int) -> int:
-    """RAM of exact search over raw float32 vectors: ``n·d·4``."""
-    return n * dim * 4
-
-
-def hnsw_bytes(n: int, dim: int, m: int, bytes_per_value: int = 4) -> int:
-    """RAM of HNSW with full vectors: ``n·(d·b + 2·M·4)`` (Faiss wiki rule of thumb)."""
-    return n * (dim * bytes_per_value + 2 * m * 4)
-
-
-def quantized_hnsw_bytes(n: int, code_bytes: int, m: int, graph_on_disk: bool = False) -> int:
-    """RAM of HNSW over quantized codes (originals on disk): ``n·(c + 2·M·4)``, or ``n·c``."""
-    return n * (code_bytes + (0 if graph_on_disk else 2 * m * 4))
-
-
-def ivf_flat_bytes(n: int, dim: int, nlist: int, bytes_per_value: int = 4) -> int:
-    """RAM of IVF_FLAT: ``n·(d·b + 8) + nlist·d·4``."""
-    return n * (dim * bytes_per_value + ID_BYTES) + nlist * dim * 4
-
-
-def ivf_pq_bytes(n: int, dim: int, nlist: int, m: int, nbits: int = PQ_NBITS) -> int:
-    """RAM of IVF_PQ: ``n·(m·nbits/8 + 8) + nlist·d·4`` (Faiss wiki)."""
-    return n * (m * nbits // 8 + ID_BYTES) + nlist * dim * 4
-
-
-# ---------------------------------------------------------------- parameter rules
-
-
-def hnsw_m(n: int, dim: int) -> int:
-    """HNSW ``M``: 16 up to dim 128, 24 up to 512, 32 up to 1024, else 48; +8 from 10M vectors.
-
-    Larger ``M`` keeps recall at high dimension and size (hnswlib ALGO_PARAMS.md: "M 12-48 is
-    fine for most use cases; higher M for high intrinsic dimensionality").
-    """
-    m = 16 if dim <= 128 else 24 if dim <= 512 else 32 if dim <= 1024 else 48
-    if n >= 10_000_000:
-        m += 8
-    return min(m, 48)
-
-
-def hnsw_ef(n: int, top_k: int) -> int:
-    """Search ``ef``: 64 up to 1M vectors, 128 beyond, and never below ``2·top_k``."""
-    return max(2 * top_k, 64 if n <= 1_000_000 else 128)
-
-
-def ivf_nlist(n: int) -> int:
-    """``nlist`` ≈ 4·√n rounded (in log scale) to a power of two, clipped to [16, 65536]."""
-    if n <= 0:
-        return NLIST_MIN
-    power = round(math.log2(4 * math.sqrt(n)))
-    return int(min(max(2**power, NLIST_MIN), NLIST_MAX))
-
-
-def ivf_nprobe(nlist: int, top_k: int, fraction: int = 64) -> int:
-    """``nprobe`` = nlist/``fraction`` (64 for IVF_PQ, 16 for IVF_FLAT), at least 8 and ``top_k``.
-
-    Faiss wiki ("Faster search"): nprobe trades speed for accuracy; nlist/64..nlist/16 keeps
-    recall@10 high for well-clustered data while scanning 1.5-6 % of the lists.
-    """
-    return min(nlist, max(8, top_k, nlist // fraction))
-
-
-def pq_m_options(dim: int) -> list[int]:
-    """PQ ``m`` values with dim/m in {2, 4, 8}, least compression first (m always divides dim)."""
-    return [dim // sub for sub in PQ_SUBVECTOR_DIMS if dim % sub == 0]
-
-
-def diskann_search_list(top_k: int) -> int:
-    """Milvus DiskANN ``search_list``: 100, within Milvus 2.3's [k, 200] (k <= 20) / [k, 10k]."""
-    upper = 200 if top_k <= 20 else min(10 * top_k, 65_535)
-    return min(max(100, top_k), upper)
-
-
 # ---------------------------------------------------------------- candidates per option
 
 
 def _hnsw(n: int, dim: int, metric: Metric, top_k: int) -> _Candidate:
-    m = hnsw_m(n, dim)
-    spec = IndexSpec("HNSW", metric, {"M": m, "efConstruction": EF_CONSTRUCTION}, {"ef": hnsw_ef(n, top_k)})
-    return _Candidate(spec, hnsw_bytes(n, dim, m), "HNSW")
+    m = sizing.hnsw_m(n, dim)
+    build = {"M": m, "efConstruction": sizing.EF_CONSTRUCTION}
+    spec = IndexSpec("HNSW", metric, build, {"ef": sizing.hnsw_ef(n, top_k)})
+    return _Candidate(spec, sizing.hnsw_bytes(n, dim, m), "HNSW")
 
 
 def _ivf_pq(n: int, dim: int, metric: Metric, top_k: int) -> list[_Candidate]:
-    nlist = ivf_nlist(n)
+    nlist = sizing.ivf_nlist(n)
     out = []
-    for m in pq_m_options(dim):
-        params = {"nlist": nlist, "m": m, "nbits": PQ_NBITS}
-        spec = IndexSpec("IVF_PQ", metric, params, {"nprobe": ivf_nprobe(nlist, top_k)})
-        out.append(_Candidate(spec, ivf_pq_bytes(n, dim, nlist, m), f"IVF_PQ (m={m})"))
+    for m in sizing.pq_m_options(dim):
+        params = {"nlist": nlist, "m": m, "nbits": sizing.PQ_NBITS}
+        spec = IndexSpec("IVF_PQ", metric, params, {"nprobe": sizing.ivf_nprobe(nlist, top_k)})
+        out.append(_Candidate(spec, sizing.ivf_pq_bytes(n, dim, nlist, m), f"IVF_PQ (m={m})"))
     return out
 
 
-def _ivf_flat(n: int, dim: int, metric: Metric, top_k: int, halfvec: bool, nlist_max: int = NLIST_MAX) -> _Candidate:
-    nlist = min(ivf_nlist(n), nlist_max)
+def _ivf_flat(  # noqa: PLR0913 - the data's shape and the engine's limits
+    n: int, dim: int, metric: Metric, top_k: int, halfvec: bool, nlist_max: int = sizing.NLIST_MAX
+) -> _Candidate:
+    nlist = min(sizing.ivf_nlist(n), nlist_max)
     params: dict[str, Any] = {"nlist": nlist}
     if halfvec:
         params["halfvec"] = True
-    spec = IndexSpec("IVF_FLAT", metric, params, {"nprobe": ivf_nprobe(nlist, top_k, 16)})
-    size = ivf_flat_bytes(n, dim, nlist, 2 if halfvec else 4)
+    spec = IndexSpec("IVF_FLAT", metric, params, {"nprobe": sizing.ivf_nprobe(nlist, top_k, 16)})
+    size = sizing.ivf_flat_bytes(n, dim, nlist, 2 if halfvec else 4)
     return _Candidate(spec, size, "IVF_FLAT on halfvec" if halfvec else "IVF_FLAT")
 
 
 def _diskann(n: int, dim: int, metric: Metric, top_k: int, budget: int) -> _Candidate:
-    code = min(int(DISKANN_PQ_RATIO * 4 * dim), budget // max(n, 1))
-    code = max(code, DISKANN_MIN_CODE_BYTES)
-    spec = IndexSpec("DISKANN", metric, {}, {"search_list": diskann_search_list(top_k)})
+    code = min(int(sizing.DISKANN_PQ_RATIO * 4 * dim), budget // max(n, 1))
+    code = max(code, sizing.DISKANN_MIN_CODE_BYTES)
+    spec = IndexSpec("DISKANN", metric, {}, {"search_list": sizing.diskann_search_list(top_k)})
     return _Candidate(spec, n * code, f"DISKANN ({code}-byte PQ codes in RAM)")
 
 
@@ -280,10 +179,10 @@ def _quantized_hnsw(n: int, dim: int, metric: Metric, top_k: int, engine: str) -
     base = _hnsw(n, dim, metric, top_k).spec
     m = int(base.params["M"])
     if engine.startswith(("pgvector", "postgres")):
-        if dim > HALFVEC_MAX_DIM:
+        if dim > sizing.HALFVEC_MAX_DIM:
             return []
         spec = replace(base, params={**base.params, "halfvec": True})
-        return [_Candidate(spec, hnsw_bytes(n, dim, m, 2), "HNSW on halfvec")]
+        return [_Candidate(spec, sizing.hnsw_bytes(n, dim, m, 2), "HNSW on halfvec")]
     if not engine.startswith("qdrant"):
         return []
     return _qdrant_quantized(n, dim, metric, base)
@@ -293,13 +192,13 @@ def _qdrant_quantized(n: int, dim: int, metric: Metric, base: IndexSpec) -> list
     """Qdrant HNSW over int8/PQ codes in RAM; ``on_disk`` puts the originals and graph on disk."""
     search = {**base.search_params, "rescore": True, "oversampling": 2.0}
     options: list[tuple[dict[str, Any], int, str]] = [({"quantization": "scalar"}, dim, "int8 scalar quantization")]
-    for x in QDRANT_PQ_COMPRESSIONS:
+    for x in sizing.QDRANT_PQ_COMPRESSIONS:
         code = max(4 * dim // x, 1)
         options.append(({"quantization": "product", "compression": f"x{x}"}, code, f"product quantization x{x}"))
     return [
         _Candidate(
             IndexSpec("HNSW", metric, {**base.params, **quant, "on_disk": True}, search),
-            quantized_hnsw_bytes(n, code, int(base.params["M"]), graph_on_disk=True),
+            sizing.quantized_hnsw_bytes(n, code, int(base.params["M"]), graph_on_disk=True),
             f"HNSW + {label} (vectors and graph on disk)",
         )
         for quant, code, label in options
@@ -317,15 +216,15 @@ def _option(group: str, ctx: _Ctx) -> list[_Candidate]:
         if group == "FLAT_CHEAP":
             label = f"FLAT (exact: {n * dim / 1e6:.1f}M multiply-adds per query, recall 1.0)"
         flat = IndexSpec("FLAT", metric)
-        return [_Candidate(flat, flat_bytes(n, dim), label)] if "FLAT" in kinds else []
+        return [_Candidate(flat, sizing.flat_bytes(n, dim), label)] if "FLAT" in kinds else []
     if group == "HNSW_Q":
         return _quantized_hnsw(n, dim, metric, top_k, ctx.caps.engine) if "HNSW" in kinds else []
     if group not in kinds:
         return []
     pg = ctx.caps.engine.startswith(("pgvector", "postgres"))
-    halfvec = pg and dim <= HALFVEC_MAX_DIM
+    halfvec = pg and dim <= sizing.HALFVEC_MAX_DIM
     if group == "IVF_FLAT" and (halfvec or not too_wide):
-        nlist_max = PGVECTOR_MAX_LISTS if pg else NLIST_MAX
+        nlist_max = sizing.PGVECTOR_MAX_LISTS if pg else sizing.NLIST_MAX
         return [_ivf_flat(n, dim, metric, top_k, halfvec=too_wide, nlist_max=nlist_max)]
     if too_wide:
         return []
@@ -344,7 +243,7 @@ def _ideal(ctx: _Ctx) -> tuple[IndexKind, str]:
     if n < FLAT_MAX_VECTORS:
         return "FLAT", (
             f"{n:,} vectors < {FLAT_MAX_VECTORS:,}: exact search is fast enough and has recall 1.0 "
-            f"({_gib(flat_bytes(n, dim))})."
+            f"({_gib(sizing.flat_bytes(n, dim))})."
         )
     hnsw = _hnsw(n, dim, ctx.metric, ctx.top_k)
     if hnsw.bytes <= budget:
@@ -353,7 +252,7 @@ def _ideal(ctx: _Ctx) -> tuple[IndexKind, str]:
     for pq in _ivf_pq(n, dim, ctx.metric, ctx.top_k):
         if pq.bytes <= budget:
             return "IVF_PQ", f"{why_not_hnsw}; {pq.label} fits with {_gib(pq.bytes)}."
-    smallest = _ivf_pq(n, dim, ctx.metric, ctx.top_k)[-1] if pq_m_options(dim) else hnsw
+    smallest = _ivf_pq(n, dim, ctx.metric, ctx.top_k)[-1] if sizing.pq_m_options(dim) else hnsw
     return "DISKANN", (
         f"{why_not_hnsw} and {smallest.label} {_gib(smallest.bytes)}; DiskANN keeps only "
         "PQ codes in RAM (graph and vectors on SSD)."
@@ -404,7 +303,7 @@ def _too_wide(ctx: _Ctx, kind: IndexKind) -> bool:
 def _server_config(chosen: _Candidate, n: int, dim: int) -> dict[str, Any]:
     if chosen.spec.kind != "DISKANN":
         return {}
-    ratio = chosen.bytes / max(flat_bytes(n, dim), 1)
+    ratio = chosen.bytes / max(sizing.flat_bytes(n, dim), 1)
     return {
         "DiskIndex.PQCodeBudgetGBRatio": round(ratio, 4),
         "DiskIndex.SearchCacheBudgetGBRatio": 0.0,
@@ -430,7 +329,7 @@ def plan_index(
         dim: Vector dimension.
         capabilities: What the engine can build (``VectorStore.capabilities()``).
         memory_budget_bytes: RAM the index may use, in bytes (``StoreSettings.memory_budget_gib``
-            times :data:`GIB`).
+            times :data:`sizing.GIB`).
         metric: Distance the index is built for.
         top_k: Typical hits per query; search ``ef``/``nprobe``/``search_list`` are at least this.
 
@@ -557,7 +456,7 @@ def ensure_buildable(spec: IndexSpec, capabilities: StoreCapabilities, dim: int)
         raise UnsupportedIndex(
             f"{engine} cannot build a {spec.kind} index; it can build {', '.join(sorted(capabilities.index_kinds))}"
         )
-    limit = HALFVEC_MAX_DIM if spec.params.get("halfvec") else capabilities.max_dim
+    limit = sizing.HALFVEC_MAX_DIM if spec.params.get("halfvec") else capabilities.max_dim
     if spec.kind != "FLAT" and limit is not None and dim > limit:
         raise UnsupportedIndex(f"{engine} cannot build {spec.kind} on {dim}-dim vectors (at most {limit})")
 
@@ -590,4 +489,4 @@ def _describe_spec(spec: IndexSpec) -> str:
 
 
 def _gib(n_bytes: int) -> str:
-    return f"{n_bytes / GIB:.1f} GiB" if n_bytes >= GIB / 10 else f"{n_bytes / (1 << 20):.1f} MiB"
+    return f"{n_bytes / sizing.GIB:.1f} GiB" if n_bytes >= sizing.GIB / 10 else f"{n_bytes / (1 << 20):.1f} MiB"

@@ -56,10 +56,10 @@ import numpy as np
 from embedding.base import Embedder
 from indexing.collections import CollectionConfig
 from indexing.docstore import CollectionVersion, StateStore, StoredChunk, StoredDocument, chunking_id_of
+from indexing.document_rules import SourceDocument
 from indexing.formats import Section
 from indexing.pipeline import indexed_text, plan_chunks
 from indexing.planner import IndexPlan
-from indexing.sources import SourceDocument
 from indexing.versions import SUFFIX, chunking_of, new_chunking, same_chunking
 from monitoring.exact import Sample, exact_recalls
 from monitoring.recall import DEFAULT_TOL

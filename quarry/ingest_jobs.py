@@ -49,8 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from indexing.docstore import DEFAULT_TENANT, Job
+from indexing.document_rules import SourceDocument
 from indexing.reindex import new_owner
-from indexing.sources import Source, SourceDocument, is_inside
+from indexing.sources import Source, is_inside
 from quarry.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuarryError, clip
 from quarry.service import Quarry
 from quarry.tenancy import SHARED

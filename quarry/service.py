@@ -19,10 +19,10 @@ from embedding.base import Embedder, Embeddings, QueryEncoder
 from indexing.bm25_registry import BM25Registry
 from indexing.collections import CollectionConfig, FusionConfig
 from indexing.docstore import CollectionVersion, Job, StateStore
+from indexing.document_rules import SourceDocument
 from indexing.pipeline import Ingestor, IngestReport, Precomputed, Progress
 from indexing.planner import IndexPlan
 from indexing.reindex import Reindexer, ReindexReport
-from indexing.sources import SourceDocument
 from indexing.text import Language
 from monitoring.monitor import RecallMonitor
 from quarry.metrics import SearchTelemetry

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from indexing.sources import check_unicode, is_blank
+from indexing.document_rules import check_unicode, is_blank
 from quarry.errors import InvalidQuery, clip
 from retrieval.fusion import Fusion, fuse
 from retrieval.results import MODES, Candidate, Channel, Hit, RerankOptions

@@ -40,7 +40,7 @@ from generation.cache import open_cache
 from generation.factory import open_generator
 from indexing.collections import check_name_length
 from indexing.docstore import off_loop
-from indexing.sources import is_blank
+from indexing.document_rules import is_blank
 from quarry import errors as e
 from quarry.api import access, edge, shedding
 from quarry.api.cache import directives

@@ -4,7 +4,7 @@ Every text of a request that names something (a collection, a document, a job, a
 model, a path on the server) is checked here before any store, file system or SQL sees it; the
 texts that are data (a query, a filter's values, a document's text and metadata) are checked by
 their own parsers, which name the document or filter field at fault
-(:func:`indexing.sources.parse_document`, :func:`stores.filters.parse_filter`, the search's query
+(:func:`indexing.documents.parse_document`, :func:`stores.filters.parse_filter`, the search's query
 check), and the rule below for every other string of a body.
 
 Rules (each broken one is a 400 ``InvalidRequest`` in the error envelope, never a 5xx: a NUL is

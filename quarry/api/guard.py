@@ -1,7 +1,7 @@
 r"""What every request passes before it is routed: a clean path and a bounded body.
 
 * A path holding a control character (U+0000-U+001F, U+007F-U+009F) is a 400. Collection names
-  and document ids never hold one (:func:`indexing.sources.parse_document` refuses such ids), and
+  and document ids never hold one (:func:`indexing.documents.parse_document` refuses such ids), and
   a route pattern ends in ``$``, which also matches *before* a trailing newline: with documents
   ``victim`` and ``victim\n`` stored, ``DELETE .../documents/victim%0A`` used to delete
   ``victim``. A legacy id with a control character is deleted by ``POST .../documents/delete``,

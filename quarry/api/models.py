@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 from pydantic.config import JsonDict
 
 from indexing.collections import CollectionConfig, FusionConfig
-from indexing.sources import RESERVED_FIELDS
+from indexing.document_rules import RESERVED_FIELDS
 from indexing.text import Language
 from quarry.api.edge import Checked, Identifier
 from quarry.settings import SearchSettings
@@ -60,7 +60,7 @@ class DocumentIn(BaseModel):
 
     The model declares the fields and their JSON types (the OpenAPI schema, with the rules the
     service checks told to it); the rules on their values are
-    :func:`indexing.sources.parse_document`'s, the same for a JSONL line, applied to each
+    :func:`indexing.documents.parse_document`'s, the same for a JSONL line, applied to each
     document of the body (a broken rule is a 400 naming ``documents[i]``).
     """
 

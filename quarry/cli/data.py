@@ -208,7 +208,8 @@ def index_apply(
 
 
 def _plan(vectors: int | None, dim: int | None, collection: str | None, budget_gib: float | None) -> tuple[Any, Any]:
-    from indexing.planner import GIB, plan_for_store
+    from indexing.index_sizing import GIB
+    from indexing.planner import plan_for_store
     from quarry.errors import InvalidRequest
 
     settings = get_settings()

@@ -33,7 +33,7 @@ from generation.cache import AnswerCache
 from generation.prompt import Candidate, Prompt, approx_tokens, build_prompt
 from indexing.collections import CollectionConfig
 from indexing.docstore import off_loop
-from indexing.sources import check_unicode, is_blank
+from indexing.document_rules import check_unicode, is_blank
 from quarry import metrics
 from quarry.errors import GenerationError, InvalidQuery, LLMNotConfigured, QuarryError
 from quarry.services import answer_cache, collections, query

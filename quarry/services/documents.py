@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from indexing.document_rules import SourceDocument
 from indexing.documents import get_document, list_documents
 from indexing.pipeline import IngestReport, Precomputed, Progress
-from indexing.sources import SourceDocument
 from indexing.versions import live_config
 from quarry.errors import CollectionNotFound, Forbidden, InvalidRequest, NotFound, clip
 from quarry.services import collections, query, versions

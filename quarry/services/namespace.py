@@ -40,7 +40,7 @@ from typing import Any
 
 from indexing.collections import BUILTIN_FIELDS, CollectionConfig
 from indexing.docstore import DEFAULT_TENANT
-from indexing.sources import SourceDocument
+from indexing.document_rules import SourceDocument
 from quarry.errors import Forbidden, InvalidDocument, InvalidFilter, clip
 from quarry.tenancy import TENANT_FIELD, TENANT_ID
 from retrieval.results import Hit, SearchResult

@@ -29,8 +29,9 @@ from embedding.factory import open_embedder
 from embedding.process import ProcessEmbedder
 from indexing.bm25_registry import BM25Registry
 from indexing.docstore import DEFAULT_TENANT, CollectionVersion, StateStore, open_docstore
+from indexing.index_sizing import GIB
 from indexing.pipeline import Ingestor
-from indexing.planner import GIB, IndexPlan, plan_for_store, plan_kind
+from indexing.planner import IndexPlan, plan_for_store, plan_kind
 from indexing.reindex import Reindexer
 from monitoring.monitor import RecallMonitor
 from monitoring.recent import RecentQueries

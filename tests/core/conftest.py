@@ -13,7 +13,8 @@ import pytest
 
 from embedding.base import Embedder, Embeddings
 from embedding.card import ModelCard
-from indexing.sources import SourceDocument, iter_jsonl
+from indexing.document_rules import SourceDocument
+from indexing.sources import iter_jsonl
 from quarry.service import Quarry
 from quarry.settings import DocstoreSettings, Settings, StoreSettings
 from tests.embedding_cache import CachedEmbedder

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from embedding.triton import TritonEmbedder
 from eval.runner import collection_search
-from indexing.sources import SourceDocument
+from indexing.document_rules import SourceDocument
 from quarry.api import create_app
 from quarry.errors import EmbeddingUnavailable, EvaluationError
 from quarry.service import Quarry

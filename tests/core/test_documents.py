@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from eval.beir import iter_corpus, load_queries
-from indexing.sources import SourceDocument, iter_jsonl, read_jsonl
+from indexing.document_rules import SourceDocument
+from indexing.sources import iter_jsonl, read_jsonl
 from quarry.api.models import UpsertDocuments
 from quarry.api.routes.documents import documents_of
 from quarry.errors import InvalidDocument, InvalidRequest

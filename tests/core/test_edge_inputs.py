@@ -233,7 +233,7 @@ def served(
         key, record = new_key("default", ["read", "write", "admin"])
         quarry.docstore.insert_api_key(record)
         quarry.create_collection(NAME, language="en")
-        from indexing.sources import SourceDocument
+        from indexing.document_rules import SourceDocument
 
         quarry.upsert(NAME, [SourceDocument(DOC, "boats at dawn", metadata={"tag": "a"})])
         port = _free_port()

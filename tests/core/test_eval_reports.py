@@ -24,7 +24,8 @@ from eval.beir import load_split
 from eval.runner import collection_search, evaluate
 from eval.summary import Summary
 from indexing.ann_data import exact_top_k, recall_at_k
-from indexing.sources import SourceDocument, read_documents
+from indexing.document_rules import SourceDocument
+from indexing.sources import read_documents
 from quarry.service import Quarry
 from quarry.settings import Settings
 from stores.base import IndexSpec

@@ -19,7 +19,8 @@ from starlette.routing import Match, Route
 from embedding.sentence_transformers import SentenceTransformerEmbedder, resolve_model_path
 from indexing.bm25_live import LiveBM25
 from indexing.collections import NAME
-from indexing.sources import SourceDocument, is_blank, parse_document, read_documents
+from indexing.document_rules import SourceDocument, is_blank, parse_document
+from indexing.sources import read_documents
 from quarry.api import create_app
 from quarry.api.models import SearchIn
 from quarry.api.routes import ROUTERS

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from indexing.sources import SourceDocument
+from indexing.document_rules import SourceDocument
 from quarry import heap
 from quarry.api import create_app
 from quarry.service import Quarry

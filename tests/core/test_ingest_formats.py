@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from indexing.chunking import chunk_sections
-from indexing.sources import Source, SourceDocument, parse_document
+from indexing.document_rules import SourceDocument, parse_document
+from indexing.sources import Source
 from quarry.errors import InvalidDocument
 from quarry.service import Quarry
 from quarry.settings import Settings

@@ -27,7 +27,8 @@ from rich.console import Console
 from embedding.base import Embeddings
 from indexing.bm25_registry import BM25Registry
 from indexing.docstore import open_docstore
-from indexing.sources import Source, parse_document
+from indexing.document_rules import parse_document
+from indexing.sources import Source
 from quarry.api import create_app
 from quarry.api.keys import new_key
 from quarry.errors import Forbidden, InvalidDocument

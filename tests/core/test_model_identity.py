@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from embedding.sentence_transformers import SentenceTransformerEmbedder
-from indexing.sources import SourceDocument
+from indexing.document_rules import SourceDocument
 from quarry.errors import ModelMismatch
 from quarry.service import Quarry
 from quarry.settings import Settings

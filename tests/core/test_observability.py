@@ -30,7 +30,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from embedding.triton import TritonEmbedder
-from indexing.sources import SourceDocument
+from indexing.document_rules import SourceDocument
 from quarry import tracing
 from quarry.api import create_app
 from quarry.logs import uvicorn_log_config

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from indexing.sources import SourceDocument, read_documents
+from indexing.document_rules import SourceDocument
+from indexing.sources import read_documents
 from quarry.errors import (
     CollectionNotFound,
     InvalidDocument,

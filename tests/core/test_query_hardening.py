@@ -27,7 +27,7 @@ from fastapi.testclient import TestClient
 
 import retrieval.search as search_module
 from indexing.bm25 import BM25Index
-from indexing.sources import SourceDocument
+from indexing.document_rules import SourceDocument
 from quarry.api import create_app
 from quarry.breaker import OutageBreaker
 from quarry.errors import InvalidFilter, StoreError, StoreTimeout, StoreUnavailable

@@ -20,7 +20,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from pydantic import ValidationError
 
 from indexing.docstore import Job, open_docstore
-from indexing.sources import SourceDocument
+from indexing.document_rules import SourceDocument
 from quarry.scheduler import ReindexScheduler, parse_schedule, period_s
 from quarry.service import Quarry
 from quarry.settings import DocstoreSettings, ReindexSettings, Settings, StoreSettings

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from indexing.sources import SourceDocument
+from indexing.document_rules import SourceDocument
 from quarry.api import create_app
 from quarry.breaker import OutageBreaker
 from quarry.errors import CollectionNotFound, StoreUnavailable

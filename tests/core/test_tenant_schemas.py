@@ -26,8 +26,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from indexing.docstore import DEFAULT_TENANT
+from indexing.document_rules import SourceDocument
 from indexing.formats import Section
-from indexing.sources import SourceDocument
 from quarry.api import create_app
 from quarry.errors import Forbidden, InvalidDocument, InvalidFilter
 from quarry.service import Quarry

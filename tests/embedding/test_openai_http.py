@@ -26,7 +26,7 @@ from embedding.factory import open_embedder
 from embedding.onnx import OnnxEmbedder
 from embedding.openai_http import PROBES, OpenAIEmbedder, parse_openai_url
 from embedding.sentence_transformers import SentenceTransformerEmbedder
-from indexing.sources import SourceDocument
+from indexing.document_rules import SourceDocument
 from quarry.api import create_app
 from quarry.errors import ConfigError, EmbeddingError, EmbeddingTimeout, EmbeddingUnavailable, ModelMismatch
 from quarry.service import Quarry

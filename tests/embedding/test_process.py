@@ -17,7 +17,7 @@ import pytest
 from embedding.base import QueryEncoder
 from embedding.onnx import OnnxEmbedder
 from embedding.process import ProcessEmbedder
-from indexing.sources import SourceDocument
+from indexing.document_rules import SourceDocument
 from quarry.errors import ConfigError, EmbeddingError, EmbeddingUnavailable
 from quarry.service import Quarry
 from quarry.settings import Settings

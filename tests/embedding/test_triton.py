@@ -27,7 +27,8 @@ from pydantic import ValidationError
 from embedding.base import Embedder
 from embedding.triton import TritonEmbedder, parse_triton_url
 from embedding.triton_server import OWNER_ENV, ServeConfig, check_ports_free, kill_leftovers
-from indexing.sources import SourceDocument, iter_jsonl
+from indexing.document_rules import SourceDocument
+from indexing.sources import iter_jsonl
 from quarry.errors import ConfigError, EmbeddingUnavailable
 from quarry.service import Quarry
 from quarry.settings import Settings

@@ -15,7 +15,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from indexing.sources import SourceDocument, iter_jsonl
+from indexing.document_rules import SourceDocument
+from indexing.sources import iter_jsonl
 from tests.serve import free_port
 
 

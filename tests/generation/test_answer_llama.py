@@ -19,7 +19,7 @@ import pytest
 
 from embedding.sentence_transformers import SentenceTransformerEmbedder
 from generation.prompt import SEPARATOR, source_text
-from indexing.sources import SourceDocument
+from indexing.document_rules import SourceDocument
 from quarry.api import create_app
 from quarry.service import Quarry
 from quarry.settings import CacheSettings, Settings

@@ -12,7 +12,7 @@ import pytest
 from embedding.sentence_transformers import SentenceTransformerEmbedder
 from generation.base import GenerationParams
 from generation.openai_compat import OpenAICompatGenerator
-from indexing.sources import SourceDocument
+from indexing.document_rules import SourceDocument
 from quarry.api import create_app
 from quarry.errors import GenerationUnavailable
 from quarry.service import Quarry

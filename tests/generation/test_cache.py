@@ -21,7 +21,7 @@ from embedding.sentence_transformers import SentenceTransformerEmbedder
 from generation.answer import Event
 from generation.cache import CacheKey, MemoryCache, Question, open_cache
 from generation.cache_guard import contradiction, terms
-from indexing.sources import SourceDocument
+from indexing.document_rules import SourceDocument
 from quarry.api import create_app
 from quarry.api.cache import directives
 from quarry.service import Quarry

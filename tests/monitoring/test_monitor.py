@@ -16,7 +16,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from indexing.ann_data import read_fvecs
-from indexing.planner import GIB, plan_for_store
+from indexing.index_sizing import GIB
+from indexing.planner import plan_for_store
 from monitoring.monitor import RecallMonitor
 from monitoring.recent import RecentQueries
 from quarry.settings import MonitorSettings

@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from indexing.sources import SourceDocument, iter_jsonl
+from indexing.document_rules import SourceDocument
+from indexing.sources import iter_jsonl
 from monitoring.exact import Sample
 from monitoring.monitor import RecallMonitor
 from quarry.errors import ReindexFailed

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from indexing.sources import SourceDocument
+from indexing.document_rules import SourceDocument
 from quarry.service import Quarry
 from quarry.settings import RerankSettings, Settings
 from rerank.cross_encoder import CrossEncoderReranker

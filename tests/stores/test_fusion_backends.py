@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from indexing.collections import FusionConfig
-from indexing.sources import SourceDocument
+from indexing.document_rules import SourceDocument
 from quarry.service import Quarry
 from quarry.settings import Settings, StoreSettings
 from retrieval.fusion import Fusion, fuse

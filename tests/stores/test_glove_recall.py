@@ -27,7 +27,8 @@ import numpy.typing as npt
 import pytest
 
 from indexing.ann_data import AnnDataset, exact_top_k, load_ann_dataset, recall_at_k
-from indexing.planner import GIB, IndexPlan, plan_for_store
+from indexing.index_sizing import GIB
+from indexing.planner import IndexPlan, plan_for_store
 from stores.base import ScoredId, VectorRecord, VectorStore
 from stores.factory import open_store
 from stores.filters import Eq

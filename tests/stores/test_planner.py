@@ -16,18 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from indexing.planner import (
-    GIB,
-    IndexPlan,
-    ensure_buildable,
-    flat_bytes,
-    format_plan,
-    hnsw_bytes,
-    ivf_nlist,
-    ivf_pq_bytes,
-    plan_index,
-    plan_kind,
-)
+from indexing.index_sizing import GIB, flat_bytes, hnsw_bytes, ivf_nlist, ivf_pq_bytes
+from indexing.planner import IndexPlan, ensure_buildable, format_plan, plan_index, plan_kind
 from quarry.errors import InvalidRequest, UnsupportedIndex
 from stores.base import IndexSpec, StoreCapabilities
 

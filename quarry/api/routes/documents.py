@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from indexing.sources import SourceDocument, parse_document
+from indexing.document_rules import SourceDocument, parse_document
 from quarry import errors as e
 from quarry.api.deps import NAMED_ERRORS, WRITE_ERRORS, Service
 from quarry.api.errors import error_responses
