@@ -1,6 +1,6 @@
 """Reindex: build version ``v+1`` of a collection beside the live one, check it, swap, roll back.
 
-The steps (docs/design-state.md, issue 22), each safe to interrupt before the swap:
+The steps (docs/design-state.md), each safe to interrupt before the swap:
 
 1. take the collection's lease ``reindex:<name>`` (one reindex per collection, across processes
    sharing the state of record; renewed every batch, so a killed holder's lapses after
@@ -27,45 +27,28 @@ The steps (docs/design-state.md, issue 22), each safe to interrupt before the sw
    version stays ``retired`` until ``retire_after``.
 
 With the chunking unchanged the new version shares the live version's chunks rows (and its BM25
-index). A reindex that re-chunks (another ``chunk_size``/``chunk_overlap``) re-cuts every
-document's stored text (:func:`~indexing.pipeline.plan_chunks`, sections recovered from the live
-chunks' payloads: :func:`sections_of`) into chunks rows of a new chunking id
-(:func:`indexing.versions.new_chunking`), written beside the live ones; vectors are copied for
-chunks whose id (hence text) the live version has, the others embedded; the replay re-cuts each
-changed document too, so writes made meanwhile reach the new chunking and deleted documents
-leave it. Counts are checked against the new chunking's rows. After the swap every chunk read
-follows the live version's chunking (the BM25 index is rebuilt from it); a rollback re-cuts the
-documents changed since into the target's chunking. A chunking's rows are deleted when the last
-version using it fails or is purged (:meth:`Reindexer.drop_rows`).
+index); how a reindex that re-chunks works, and a reindex's inputs and report: :mod:`indexing.reindex_build`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, NoReturn
 
-import numpy as np
-
-from embedding.base import Embedder
-from indexing.collections import CollectionConfig
 from indexing.docstore import CollectionVersion, StateStore, StoredChunk, StoredDocument, chunking_id_of
 from indexing.document_rules import SourceDocument
-from indexing.formats import Section
 from indexing.pipeline import indexed_text, plan_chunks
 from indexing.planner import IndexPlan
+from indexing.reindex_build import Build, ReindexReport, clip_id, estimate_chunks, lease_name, sections_of
 from indexing.versions import SUFFIX, chunking_of, new_chunking, same_chunking
-from monitoring.exact import Sample, exact_recalls
-from monitoring.recall import DEFAULT_TOL
+from monitoring.exact import sampled_recall
 from quarry.errors import ModelDimensionMismatch, ReindexFailed, ReindexRunning
 from quarry.settings import ReindexSettings
-from stores.base import FloatMatrix, IndexSpec, Metric, VectorRecord, VectorStore
+from stores.base import IndexSpec, Metric, VectorRecord, VectorStore
 from stores.filters import In
 
 log = logging.getLogger(__name__)
@@ -73,70 +56,6 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]  # (chunks done, chunks in total)
 TOP_K = 10
 CATCH_UP_PASSES = 3  # replays of the writes made meanwhile before the write lock is taken
-
-
-def lease_name(collection: str) -> str:
-    """The lease that admits one reindex (or rollback) of ``collection`` at a time."""
-    return f"reindex:{collection}"
-
-
-def new_owner() -> str:
-    """A lease owner id unique to this process and call (``host:pid:random``)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-@dataclass
-class ReindexReport:
-    """What a reindex did.
-
-    Attributes:
-        version: The version built (live after a swap).
-        previous: The version it replaced.
-        chunks: Vectors in the new version.
-        copied: Vectors copied from the live version (no model call).
-        embedded: Texts embedded by the new version's model.
-        replayed: Documents refreshed from the change log.
-        recall: recall@10 of the new index against exact search (tie-aware).
-        elapsed_s: Wall time, seconds.
-    """
-
-    version: int
-    previous: int
-    chunks: int = 0
-    copied: int = 0
-    embedded: int = 0
-    replayed: int = 0
-    recall: float | None = None
-    elapsed_s: float = 0.0
-    counters: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Build:
-    """One reindex's inputs, fixed at its start.
-
-    ``chunking``: the chunking asked for (``chunk_size``, ``chunk_overlap``; ``None``: the live
-    version's); :meth:`Reindexer.run` replaces it by the one recorded (with its ``id``). A
-    rollback passes its target's.
-    """
-
-    cfg: CollectionConfig
-    live: CollectionVersion
-    model: Embedder
-    model_url: str | None
-    same_model: bool
-    index: IndexSpec | None  # None: the planner's choice
-    chunking: dict[str, Any] | None = None
-
-    @property
-    def chunking_id(self) -> str:
-        """The chunking id the version being written reads and writes."""
-        return chunking_id_of(self.chunking if self.chunking is not None else self.live.chunking)
-
-    @property
-    def rechunk(self) -> bool:
-        """Whether the version being written has chunks rows of its own (not the live version's)."""
-        return self.chunking_id != chunking_id_of(self.live.chunking)
 
 
 class Reindexer:
@@ -221,7 +140,7 @@ class Reindexer:
         seq = self._docstore.version(name)
         documents, chunks = self._docstore.counts(name)
         if build.rechunk:  # planned for about as many vectors as the new cut makes
-            chunks = _estimate(chunks, live_chunking, build.chunking or {})
+            chunks = estimate_chunks(chunks, live_chunking, build.chunking or {})
         dim = build.model.dim
         plan = self._plan(chunks, dim)
         spec = build.index or plan.spec
@@ -499,18 +418,9 @@ class Reindexer:
             StoreError: The store failed.
         """
         ids = self._chunk_ids(name, chunking)
-        if not ids:
-            return 1.0
-        rng = np.random.default_rng(0)
-        picked = rng.choice(len(ids), size=min(self._settings.recall_sample, len(ids)), replace=False)
-        records = self._store.get(physical, [ids[i] for i in sorted(picked.tolist())])
-        if not records:
-            return 1.0
-        queries: FloatMatrix = np.stack([r.vector for r in records]).astype(np.float32)
-        found = self._store.search(physical, queries, self._depth, with_payload=False)
-        samples = [Sample(name, metric, q, None, TOP_K, tuple(h.id for h in hits[:TOP_K]), physical)
-                   for q, hits in zip(queries, found, strict=True)]
-        return float(np.mean(exact_recalls(self._store, samples, DEFAULT_TOL)))
+        return sampled_recall(
+            self._store, name, physical, metric, ids, sample=self._settings.recall_sample, depth=self._depth, k=TOP_K
+        )
 
     def _chunk_ids(self, name: str, chunking: str | None = None) -> list[str]:
         """Every stored chunk id of the collection in ``chunking`` (paging through its documents)."""
@@ -579,45 +489,3 @@ class Reindexer:
             self._point_alias(name, target.physical_name)
         report.chunks = self._store.count(target.physical_name)
         return report
-
-
-def sections_of(doc: StoredDocument, chunks: Sequence[StoredChunk]) -> tuple[Section, ...]:
-    """The sections of a stored document, recovered from its chunks (the docstore keeps no sections).
-
-    A section's metadata is what its chunks' payloads carry beyond the document's metadata
-    (``page``, ``section``); a new section starts at the first chunk whose extra metadata
-    differs from the previous chunk's, at that chunk's offset in the text (chunks are slices of
-    it). Two adjacent sections with the same metadata read as one (their boundary is lost, not
-    their metadata). ``()`` (one section) when no chunk carries extra metadata or a chunk is not
-    found in the text.
-    """
-    meta = doc.metadata or {}
-    text = doc.text or ""
-    out: list[Section] = []
-    at = 0
-    for chunk in sorted(chunks, key=lambda c: c.position):
-        extra = {k: v for k, v in chunk.payload.items() if k != "document_id" and (k not in meta or meta[k] != v)}
-        start = text.find(chunk.text, at)
-        if start < 0:
-            return ()
-        if not out or extra != out[-1].metadata:
-            out.append(Section(start if out else 0, extra))
-        at = start + 1
-    if len(out) == 1 and not out[0].metadata:
-        return ()
-    return tuple(out)
-
-
-def clip_id(document_id: str) -> str:
-    """A document id for a message (at most 80 characters, quoted)."""
-    return repr(document_id if len(document_id) <= 80 else document_id[:77] + "...")
-
-
-def _estimate(chunks: int, live: dict[str, Any], new: dict[str, Any]) -> int:
-    """About how many chunks ``chunks`` cut as ``live`` become when cut as ``new`` (by the token step)."""
-    try:
-        old_step = max(1, int(live["chunk_size"]) - int(live["chunk_overlap"]))
-        new_step = max(1, int(new["chunk_size"]) - int(new["chunk_overlap"]))
-    except (KeyError, TypeError, ValueError):
-        return chunks
-    return -(-chunks * old_step // new_step)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from monitoring.recall import Bucket, recall_at_k
-from stores.base import Metric, VectorStore
+from monitoring.recall import DEFAULT_TOL, Bucket, recall_at_k
+from stores.base import FloatMatrix, Metric, VectorStore
 from stores.filters import Filter
 
 
@@ -115,3 +115,33 @@ def _score(metric: Metric, query: npt.NDArray[np.float32], vector: npt.NDArray[n
     if metric == "l2":
         return -float(np.linalg.norm(query - vector))
     return float(np.dot(query, vector))
+
+
+def sampled_recall(  # noqa: PLR0913 - the collection, its ids and the search's shape
+    store: VectorStore, name: str, physical: str, metric: Metric, ids: Sequence[str], *, sample: int, depth: int,
+    k: int = 10,
+) -> float:
+    """Tie-aware recall@k of ``physical``'s ANN index over a seeded sample of its own vectors as queries.
+
+    ``sample`` of ``ids`` (seed 0) are read back, each searched as a live search is (the ANN asked
+    for ``depth`` candidates, the first ``k`` kept) and compared with the store's exact answer
+    (:func:`exact_recalls`).
+
+    Returns:
+        Mean recall over the sample, in ``[0, 1]`` (1.0 when there is nothing to sample).
+
+    Raises:
+        StoreError: The store failed.
+    """
+    if not ids:
+        return 1.0
+    rng = np.random.default_rng(0)
+    picked = rng.choice(len(ids), size=min(sample, len(ids)), replace=False)
+    records = store.get(physical, [ids[i] for i in sorted(picked.tolist())])
+    if not records:
+        return 1.0
+    queries: FloatMatrix = np.stack([r.vector for r in records]).astype(np.float32)
+    found = store.search(physical, queries, depth, with_payload=False)
+    samples = [Sample(name, metric, q, None, k, tuple(h.id for h in hits[:k]), physical)
+               for q, hits in zip(queries, found, strict=True)]
+    return float(np.mean(exact_recalls(store, samples, DEFAULT_TOL)))

@@ -50,7 +50,7 @@ from typing import Any
 
 from indexing.docstore import DEFAULT_TENANT, Job
 from indexing.document_rules import SourceDocument
-from indexing.reindex import new_owner
+from indexing.reindex_build import new_owner
 from indexing.sources import Source, is_inside
 from quarry.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuarryError, clip
 from quarry.service import Quarry

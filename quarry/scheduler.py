@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from indexing.reindex import new_owner
+from indexing.reindex_build import new_owner
 from quarry.errors import CollectionNotFound, ReindexRunning
 from quarry.schedules import parse_schedule, period_s
 

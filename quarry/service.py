@@ -22,7 +22,8 @@ from indexing.docstore import CollectionVersion, Job, StateStore
 from indexing.document_rules import SourceDocument
 from indexing.pipeline import Ingestor, IngestReport, Precomputed, Progress
 from indexing.planner import IndexPlan
-from indexing.reindex import Reindexer, ReindexReport
+from indexing.reindex import Reindexer
+from indexing.reindex_build import ReindexReport
 from indexing.text import Language
 from monitoring.monitor import RecallMonitor
 from quarry.metrics import SearchTelemetry

@@ -15,7 +15,7 @@ from embedding.base import Embedder
 from indexing.collections import CollectionConfig
 from indexing.docstore import DEFAULT_TENANT, CollectionVersion, Job, StateStore
 from indexing.pipeline import Target
-from indexing.reindex import Build, ReindexReport, new_owner
+from indexing.reindex_build import Build, ReindexReport, new_owner
 from indexing.versions import ensure_live, live_config
 from quarry.errors import CollectionNotFound, Conflict, EmbeddingError, InvalidRequest, NotFound, clip
 from quarry.services.view import View

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from indexing.document_rules import SourceDocument
-from indexing.reindex import lease_name
+from indexing.reindex_build import lease_name
 from quarry.errors import ReindexRunning, UnsupportedIndex
 from quarry.service import Quarry
 from tests.core.conftest import PG_URL, CountingEmbedder

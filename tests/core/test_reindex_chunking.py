@@ -18,7 +18,7 @@ import pytest
 from indexing.chunking import count_tokens
 from indexing.docstore import StoredChunk, StoredDocument, chunking_id_of
 from indexing.document_rules import SourceDocument
-from indexing.reindex import sections_of
+from indexing.reindex_build import sections_of
 from quarry.errors import InvalidRequest, ReindexFailed
 from quarry.service import Quarry
 from quarry.settings import Settings
