@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
+from playwright.sync_api import Page, expect
 
 from tests.llama import LLM_URL
 from tests.serve import QuarryServer
@@ -33,7 +34,8 @@ DOCS = [
      "so the tides rise and fall twice a day.", "metadata": {"year": 2001, "topic": "sea"}},
     {"id": "ferries", "title": "Ferries", "text": "Ferries cross the harbour every hour.",
      "metadata": {"year": 2005, "topic": "sea"}},
-    {"id": "hybrid", "text": "Hybrid retrieval fuses BM25 and dense rankings.", "metadata": {"year": 2010, "topic": "ir"}},
+    {"id": "hybrid", "text": "Hybrid retrieval fuses BM25 and dense rankings.",
+     "metadata": {"year": 2010, "topic": "ir"}},
     {"id": "xss", "title": XSS, "text": f"An image tag {XSS} in a document is shown as text.",
      "metadata": {"year": 2020, "topic": XSS}},
 ]
@@ -69,10 +71,11 @@ def _report(reports: Path) -> None:
     modes = {m: {"ndcg@10": n, "recall@10": 0.8, "recall@100": 0.95, "mrr@10": 0.62,
                  "latency_ms": {"p50": 1.5, "p95": 3.0}, "num_queries": 300}
              for m, n in (("bm25", 0.6651), ("hybrid", 0.7013))}
-    summary = {"config": {"dataset": "scifact", "collection": "eval_scifact", "started_at": "2026-12-06T03:00:00+00:00"},
-               "modes": modes}
+    config = {"dataset": "scifact", "collection": "eval_scifact", "started_at": "2026-12-06T03:00:00+00:00"}
+    summary = {"config": config, "modes": modes}
     (run / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
-    (run / "report.md").write_text("# SciFact\n\n| mode | nDCG@10 |\n|---|---|\n| hybrid | 0.7013 |\n", encoding="utf-8")
+    markdown = "# SciFact\n\n| mode | nDCG@10 |\n|---|---|\n| hybrid | 0.7013 |\n"
+    (run / "report.md").write_text(markdown, encoding="utf-8")
     (run / "report.html").write_text("<!doctype html><title>r</title><p>SciFact</p>", encoding="utf-8")
     png = (REPO / "docs" / "scifact-quality.png").read_bytes()
     (run / "quality.png").write_bytes(png)
@@ -100,6 +103,28 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             client.post("/v1/collections/notes/documents", json={"documents": DOCS}).raise_for_status()
             client.post("/v1/collections", json={"name": "uploads", "language": "en"}).raise_for_status()
         yield Live(server.url, key, reports)
+
+
+@pytest.fixture
+def console(page: Page, live: Live, output_path: str, request: pytest.FixtureRequest) -> Iterator[Page]:
+    """The console with the key entered; each page screenshotted into the test's output folder if the test failed."""
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    page.goto(f"{live.url}/console")
+    page.fill("#key", live.key)
+    page.click("#key-form button[type=submit]")
+    expect(page.locator("#key-state")).to_contain_text("key accepted")
+    yield page
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        folder = Path(output_path)  # pytest-playwright's folder of this test (under --output)
+        folder.mkdir(parents=True, exist_ok=True)
+        for view in VIEWS:
+            page.goto(f"{live.url}/console#{view}")
+            page.wait_for_timeout(300)
+            page.screenshot(path=str(folder / f"{view}.png"), full_page=True)
+    assert not [e for e in errors if "Content Security Policy" in e], errors
 
 
 @pytest.hookimpl(hookwrapper=True)

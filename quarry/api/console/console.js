@@ -127,7 +127,8 @@ async function showCollections() {
       el("td", {}, c.name, c.tenancy === "shared" ? el("span", { class: "tag" }, "shared") : null),
       el("td", { class: "num" }, fmt(d.documents)), el("td", { class: "num" }, fmt(d.chunks)),
       el("td", { class: "num" }, fmt(d.live_version)), el("td", {}, el("ul", { class: "plain" }, versions)),
-      el("td", {}, fmt(d.model || (d.embedding && d.embedding.model))));
+      el("td", {}, `${fmt(d.language)} · chunks ${fmt(d.chunk_size)}/${fmt(d.chunk_overlap)}`,
+        d.fusion && d.fusion.method ? ` · ${d.fusion.method}` : ""));
   }));
   $("collections-table").tBodies[0].replaceChildren(...rows);
 }
@@ -286,6 +287,7 @@ async function ask(event) {
   for (const id of ["answer-text", "citations", "sources"]) $(id).replaceChildren();
   $("answer-state").textContent = "retrieving…";
   const body = { query: $("answer-query").value, mode: $("answer-mode").value, top_k: numberOf("answer-top-k") || 3, stream: true };
+  if (numberOf("answer-max-tokens") !== null) body.max_tokens = numberOf("answer-max-tokens");
   let text = "";
   const citations = [];
   try {

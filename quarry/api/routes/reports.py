@@ -96,11 +96,15 @@ def _summary(run: Path) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
+def _object(value: Any) -> dict[str, Any]:
+    """``value`` when it is a JSON object, else ``{}``."""
+    return value if isinstance(value, dict) else {}
+
+
 def _entry(run: Path) -> dict[str, Any]:
     """A run folder as the listing shows it: id, dataset, modes with nDCG@10, the files present."""
     summary = _summary(run)
-    config = summary.get("config") if isinstance(summary.get("config"), dict) else {}
-    modes = summary.get("modes") if isinstance(summary.get("modes"), dict) else {}
+    config, modes = _object(summary.get("config")), _object(summary.get("modes"))
     return {
         "id": run.name,
         "modified": (run / "summary.json").stat().st_mtime,
