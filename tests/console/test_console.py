@@ -17,7 +17,7 @@ from playwright.sync_api import Page, expect
 
 from tests.console.conftest import XSS, Live
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]  # the answers: llama.cpp
 
 
 def test_the_key_is_kept_in_session_storage_and_sent_as_a_header(console: Page, live: Live) -> None:
@@ -147,7 +147,9 @@ def test_recall_figures_of_a_collection(console: Page, live: Live) -> None:
             client.post("/v1/collections/notes/search", json={"query": query, "mode": "dense"}).raise_for_status()
     console.click("nav a[data-view=recall]")
     console.select_option("#recall-collection", "notes")
-    expect(console.locator("#recall-table tr", has_text="none")).to_be_visible()
+    row = console.locator("#recall-table tbody tr", has_text="none")
+    expect(row).to_be_visible()
+    expect(row.locator("td").first).not_to_have_text("0", timeout=20_000)  # samples measured (refreshed every 5 s)
     expect(console.locator("#recall-summary")).to_contain_text("measured")
     expect(console.locator("#recall-table svg.spark").first).to_be_visible()
 
@@ -184,10 +186,15 @@ def test_the_console_is_served_offline_under_a_strict_policy(live: Live) -> None
 def test_the_reports_routes_serve_only_run_folders_and_their_listed_files(live: Live) -> None:
     (live.reports / "escape").symlink_to(live.reports.parent, target_is_directory=True)  # a link out of the folder
     (live.reports.parent / "summary.json").write_text("{}")
+    broken = live.reports / "broken.run"  # a summary that is not what quarry eval writes: listed, no 5xx
+    broken.mkdir()
+    (broken / "summary.json").write_text('{"config": [1], "modes": {"bm25": {"ndcg@10": "high"}}}')
     headers = {"Authorization": f"Bearer {live.key}"}
     with httpx.Client(base_url=live.url, headers=headers) as client:
         listed = client.get("/v1/reports").json()
-        assert [r["id"] for r in listed["reports"]] == ["scifact-bm25"]
+        assert sorted(r["id"] for r in listed["reports"]) == ["broken.run", "scifact-bm25"]
+        opened = client.get("/v1/reports/broken.run")
+        assert opened.status_code == 200 and opened.json()["ndcg@10"] == {"bm25": None}, opened.text
         for path in ("/v1/reports/..", "/v1/reports/.hidden", "/v1/reports/a%2F..%2F..",
                      "/v1/reports/scifact-bm25/..%2F..%2Fserver.log", "/v1/reports/scifact-bm25/per_query.json",
                      "/v1/reports/escape", "/v1/reports/escape/summary.json", "/v1/reports/nope"):

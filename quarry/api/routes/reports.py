@@ -24,12 +24,39 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, Field
 
 from quarry import errors as e
 from quarry.api.errors import error_responses
 from quarry.errors import InvalidRequest, NotFound, PayloadTooLarge, clip
 
 router = APIRouter()
+
+
+class ReportOut(BaseModel):
+    """A run folder as ``GET /v1/reports`` lists it."""
+
+    id: str = Field(description="The run folder's name under QUARRY_EVAL__REPORTS_DIR.")
+    modified: float = Field(description="summary.json's modification time (Unix seconds).")
+    dataset: str | None = None
+    collection: str | None = None
+    started_at: str | None = None
+    ndcg_at_10: dict[str, float | None] = Field(alias="ndcg@10", description="nDCG@10 per mode.")
+    files: list[str] = Field(description="The files of FILES present in the folder.")
+
+
+class ReportsOut(BaseModel):
+    """``GET /v1/reports``: newest first; ``configured: false`` when no reports folder is set."""
+
+    configured: bool
+    reports: list[ReportOut]
+
+
+class ReportDetailOut(ReportOut):
+    """``GET /v1/reports/{report_id}``: the listing's entry, ``summary.json`` and ``report.md``."""
+
+    summary: dict[str, Any]
+    report_md: str | None
 
 REPORT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # file name -> media type (the only files served)
@@ -101,6 +128,16 @@ def _object(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _text(value: Any) -> str | None:
+    """A summary's text field as a string (``None`` when absent)."""
+    return None if value is None else str(value)
+
+
+def _number(value: Any) -> float | None:
+    """A summary's figure (``None`` when it is not a number)."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _entry(run: Path) -> dict[str, Any]:
     """A run folder as the listing shows it: id, dataset, modes with nDCG@10, the files present."""
     summary = _summary(run)
@@ -108,15 +145,18 @@ def _entry(run: Path) -> dict[str, Any]:
     return {
         "id": run.name,
         "modified": (run / "summary.json").stat().st_mtime,
-        "dataset": config.get("dataset"),
-        "collection": config.get("collection"),
-        "started_at": config.get("started_at"),
-        "ndcg@10": {m: v.get("ndcg@10") for m, v in modes.items() if isinstance(v, dict)},
+        "dataset": _text(config.get("dataset")),
+        "collection": _text(config.get("collection")),
+        "started_at": _text(config.get("started_at")),
+        "ndcg@10": {str(m): _number(v.get("ndcg@10")) for m, v in modes.items() if isinstance(v, dict)},
         "files": [name for name in FILES if (run / name).is_file()],
     }
 
 
-@router.get("/v1/reports", tags=["evaluation"], responses=error_responses(e.InvalidRequest))
+@router.get(
+    "/v1/reports", tags=["evaluation"], response_model=ReportsOut, response_model_by_alias=True,
+    responses=error_responses(e.InvalidRequest),
+)
 def list_reports(request: Request) -> dict[str, Any]:
     """The evaluation runs under ``QUARRY_EVAL__REPORTS_DIR``, newest first (``configured: false`` without it)."""
     root = _root(request)
@@ -132,7 +172,8 @@ def list_reports(request: Request) -> dict[str, Any]:
 
 
 @router.get(
-    "/v1/reports/{report_id}", tags=["evaluation"], responses=error_responses(e.InvalidRequest, e.NotFound),
+    "/v1/reports/{report_id}", tags=["evaluation"], response_model=ReportDetailOut, response_model_by_alias=True,
+    responses=error_responses(e.InvalidRequest, e.NotFound),
 )
 def get_report(report_id: str, request: Request) -> dict[str, Any]:
     """One run: its listing entry, its ``summary.json`` and its ``report.md`` (``null`` when absent)."""
