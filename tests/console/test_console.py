@@ -31,6 +31,16 @@ def test_the_key_is_kept_in_session_storage_and_sent_as_a_header(console: Page, 
     expect(console.locator("#collections-table tr[data-collection=notes]")).to_contain_text("v1")
 
 
+def test_without_a_key_the_console_shows_the_401_and_no_data(page: Page, live: Live) -> None:
+    page.goto(f"{live.url}/console")
+    expect(page.locator("#key-state")).to_contain_text("Unauthenticated")
+    expect(page.locator("#status")).to_contain_text("enter an API key")
+    assert page.locator("#collections-table tbody tr").count() == 0
+    page.fill("#key", "qk_0000_wrong")
+    page.click("#key-form button[type=submit]")
+    expect(page.locator("#key-state")).to_contain_text("Unauthenticated")
+
+
 def test_search_shows_hits_with_each_channels_explain_and_text_as_text(console: Page) -> None:
     console.click("nav a[data-view=search]")
     console.select_option("#search-collection", "notes")

@@ -64,7 +64,8 @@ async function call(method, path, options = {}) {
   } else if (options.body !== undefined) {
     init.body = options.body;
   }
-  const response = await fetch(path, init);
+  // relative to the page (/console): the API's root, also behind a proxy that serves it under a prefix
+  const response = await fetch(path.replace(/^\//, ""), init);
   if (!response.ok) {
     let type = "HTTP " + response.status, message = response.statusText;
     try {
@@ -376,7 +377,9 @@ async function submitJob(event) {
 
 function pollJobs() {
   clearTimeout(timer);
-  showJobs().then((busy) => { timer = setTimeout(pollJobs, busy ? 500 : 5000); }, (error) => { failed(error); });
+  showJobs().then((busy) => {
+    if (shown() === "jobs") timer = setTimeout(pollJobs, busy ? 500 : 5000);
+  }, failed);
 }
 
 // ---------- recall ----------
@@ -417,7 +420,7 @@ async function showRecall() {
 
 function pollRecall() {
   clearTimeout(timer);
-  showRecall().then(() => { timer = setTimeout(pollRecall, 5000); }, failed);
+  showRecall().then(() => { if (shown() === "recall") timer = setTimeout(pollRecall, 5000); }, failed);
 }
 
 // ---------- reports ----------
@@ -446,7 +449,7 @@ async function openReport(id) {
       el("td", { class: "num" }, fmt(m.num_queries)))));
     for (const old of $("report-plots").querySelectorAll("img")) URL.revokeObjectURL(old.src);
     const plots = await Promise.all(r.files.filter((f) => f.endsWith(".png")).map(async (f) =>
-      el("img", { src: await blobUrl(`/v1/reports/${q(id)}/${f}`), alt: f })));
+      el("img", { src: await blobUrl(`/v1/reports/${q(id)}/${q(f)}`), alt: f })));
     $("report-plots").replaceChildren(...plots);
     $("report-md").textContent = r.report_md || "";
     $("report-download").hidden = !r.files.includes("report.html");
@@ -476,6 +479,10 @@ const SHOW = {
   reports: () => showReports().catch(failed),
 };
 
+function shown() {
+  return document.body.dataset.view;
+}
+
 function route() {
   clearTimeout(timer);
   const name = VIEWS.includes(location.hash.slice(1)) ? location.hash.slice(1) : "collections";
@@ -504,6 +511,6 @@ document.addEventListener("DOMContentLoaded", () => {
   $("recall-collection").addEventListener("change", pollRecall);
   $("report-download").addEventListener("click", downloadReport);
   window.addEventListener("hashchange", route);
-  if (sessionStorage.getItem(KEY)) showKeyState("key kept for this tab");
+  checkKey(); // says whether the kept key (or none, on an open server) is accepted
   route();
 });
