@@ -470,6 +470,18 @@ class TracingSettings(BaseModel):
     enabled: bool = False
 
 
+class EvalSettings(BaseModel):
+    """Where the server finds ``quarry eval``'s reports (the console's *Reports* page, ``GET /v1/reports``).
+
+    Attributes:
+        reports_dir: A folder whose sub-folders are run folders (``quarry eval --out DIR``: each
+            with ``summary.json``); ``None`` (the default): no report is served. Only its direct
+            sub-folders and a fixed list of their files are read (``quarry/api/routes/reports.py``).
+    """
+
+    reports_dir: Path | None = None
+
+
 class MonitorSettings(BaseModel):
     """Online recall monitoring (:mod:`monitoring`).
 
@@ -577,6 +589,7 @@ class Settings(BaseSettings):
     tracing: TracingSettings = TracingSettings()
     monitor: MonitorSettings = MonitorSettings()
     auth: AuthSettings = AuthSettings()
+    eval: EvalSettings = EvalSettings()
 
     @property
     def store_url(self) -> str:

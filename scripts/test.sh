@@ -9,12 +9,14 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 QUARRY_SETUP_LLM_SERVER=1 bash scripts/setup.sh
-# Headless Chromium for the HTML report's browser test (tests/core/test_eval_reports.py renders
-# report.html offline); the Debian package, installed once where apt-get can run as root.
+# Headless Chromium for the browser tests: the HTML report's (tests/core/test_eval_reports.py renders
+# report.html offline) and the web console's (tests/console: Playwright drives this Chromium through
+# executable_path, so Playwright downloads no browser); the Debian package, installed once where
+# apt-get can run as root.
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo "sudo -n")
   $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium \
-    || echo "warning: chromium not installed: the HTML report's browser test will be skipped"
+    || echo "warning: chromium not installed: the browser tests (HTML report, console) will be skipped"
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate

@@ -88,6 +88,14 @@ POLICY: dict[tuple[str, str], str | tuple[str, ...] | None] = {
     ("POST", "/v1/collections/{name}/search"): "read",
     ("POST", "/v1/collections/{name}/answer"): "read",
     ("POST", "/v1/chat/completions"): "read",
+    # quarry eval's run folders on the server's disk (QUARRY_EVAL__REPORTS_DIR): the operator's, of every tenant
+    ("GET", "/v1/reports"): "admin",
+    ("GET", "/v1/reports/{report_id}"): "admin",
+    ("GET", "/v1/reports/{report_id}/{file}"): "admin",
+    # the web console's static files hold no data; its calls send the key (quarry.api.routes.console)
+    ("GET", "/console"): None,
+    ("GET", "/console/console.js"): None,
+    ("GET", "/console/console.css"): None,
 }
 
 

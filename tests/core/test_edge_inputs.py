@@ -88,6 +88,9 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, str], dict[str, str], Any]] = {
         {"model": f"quarry/{NAME}", "messages": [{"role": "user", "content": "boats"}], "user": "u",
          "quarry": {"mode": "bm25", "filters": {"tag": "a"}}},
     ),
+    ("GET", "/v1/reports"): ({}, {}, None),
+    ("GET", "/v1/reports/{report_id}"): ({"report_id": "run1"}, {}, None),
+    ("GET", "/v1/reports/{report_id}/{file}"): ({"report_id": "run1", "file": "summary.json"}, {}, None),
 }
 CHAT = ("POST", "/v1/chat/completions")
 # where a control character or a long value is data, not a name: refused or served, never a 5xx
