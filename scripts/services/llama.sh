@@ -81,22 +81,7 @@ start() {
     log "answering (pid $pid): $URL"
 }
 
-stop() {
-    local pid
-    if ! pid="$(running_pid "$PIDFILE")"; then
-        rm -f "$PIDFILE"
-        log "not running"
-        return 0
-    fi
-    log "stopping pid $pid (SIGTERM)"
-    kill -TERM "$pid" 2>/dev/null || true
-    if ! wait_exit "$pid" 10; then
-        log "still running after 10s: SIGKILL"
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
-    rm -f "$PIDFILE"
-    log "stopped"
-}
+stop() { stop_pidfile "$PIDFILE"; }
 
 case "${1:-}" in
     start) start ;;
