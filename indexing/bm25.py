@@ -16,8 +16,6 @@ for ``robertson`` we put it back so the scores are the textbook values
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Callable, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -28,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from indexing.bm25_formulas import okapi_scale
+from indexing.snapshot_io import replace_folder
 from quarry.settings import BM25Settings
 
 _SIDECAR = "rows.json"
@@ -197,30 +196,20 @@ class BM25Index:
         Raises:
             OSError: The folder cannot be written, or another process renamed its own in first.
         """
-        tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        if self._retriever is not None:
-            self._retriever.save(str(tmp), show_progress=False)
-        sidecar = {
-            "version": self.version,
-            "chunk_ids": self.chunk_ids,
-            "document_ids": self.document_ids,
-            "payloads": self.payloads,
-            "scale": self._scale,
-        }
-        (tmp / _SIDECAR).write_text(json.dumps(sidecar), encoding="utf-8")
-        old = folder.with_name(f"{folder.name}.old-{os.getpid()}")
-        shutil.rmtree(old, ignore_errors=True)
-        try:
-            if folder.exists():
-                os.replace(folder, old)
-            os.replace(tmp, folder)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        finally:
-            shutil.rmtree(old, ignore_errors=True)
+
+        def write(tmp: Path) -> None:
+            if self._retriever is not None:
+                self._retriever.save(str(tmp), show_progress=False)
+            sidecar = {
+                "version": self.version,
+                "chunk_ids": self.chunk_ids,
+                "document_ids": self.document_ids,
+                "payloads": self.payloads,
+                "scale": self._scale,
+            }
+            (tmp / _SIDECAR).write_text(json.dumps(sidecar), encoding="utf-8")
+
+        replace_folder(folder, write)
 
     @classmethod
     def load(cls, folder: Path) -> BM25Index:

@@ -29,8 +29,6 @@ them; lists are append-only), so a query never sees half an update.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from indexing.bm25_formulas import idf, okapi_scale, tfc, tfc_absent
+from indexing.snapshot_io import replace_folder
 from quarry.settings import BM25Settings
 
 Row = tuple[str, str, list[str], dict[str, Any]]  # (chunk_id, document_id, tokens, payload)
@@ -417,33 +416,23 @@ class LiveBM25:
             OSError: The folder cannot be written, or another process renamed its own in first.
         """
         self.compact()
-        tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        indptr, rows, tf = self._base
-        with open(tmp / _POSTINGS, "wb") as fh:
-            np.savez(fh, indptr=indptr, rows=rows, tf=tf.astype(np.int32), lengths=self._lengths.astype(np.int32))
-        sidecar = {
-            "version": self.version,
-            "collection_id": self.collection_id,
-            "params": self.params.model_dump(),
-            "vocab": list(self._vocab),
-            "chunk_ids": self._chunk_ids,
-            "document_ids": self._document_ids,
-            "payloads": self._payloads,
-        }
-        (tmp / _ROWS).write_text(json.dumps(sidecar), encoding="utf-8")
-        old = folder.with_name(f"{folder.name}.old-{os.getpid()}")
-        shutil.rmtree(old, ignore_errors=True)
-        try:
-            if folder.exists():
-                os.replace(folder, old)
-            os.replace(tmp, folder)
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        finally:
-            shutil.rmtree(old, ignore_errors=True)
+
+        def write(tmp: Path) -> None:
+            indptr, rows, tf = self._base
+            with open(tmp / _POSTINGS, "wb") as fh:
+                np.savez(fh, indptr=indptr, rows=rows, tf=tf.astype(np.int32), lengths=self._lengths.astype(np.int32))
+            sidecar = {
+                "version": self.version,
+                "collection_id": self.collection_id,
+                "params": self.params.model_dump(),
+                "vocab": list(self._vocab),
+                "chunk_ids": self._chunk_ids,
+                "document_ids": self._document_ids,
+                "payloads": self._payloads,
+            }
+            (tmp / _ROWS).write_text(json.dumps(sidecar), encoding="utf-8")
+
+        replace_folder(folder, write)
 
     @classmethod
     def load(cls, folder: Path, params: BM25Settings) -> LiveBM25:
