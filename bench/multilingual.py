@@ -44,8 +44,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from embedding.base import Embedder, Embeddings  # noqa: E402
-from embedding.card import ModelCard  # noqa: E402
+from embedding.base import Embedder, EmbedderWrapper, Embeddings  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data"
 DATASETS = {"scifact": ("scifact", "en", "train"), "cmrc": ("cmrc2018-retrieval", "zh", "dev")}
@@ -61,45 +60,16 @@ def process_cpu_s(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-class CpuMeter:
+class CpuMeter(EmbedderWrapper):
     """The real embedder, adding up the thread CPU seconds of its calls (documents and queries apart)."""
 
     def __init__(self, inner: Embedder) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.cpu_s = {"documents": 0.0, "queries": 0.0}
         self.texts = {"documents": 0, "queries": 0}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
-
-    @property
-    def card(self) -> ModelCard:
-        """As the wrapped embedder (timed where it embeds)."""
-        return self.inner.card
-
-    @property
-    def model_id(self) -> str:
-        """As the wrapped embedder (timed where it embeds)."""
-        return self.inner.model_id
-
-    @property
-    def fingerprint(self) -> str:
-        """As the wrapped embedder (timed where it embeds)."""
-        return self.inner.fingerprint
-
-    @property
-    def dim(self) -> int:
-        """As the wrapped embedder (timed where it embeds)."""
-        return self.inner.dim
-
-    @property
-    def max_seq_length(self) -> int:
-        """As the wrapped embedder (timed where it embeds)."""
-        return self.inner.max_seq_length
-
-    def warm_up(self) -> None:
-        """As the wrapped embedder (timed where it embeds)."""
-        self.inner.warm_up()
 
     def embed(self, texts: Sequence[str]) -> Embeddings:
         """As the wrapped embedder (timed where it embeds)."""

@@ -106,6 +106,54 @@ class Embedder(Protocol):
         ...
 
 
+class EmbedderWrapper:
+    """An :class:`Embedder` that hands every call to ``inner``: subclass it and override what you change.
+
+    Batching, counting, caching and timing wrappers share it, so that each says only what it adds.
+    """
+
+    def __init__(self, inner: Embedder) -> None:
+        """Wrap ``inner``."""
+        self.inner = inner
+
+    @property
+    def model_id(self) -> str:
+        """The wrapped model's id."""
+        return self.inner.model_id
+
+    @property
+    def fingerprint(self) -> str:
+        """The wrapped model's fingerprint (after :meth:`warm_up`)."""
+        return self.inner.fingerprint
+
+    @property
+    def dim(self) -> int:
+        """The wrapped model's output dimension."""
+        return self.inner.dim
+
+    @property
+    def max_seq_length(self) -> int:
+        """The wrapped model's token limit."""
+        return self.inner.max_seq_length
+
+    @property
+    def card(self) -> ModelCard:
+        """The wrapped model's languages and prefixes."""
+        return self.inner.card
+
+    def warm_up(self) -> None:
+        """Warm the wrapped model up."""
+        self.inner.warm_up()
+
+    def embed(self, texts: Sequence[str]) -> Embeddings:
+        """The wrapped model's :meth:`Embedder.embed`."""
+        return self.inner.embed(texts)
+
+    def embed_queries(self, texts: Sequence[str]) -> Embeddings:
+        """The wrapped model's :meth:`Embedder.embed_queries`."""
+        return self.inner.embed_queries(texts)
+
+
 @runtime_checkable
 class QueryEncoder(Protocol):
     """What the query path needs: an embedder whose calls are queued and batched.

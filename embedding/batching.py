@@ -19,12 +19,11 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from embedding.base import Embedder, Embeddings
-from embedding.card import ModelCard
+from embedding.base import Embedder, EmbedderWrapper, Embeddings
 from quarry.microbatch import MicroBatcher
 
 
-class BatchingEmbedder:
+class BatchingEmbedder(EmbedderWrapper):
     """Wraps an :class:`Embedder` for queries: concurrent query calls share one ``embed_queries`` call.
 
     :meth:`embed_queries` and :meth:`submit` are batched across threads; :meth:`embed` (documents)
@@ -40,7 +39,7 @@ class BatchingEmbedder:
     def __init__(self, inner: Embedder, *, max_batch: int = 64, workers: int | None = None) -> None:
         if workers is not None and workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
-        self.inner = inner
+        super().__init__(inner)
         self._max_batch = max_batch
         self._workers = workers
         self._pool: ThreadPoolExecutor | None = None
@@ -48,31 +47,6 @@ class BatchingEmbedder:
         self._batcher: MicroBatcher[Sequence[str], Embeddings] = MicroBatcher(
             self._embed_batch, max_batch=max_batch, weight=len, name="quarry-embed-batcher"
         )
-
-    @property
-    def model_id(self) -> str:
-        """The wrapped model's id."""
-        return self.inner.model_id
-
-    @property
-    def fingerprint(self) -> str:
-        """The wrapped model's fingerprint (after :meth:`warm_up`)."""
-        return self.inner.fingerprint
-
-    @property
-    def dim(self) -> int:
-        """The wrapped model's output dimension."""
-        return self.inner.dim
-
-    @property
-    def max_seq_length(self) -> int:
-        """The wrapped model's token limit."""
-        return self.inner.max_seq_length
-
-    @property
-    def card(self) -> ModelCard:
-        """The wrapped model's languages and prefixes."""
-        return self.inner.card
 
     @property
     def workers(self) -> int:

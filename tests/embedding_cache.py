@@ -30,8 +30,7 @@ from types import ModuleType
 
 import numpy as np
 
-from embedding.base import Embedder, Embeddings
-from embedding.card import ModelCard
+from embedding.base import Embedder, EmbedderWrapper, Embeddings
 
 CACHE_ENV = "QUARRY_TEST_EMBEDDING_CACHE"
 MODEL_CACHE_ENV = "QUARRY_EMBEDDING__CACHE_DIR"  # the setting every Quarry of the suite reads it from
@@ -118,7 +117,7 @@ def _key(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
 
 
-class CachedEmbedder:
+class CachedEmbedder(EmbedderWrapper):
     """An :class:`Embedder` that runs ``inner`` once per distinct text and remembers the rows.
 
     Rows are exactly what ``inner.embed`` returned for the text (vector and truncation flag).
@@ -127,7 +126,7 @@ class CachedEmbedder:
     """
 
     def __init__(self, inner: Embedder, path: Path | None) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.path = path
         self.model_runs = 0  # texts that went through the model (not found in the cache)
         self._rows: dict[bytes, tuple[np.ndarray, bool]] = {}
@@ -135,32 +134,12 @@ class CachedEmbedder:
         self._db: sqlite3.Connection | None = None
         self._loaded = False
 
-    @property
-    def model_id(self) -> str:
-        return self.inner.model_id
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
-
-    @property
-    def max_seq_length(self) -> int:
-        return self.inner.max_seq_length
-
-    @property
-    def card(self) -> ModelCard:
-        return self.inner.card
-
     def embed_queries(self, texts: Sequence[str]) -> Embeddings:
         """A model whose queries embed as its documents (one prefix or none) shares the rows; else no memo."""
         card = self.inner.card
         if card.query_prefix == card.passage_prefix:
             return self.embed(texts)
         return self.inner.embed_queries(texts)
-
-    @property
-    def fingerprint(self) -> str:
-        return self.inner.fingerprint
 
     def warm_up(self) -> None:
         self.inner.warm_up()

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from embedding.base import Embedder, Embeddings
-from embedding.card import ModelCard
+from embedding.base import Embedder, EmbedderWrapper, Embeddings
 from indexing.document_rules import SourceDocument
 from indexing.sources import iter_jsonl
 from quarry.service import Quarry
@@ -29,7 +28,7 @@ def wait_until(condition: Callable[[], bool]) -> None:
     raise AssertionError("condition not reached in 10 s")
 
 
-class CountingEmbedder:
+class CountingEmbedder(EmbedderWrapper):
     """Wraps the REAL embedder and counts the calls and texts it is asked to embed (no fake inference).
 
     The counts are what the caller asked for, whether the rows then came from the model or from
@@ -37,32 +36,9 @@ class CountingEmbedder:
     """
 
     def __init__(self, inner: Embedder) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.calls = 0
         self.texts = 0
-
-    @property
-    def model_id(self) -> str:
-        return self.inner.model_id
-
-    @property
-    def fingerprint(self) -> str:
-        return self.inner.fingerprint
-
-    @property
-    def dim(self) -> int:
-        return self.inner.dim
-
-    @property
-    def max_seq_length(self) -> int:
-        return self.inner.max_seq_length
-
-    def warm_up(self) -> None:
-        self.inner.warm_up()
-
-    @property
-    def card(self) -> ModelCard:
-        return self.inner.card
 
     def embed(self, texts: Sequence[str]) -> Embeddings:
         self.calls += 1
