@@ -6,7 +6,21 @@ records a job (kind ``ingest``) in the state of record's jobs table and runs it 
 this process. The job's state machine::
 
     queued -> running -> done | partial (files skipped) | failed | cancelled
-    running -> cancelling (DELETE /v1/jobs/{id}) -> cancelled (after the batch in flight)
+    running -> cancelling (DELETE /v1/jobs/{id}) -> cancelled (at the next embedding sub-batch)
+
+**Progress inside a batch.** A batch of ``QUARRY_INGEST__BATCH_SIZE`` documents is read, chunked,
+embedded ``QUARRY_EMBEDDING__BATCH_SIZE`` texts at a time, then written. While it runs, the job's
+counters say how far it got (:class:`_Tracker`): ``parsed`` (documents read from the source,
+the batch in flight included), ``batch_documents``, ``batch_chunks`` (its chunks to embed) and
+``batch_embedded`` (of those, embedded so far); they are written to the job's record at most
+every ``QUARRY_INGEST__PROGRESS_INTERVAL_S`` (1 s). ``done``, ``embedded``, ``chunks_written``
+and the rest count committed batches only.
+
+**Cancel.** ``DELETE /v1/jobs/{id}`` marks the job ``cancelling``; the job stops at the next
+embedding sub-batch of the batch in flight (asked on this server: at once; on another replica:
+seen at the next progress write), drops that batch (nothing of it is written: a batch is
+atomic) and ends ``cancelled``; the batches committed before stay. A batch whose texts are all
+embedded is written first.
 
 **Checkpoints.** After each committed batch (atomic in the docstore: ``Ingestor.upsert``) the
 job's ``cursor`` records how many documents of the source are written (:class:`Checkpoint`,
@@ -49,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from indexing.docstore import DEFAULT_TENANT, Job
+from indexing.pipeline import Abandoned
 from indexing.reindex import new_owner
 from indexing.sources import Source, SourceDocument, is_inside
 from quarry.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuarryError, clip
@@ -61,6 +76,7 @@ KIND = "ingest"
 RESUMABLE = ("queued", "running", "cancelling")
 MAX_ERRORS_KEPT = 100  # errors by path kept in a job's record (the count is exact)
 COUNTERS = ("added", "updated", "unchanged", "embedded", "chunks_written", "chunks_deleted", "truncated")
+IN_FLIGHT = ("batch_documents", "batch_chunks", "batch_embedded")  # the batch in flight; 0 between batches
 
 
 @dataclass
@@ -97,16 +113,20 @@ class Checkpoint:
 def progress_of(job: Job) -> dict[str, Any]:
     """``rate_docs_s``, ``eta_s`` and ``errors`` of an ingest job for ``GET /v1/jobs/{id}`` (empty for others).
 
-    The rate is documents per second of the current run (since it started or resumed); the ETA
-    is the documents left at that rate (``None`` before the first batch, or when done).
+    The rate is documents per second of the current run (since it started or resumed), the
+    batch in flight counted by the share of its chunks embedded; the ETA is the documents left
+    at that rate (``None`` before the first chunks are embedded, or when done).
     """
     if job.kind != KIND:
         return {"rate_docs_s": None, "eta_s": None, "errors": []}
     cp = Checkpoint.parse(job.cursor)
-    done = job.counters.get("done", 0)
-    total = job.counters.get("total", 0)
+    c = job.counters
+    total = c.get("total", 0)
+    chunks, embedded = c.get("batch_chunks", 0), c.get("batch_embedded", 0)
+    in_flight = c.get("batch_documents", 0) * embedded / chunks if chunks else 0.0  # the batch's share embedded
+    done = c.get("done", 0) + in_flight
     elapsed = job.updated_at - cp.run_started if cp.run_started else 0.0
-    moved = cp.position - cp.run_position
+    moved = cp.position + in_flight - cp.run_position
     rate = moved / elapsed if elapsed > 0 and moved > 0 else None
     eta = None if rate is None or job.state not in RESUMABLE else max(total - done, 0) / rate
     return {
@@ -167,6 +187,7 @@ class IngestJobs:
         self.lease_s = quarry.settings.ingest.job_lease_s
         self._held: dict[str, tuple[str, threading.Thread]] = {}  # job id -> (owner, worker)
         self._lost: set[str] = set()  # jobs whose lease another process took
+        self._cancels: set[str] = set()  # jobs cancelled through this process: their batch in flight stops
         self._guard = threading.Lock()
         self._stopping = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -333,7 +354,11 @@ class IngestJobs:
         if job.state == "queued" and job.id not in self._held and view.docstore.claim_job(job.id, new_owner(), 1.0):
             drop_spool(job)
             return view.docstore.update_job(job.id, state="cancelled")
-        return view.docstore.update_job(job.id, state="cancelling")
+        cancelling = view.docstore.update_job(job.id, state="cancelling")
+        with self._guard:
+            if job.id in self._held:
+                self._cancels.add(job.id)
+        return cancelling
 
     def _writer(self, view: Quarry, job: Job) -> Quarry:
         """The view a resumed job writes through: a shared collection's job, its tenant's scope (fails closed)."""
@@ -361,6 +386,7 @@ class IngestJobs:
         finally:
             with self._guard:
                 self._held.pop(job.id, None)
+                self._cancels.discard(job.id)
             lost = job.id in self._lost
             self._lost.discard(job.id)
             view.docstore.release_job(job.id, owner)
@@ -382,12 +408,23 @@ class IngestJobs:
         for doc in islice(docs, cp.position):  # written by earlier runs: skipped, never sent to the pipeline
             if seen is not None:
                 seen.add(doc.id)
+        counters |= {"parsed": cp.position, **dict.fromkeys(IN_FLIGHT, 0)}
         self._checkpoint(view, job.id, counters, source, cp, state="running")
+        tracker = _Tracker(self, view, job.id, counters, settings.progress_interval_s)
         wrote = False
-        for batch in _batches(docs, settings.batch_size):
+        for batch in _batches(tracker.reading(docs), settings.batch_size):
             if self._should_stop(view, job.id):
                 return
-            report = view.upsert_batch(name, batch)
+            tracker.begin(len(batch))
+            try:
+                report = view.upsert_batch(name, batch, tracker.watch)
+            except Abandoned:  # cancelled between two embedding sub-batches: nothing of this batch written
+                counters |= {"parsed": cp.position, **dict.fromkeys(IN_FLIGHT, 0)}
+                self._checkpoint(view, job.id, counters, source, cp, state="cancelled")
+                log.info("ingest job %s of %r: cancelled inside a batch; %d documents kept", job.id, name,
+                         cp.position)
+                return
+            counters |= dict.fromkeys(IN_FLIGHT, 0)
             wrote = wrote or report.chunks_written > 0
             for key in COUNTERS:
                 counters[key] = counters.get(key, 0) + int(getattr(report, key))
@@ -442,6 +479,10 @@ class IngestJobs:
         self._checkpoint(view, job.id, counters, source, cp, state=state)
         log.info("ingest job %s of %r: %s (%s)", job.id, name, state, counters)
 
+    def cancel_asked(self, job_id: str) -> bool:
+        """Whether a cancel of ``job_id`` was asked through this process while it runs here."""
+        return job_id in self._cancels
+
     def _should_stop(self, view: Quarry, job_id: str) -> bool:
         """After a batch: this server stops (the job stays resumable), a cancel, or a lost lease."""
         if self._stopping.is_set() or job_id in self._lost:
@@ -465,6 +506,62 @@ class IngestJobs:
         counters["skipped"] = len(errors)
         counters["done"] = max(cp.position + len(errors) + len(src.empty), counters.get("done", 0))
         view.docstore.update_job(job_id, state=state, cursor=cp.dump(), counters=dict(counters))
+
+
+class _Tracker:
+    """A running job's progress inside its batch in flight, written to its record at most every ``interval_s``.
+
+    Its :meth:`watch` (an :data:`indexing.pipeline.Watch`) raises
+    :class:`~indexing.pipeline.Abandoned` between embedding sub-batches once the job is
+    cancelled: asked through this process (seen at once) or on another replica (seen in the
+    record that each progress write returns).
+    """
+
+    def __init__(  # noqa: PLR0913 - the job's parts
+        self, jobs: IngestJobs, view: Quarry, job_id: str, counters: dict[str, int], interval_s: float,
+    ) -> None:
+        """Track ``counters`` (the job's, updated in place) of job ``job_id``."""
+        self.jobs, self.view, self.job_id, self.counters = jobs, view, job_id, counters
+        self.interval_s = interval_s
+        self.last = time.monotonic()
+        self.cancelled = False
+        self.writes = 0  # progress writes made (a test's count of the cadence)
+
+    def reading(self, docs: Iterator[SourceDocument]) -> Iterator[SourceDocument]:
+        """``docs``, counting each one read (parsed) as it goes."""
+        for doc in docs:
+            self.counters["parsed"] = self.counters.get("parsed", 0) + 1
+            self._maybe_write()
+            yield doc
+
+    def begin(self, documents: int) -> None:
+        """A batch of ``documents`` goes to the pipeline."""
+        self.counters |= {"batch_documents": documents, "batch_chunks": 0, "batch_embedded": 0}
+
+    def watch(self, stage: str, done: int, total: int) -> None:
+        """The pipeline's progress inside the batch (:data:`indexing.pipeline.Watch`).
+
+        Raises:
+            Abandoned: The job was cancelled and chunks of the batch are still to embed.
+        """
+        if stage == "planned":
+            self.counters |= {"batch_chunks": total, "batch_embedded": 0}
+        elif stage == "embedding":
+            self.counters["batch_embedded"] = done
+        elif stage == "written":
+            return  # the checkpoint that follows records it
+        self._maybe_write()
+        if done < total and (self.cancelled or self.jobs.cancel_asked(self.job_id)):
+            raise Abandoned(self.job_id)
+
+    def _maybe_write(self) -> None:
+        now = time.monotonic()
+        if now - self.last < self.interval_s:
+            return
+        self.last = now
+        self.writes += 1
+        current = self.view.docstore.update_job(self.job_id, counters=dict(self.counters))
+        self.cancelled = self.cancelled or current.state == "cancelling"
 
 
 def _batches(docs: Iterator[SourceDocument], size: int) -> Iterator[list[SourceDocument]]:

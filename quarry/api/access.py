@@ -94,6 +94,7 @@ POLICY: dict[tuple[str, str], str | tuple[str, ...] | None] = {
     ("POST", "/v1/collections/{name}/search"): "read",
     ("POST", "/v1/collections/{name}/answer"): "read",
     ("POST", "/v1/chat/completions"): "read",
+    ("GET", "/v1/audit"): "admin",  # the key's tenant's entries only
 }
 
 
