@@ -79,7 +79,8 @@ def main() -> None:
     source.parent.mkdir()
     with SCIFACT.open(encoding="utf-8") as f:
         source.write_text("".join(line for _, line in zip(range(args.docs), f, strict=False)), encoding="utf-8")
-    env = {**os.environ, "QUARRY_DATA_DIR": str(work / "data"), "QUARRY_INGEST__ROOTS": json.dumps([str(source.parent)])}
+    roots = json.dumps([str(source.parent)])
+    env = {**os.environ, "QUARRY_DATA_DIR": str(work / "data"), "QUARRY_INGEST__ROOTS": roots}
     out: dict[str, Any] = {"docs": args.docs, "poll_s": args.poll_s}
     with QuarryServer(env, log=work / "serve.log").wait_ready() as server, httpx.Client(
         base_url=server.url, timeout=60

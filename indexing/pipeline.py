@@ -177,7 +177,17 @@ class Ingestor:
         embed_batch_size: int = 64,
         max_document_chars: int = 1_000_000,
         max_token_chars: int = 1024,
+        watched_call_s: float = 0.0,
     ) -> None:
+        """Bind the stores, the model and the batch sizes.
+
+        ``watched_call_s``: with a :data:`Watch` (a job), the most seconds one model call should
+        take (0: no limit). The sub-batch then starts at 8 texts and is sized from the last call's
+        seconds per text, between 1 and ``embed_batch_size``: on a slow CPU a watcher still sees
+        progress, and a cancel lands, about that often. Without a watch it is always
+        ``embed_batch_size``.
+        """
+        self._watched_call_s = watched_call_s
         self._store = store
         self._docstore = docstore
         self._embedder = embedder
@@ -424,8 +434,18 @@ class Ingestor:
                 raise ModelDimensionMismatch(cfg.name, model.model_id, **dims)
             self._check_model(cfg, model)
         truncated: list[int] = []
-        for i in range(0, len(texts), self._embed_batch_size):
-            result = model.embed(texts[i : i + self._embed_batch_size])
+        paced = watch is not None and self._watched_call_s > 0
+        size = min(self._embed_batch_size, 8) if paced else self._embed_batch_size
+        i = 0
+        while i < len(texts):
+            part = texts[i : i + size]
+            started = time.perf_counter()
+            result = model.embed(part)
+            i += len(part)
+            if paced:  # the next call's size from this one's seconds per text
+                per_text = (time.perf_counter() - started) / len(part)
+                fits = int(self._watched_call_s / per_text) if per_text > 0 else self._embed_batch_size
+                size = max(1, min(self._embed_batch_size, fits))
             truncated.append(int(result.truncated.sum()))
             if result.vectors.shape[1] != cfg.dim:
                 raise ModelDimensionMismatch(

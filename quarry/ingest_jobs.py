@@ -89,11 +89,15 @@ class Checkpoint:
         errors_total: How many files were skipped.
         run_started: Unix seconds the current run (first or resumed) started.
         run_position: ``position`` when it started (the rate is over this run's documents).
+        not_read: Paths of files of formats not read (the first :data:`MAX_ERRORS_KEPT`).
+        empty: Paths of files without text (the first :data:`MAX_ERRORS_KEPT`).
     """
 
     position: int = 0
     errors: list[list[str]] = field(default_factory=list)
     errors_total: int = 0
+    not_read: list[str] = field(default_factory=list)
+    empty: list[str] = field(default_factory=list)
     run_started: float = 0.0
     run_position: int = 0
 
@@ -111,14 +115,14 @@ class Checkpoint:
 
 
 def progress_of(job: Job) -> dict[str, Any]:
-    """``rate_docs_s``, ``eta_s`` and ``errors`` of an ingest job for ``GET /v1/jobs/{id}`` (empty for others).
+    """``rate_docs_s``, ``eta_s``, ``errors``, ``not_read`` and ``empty`` of an ingest job (empty for others).
 
     The rate is documents per second of the current run (since it started or resumed), the
     batch in flight counted by the share of its chunks embedded; the ETA is the documents left
     at that rate (``None`` before the first chunks are embedded, or when done).
     """
     if job.kind != KIND:
-        return {"rate_docs_s": None, "eta_s": None, "errors": []}
+        return {"rate_docs_s": None, "eta_s": None, "errors": [], "not_read": [], "empty": []}
     cp = Checkpoint.parse(job.cursor)
     c = job.counters
     total = c.get("total", 0)
@@ -133,6 +137,8 @@ def progress_of(job: Job) -> dict[str, Any]:
         "rate_docs_s": None if rate is None else round(rate, 2),
         "eta_s": None if eta is None else round(eta, 1),
         "errors": [{"path": p, "reason": r} for p, r in cp.errors],
+        "not_read": list(cp.not_read),
+        "empty": list(cp.empty),
     }
 
 
@@ -502,6 +508,7 @@ class IngestJobs:
         src = source.report
         errors = [[p, r] for p, r in src.errors]
         cp.errors, cp.errors_total = errors[:MAX_ERRORS_KEPT], len(errors)
+        cp.not_read, cp.empty = list(src.not_read[:MAX_ERRORS_KEPT]), list(src.empty[:MAX_ERRORS_KEPT])
         counters["read"] = cp.position
         counters["skipped"] = len(errors)
         counters["done"] = max(cp.position + len(errors) + len(src.empty), counters.get("done", 0))

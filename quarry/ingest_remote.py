@@ -37,6 +37,7 @@ from quarry.ingest_run import (
     Options,
     _now,
     emit_json,
+    report_of,
 )
 
 RETRYABLE_TYPES = ("StoreUnavailable", "StoreTimeout", "EmbeddingUnavailable", "Overloaded", "RateLimited")
@@ -96,6 +97,7 @@ class RemoteIngest:
         self.out, self.err = out, err
         self.poll_s = poll_s
         self.signals: list[str] = []
+        self.started = time.monotonic()
 
     def emit(self, event: str, **fields: Any) -> None:
         """One JSON line on stdout (``--json`` only)."""
@@ -143,9 +145,14 @@ class RemoteIngest:
             job = self._call("POST", url, json=body)
         else:
             params = {"on_error": self.options.on_error, "prune": str(self.options.prune).lower()}
-            self.note(f"uploading {self.upload.total} documents of {self.path} to {self.client.base_url}")
+            self.note(f"uploading the documents of {self.path} ({self.upload.total} {self._unit()}) "
+                      f"to {self.client.base_url}")
             job = self._call("POST", url, params=params, headers={"Content-Type": NDJSON},
                              content=ndjson_body(self.upload))
+            src = self.upload.report
+            left = ((len(src.errors), "files skipped"), (len(src.not_read), "files not read"),
+                    (len(src.empty), "empty files"))
+            self.note(f"uploaded {src.read} documents" + "".join(f"; {n} {what}" for n, what in left if n))
         self.note(f"job {job['id']} submitted to {self.client.base_url}")
         last = -1
         cancelled = False
@@ -163,6 +170,9 @@ class RemoteIngest:
                     self._progress(job)
         return self._report(job)
 
+    def _unit(self) -> str:
+        return "files" if self.upload is not None and self.upload.format == "folder" else "documents"
+
     def _progress(self, job: dict[str, Any]) -> None:
         c = job["counters"]
         fields = {"job": job["id"], "done": c.get("done", 0), "total": c.get("total", 0),
@@ -175,28 +185,44 @@ class RemoteIngest:
                           f"{rate:,.1f} docs/s, ETA {eta}")
 
     def _report(self, job: dict[str, Any]) -> int:
+        """The report (:data:`quarry.ingest_run.REPORT_FIELDS`, as a local run's) and the exit code."""
         state, c, error = job["state"], dict(job["counters"]), job.get("error") or ""
-        local = [] if self.upload is None else [{"path": p, "reason": r} for p, r in self.upload.report.errors]
+        src = self.upload.report if self.upload is not None else None
+        local = [] if src is None else [{"path": p, "reason": r} for p, r in src.errors]
+        errors = local + list(job.get("errors", []))
         if local:  # files skipped here, before the upload: the run is partial
-            job = {**job, "errors": local + list(job.get("errors", []))}
-            c["skipped"] = c.get("skipped", 0) + len(local)
             state = "partial" if state == "done" else state
         if state == "failed":
             code = EXIT_UNAVAILABLE if error.split(":", 1)[0] in RETRYABLE_TYPES else EXIT_BAD_INPUT
         else:
             code = {"done": EXIT_OK, "partial": EXIT_PARTIAL, "cancelled": EXIT_INTERRUPTED}[state]
         status = {EXIT_OK: "ok", EXIT_PARTIAL: "partial", EXIT_INTERRUPTED: "interrupted"}.get(code, "failed")
-        self.emit("report", job=job["id"], status=status, exit_code=code, state=state, error=error or None,
-                      errors=job.get("errors", []), signals=self.signals, **c)
+        counts = {k: int(c.get(k, 0)) for k in ("added", "updated", "unchanged", "embedded", "chunks_written",
+                                               "truncated", "pruned")}
+        body = report_of(
+            status=status, exit_code=code, job=job["id"], engine="server", dry_run=False,
+            total=self.upload.total if self.upload is not None else int(c.get("total", 0)),
+            read=int(c.get("read", 0)), skipped=len(local) + int(c.get("skipped", 0)), errors=errors,
+            not_read=(list(src.not_read) if src is not None else []) + list(job.get("not_read", [])),
+            empty=(list(src.empty) if src is not None else []) + list(job.get("empty", [])),
+            kept=int(c.get("read", 0)), written=counts["added"] + counts["updated"], **counts,
+            abandoned_batch=state == "cancelled", signals=list(self.signals), error=error or None,
+            elapsed_s=round(time.monotonic() - self.started, 3),
+        )
+        self.emit("report", **body)
         if not self.options.as_json:
-            for e in job.get("errors", []):
+            for e in errors:
                 self.note(f"skipped {e['path']}: {e['reason']}")
+            if body["not_read"]:
+                self.note(f"not read ({len(body['not_read'])} files of other formats): {', '.join(body['not_read'])}")
+            if body["empty"]:
+                self.note(f"empty ({len(body['empty'])} files without text): {', '.join(body['empty'])}")
             if state == "failed":
                 self.note(f"job {job['id']} failed: {error}")
             self.out.print(
-                f"{state} {self.name} (job {job['id']}): {c.get('added', 0)} added, {c.get('updated', 0)} updated, "
-                f"{c.get('unchanged', 0)} unchanged; {c.get('embedded', 0)} chunks embedded; "
-                f"{c.get('skipped', 0)} files skipped", soft_wrap=True, highlight=False, markup=False,
+                f"{state} {self.name} (job {job['id']}): {body['added']} added, {body['updated']} updated, "
+                f"{body['unchanged']} unchanged; {body['embedded']} chunks embedded; "
+                f"{body['skipped']} files skipped" + (f"; pruned {body['pruned']}" if body["pruned"] else ""),
+                soft_wrap=True, highlight=False, markup=False,
             )
         return code
-

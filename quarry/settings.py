@@ -225,6 +225,9 @@ class IngestSettings(BaseModel):
             progress inside a batch (documents parsed, chunks embedded, written) to its record;
             each write also looks for a cancel asked on another replica. 0: after every
             embedding sub-batch (``QUARRY_EMBEDDING__BATCH_SIZE`` texts) and every document read.
+            Above 0 it is also the most seconds a job's model call should take: its sub-batch is
+            sized from the last call's seconds per text (up to ``QUARRY_EMBEDDING__BATCH_SIZE``),
+            so a slow CPU still shows progress, and a cancel lands, about that often.
     """
 
     chunk_size: int = Field(256, ge=8)

@@ -379,6 +379,10 @@ class JobOut(BaseModel):
     errors: list[JobError] = Field(
         default_factory=list, description="ingest: files skipped, by path (the first 100; counters.skipped counts all)."
     )
+    not_read: list[str] = Field(
+        default_factory=list, description="ingest: files of formats not read, by path (the first 100)."
+    )
+    empty: list[str] = Field(default_factory=list, description="ingest: files without text, by path (the first 100).")
     created_at: float
     updated_at: float
 

@@ -184,7 +184,8 @@ def test_flipped_queries_with_their_ranks_and_the_config_difference(runs: tuple[
     assert result.exit_code == 0, result.output
     assert "3 queries flipped" in printed and "q001" in printed and "fusion.k" in printed
     with patch.object(cli_evaluate, "out", Console(width=200, file=io.StringIO())) as console:
-        result = CliRunner().invoke(cli.app, ["eval", "compare", str(a), str(b), "--json", "--out", str(tmp_path / "j")])
+        args = ["eval", "compare", str(a), str(b), "--json", "--out", str(tmp_path / "j")]
+        result = CliRunner().invoke(cli.app, args)
         printed = console.file.getvalue()
     assert result.exit_code == 0 and json.loads(printed)["config_diff"] == {"fusion.k": {"a": 60, "b": 10}}
 
