@@ -490,7 +490,8 @@ def flips_table(comparison: Comparison) -> Table:
     """The flipped queries as a rich table (printed after the comparison)."""
     table = Table(
         "mode", "query", "rank A", "rank B", "nDCG@10 A", "nDCG@10 B", "text",
-        title=f"{len(comparison.flips)} queries flipped (first relevant document in or out of the top {FLIP_K})",
+        title=f"{len(comparison.flips)} {'query' if len(comparison.flips) == 1 else 'queries'} flipped "
+        f"(first relevant document in or out of the top {FLIP_K})",
         caption="rank: of the first relevant document (-: not in the top 100)",
     )
     for f in comparison.flips:

@@ -53,7 +53,8 @@ def _quality_axis(ax: Axes, summary: Summary, refs: References, metric: str, tit
     values = [summary.modes[name].metrics[metric] for name in names]
     bars = ax.bar(names, values, color="#4C72B0", width=0.6, zorder=2)
     labels = [f"{v:.3f}" for v in values]
-    ax.bar_label(bars, labels=labels, label_type="center", color="white", fontweight="bold")
+    ax.bar_label(bars, labels=labels, label_type="center", color="white", fontweight="bold", zorder=4,
+                 bbox={"facecolor": "#4C72B0", "edgecolor": "none", "pad": 2})  # a line never crosses the value
     shown = list(values)
     styles = ("--", "-.", ":")
     for i, (value, systems) in enumerate(reference_lines(refs, metric)):

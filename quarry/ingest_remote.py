@@ -11,7 +11,7 @@ one is taken from its first root) and the server reads it. The job is followed b
 (:mod:`quarry.ingest_run`): progress lines (``--json``: progress events, then a report), 0 done,
 2 bad input (the server's 4xx), 3 unavailable (server unreachable, 503, or a job failed on an
 unavailable dependency), 4 partial (files skipped), 130 interrupted (SIGINT or SIGTERM cancels
-the job after its batch in flight; what was written stays).
+the job at its next embedding sub-batch; the batches written stay).
 """
 
 from __future__ import annotations
@@ -154,19 +154,20 @@ class RemoteIngest:
                     (len(src.empty), "empty files"))
             self.note(f"uploaded {src.read} documents" + "".join(f"; {n} {what}" for n, what in left if n))
         self.note(f"job {job['id']} submitted to {self.client.base_url}")
-        last = -1
+        last: tuple[int, ...] = ()
         cancelled = False
         with self._signals():
             while job["state"] not in FINAL:
                 if self.signals and not cancelled:
-                    self.note(f"{self.signals[0]}: cancelling job {job['id']} after its batch in flight")
+                    self.note(f"{self.signals[0]}: cancelling job {job['id']} (its batch in flight is dropped)")
                     self._call("DELETE", f"/v1/jobs/{job['id']}")
                     cancelled = True
                 time.sleep(self.poll_s)
                 job = self._call("GET", f"/v1/jobs/{job['id']}")
-                done = job["counters"].get("done", 0)
-                if done != last:
-                    last = done
+                c = job["counters"]
+                moved = tuple(c.get(k, 0) for k in ("done", "parsed", "batch_chunks", "batch_embedded"))
+                if moved != last:  # a batch committed, or progress inside the batch in flight
+                    last = moved
                     self._progress(job)
         return self._report(job)
 
@@ -176,13 +177,16 @@ class RemoteIngest:
     def _progress(self, job: dict[str, Any]) -> None:
         c = job["counters"]
         fields = {"job": job["id"], "done": c.get("done", 0), "total": c.get("total", 0),
+                  "batch_chunks": c.get("batch_chunks", 0), "batch_embedded": c.get("batch_embedded", 0),
                   "rate_docs_s": job.get("rate_docs_s"), "eta_s": job.get("eta_s")}
         self.emit("progress", **fields)
         if not self.options.as_json:
             rate = job.get("rate_docs_s") or 0.0
             eta = "?" if job.get("eta_s") is None else f"{job['eta_s']:.0f}s"
-            self.note(f"ingest {self.name} (job {job['id']}): {fields['done']}/{fields['total']} documents, "
-                          f"{rate:,.1f} docs/s, ETA {eta}")
+            inside = (f" (batch in flight: {fields['batch_embedded']}/{fields['batch_chunks']} chunks embedded)"
+                      if fields["batch_chunks"] else "")
+            self.note(f"ingest {self.name} (job {job['id']}): {fields['done']}/{fields['total']} documents{inside}, "
+                      f"{rate:,.1f} docs/s, ETA {eta}")
 
     def _report(self, job: dict[str, Any]) -> int:
         """The report (:data:`quarry.ingest_run.REPORT_FIELDS`, as a local run's) and the exit code."""

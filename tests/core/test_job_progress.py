@@ -229,3 +229,31 @@ def test_ingest_settings_know_the_progress_interval(tmp_path: Path) -> None:
     assert IngestSettings().progress_interval_s == 1.0
     with pytest.raises(ValueError, match="progress_interval_s"):
         IngestSettings(progress_interval_s=-1)
+
+
+def test_a_watched_batch_sizes_its_model_calls_to_the_interval(
+    tmp_path: Path, counting: CountingEmbedder,
+) -> None:
+    """With a watch, each model call is sized from the last one's seconds per text (8 texts first)."""
+    from indexing.sources import SourceDocument
+
+    docs = [SourceDocument(f"w{i:02d}", f"Short note {i} about estuaries.", "", {}) for i in range(20)]
+    sizes: dict[str, list[int]] = {}
+    for label, call_s in (("tiny", 1e-9), ("ample", 1e6), ("off", 0.0)):
+        embedder = RecordingEmbedder(counting)
+        seen: list[int] = []
+        embedder.on_call = lambda _, seen=seen, embedder=embedder: seen.append(embedder.texts)
+        settings = Settings(data_dir=tmp_path / label, ingest=IngestSettings(progress_interval_s=call_s),
+                            embedding=EmbeddingSettings(batch_size=16))
+        quarry = Quarry(settings, embedder=embedder)
+        try:
+            quarry.create_collection("w")
+            before = embedder.texts
+            quarry.upsert_batch("w", docs, lambda *_: None)
+            marks = [*seen, embedder.texts]
+            sizes[label] = [b - a for a, b in zip(marks, marks[1:], strict=False) if b > before]
+        finally:
+            quarry.close()
+    assert sizes["tiny"] == [8] + [1] * 12  # every call over the limit: one text at a time
+    assert sizes["ample"] == [8, 12]  # fast calls: up to the model batch size (16)
+    assert sizes["off"] == [16, 4]  # progress_interval_s 0: the model batch size throughout

@@ -140,9 +140,10 @@ def _ingest_job_body(raw: bytes, content_type: str | None) -> IngestJobIn:
     responses=error_responses(e.InvalidRequest, e.NotFound, e.Conflict, *STORE_ERRORS),
 )
 def cancel_job(job_id: str, request: Request, q: Service) -> dict[str, Any]:
-    """Cancel an ingest job: it stops after its batch in flight (``cancelling``, then ``cancelled``).
+    """Cancel an ingest job: ``cancelling``, then ``cancelled`` at its next embedding sub-batch.
 
-    What it wrote stays written. A finished job, or a reindex job, is 409.
+    The batch in flight is dropped whole (nothing of it is written); the batches written before
+    stay. A finished job, or a reindex job, is 409.
     """
     job = job_or_404(q, job_id, access.collections_of(request))
     access.check_job(request, job.kind)
