@@ -418,26 +418,25 @@ class IngestJobs:
         self._checkpoint(view, job.id, counters, source, cp, state="running")
         tracker = _Tracker(self, view, job.id, counters, settings.progress_interval_s)
         wrote = False
-        for batch in _batches(tracker.reading(docs), settings.batch_size):
-            if self._should_stop(view, job.id):
-                return
-            tracker.begin(len(batch))
-            try:
+        try:
+            for batch in _batches(tracker.reading(docs), settings.batch_size):
+                if self._should_stop(view, job.id):
+                    return
+                tracker.begin(len(batch))
                 report = view.upsert_batch(name, batch, tracker.watch)
-            except Abandoned:  # cancelled between two embedding sub-batches: nothing of this batch written
-                counters |= {"parsed": cp.position, **dict.fromkeys(IN_FLIGHT, 0)}
-                self._checkpoint(view, job.id, counters, source, cp, state="cancelled")
-                log.info("ingest job %s of %r: cancelled inside a batch; %d documents kept", job.id, name,
-                         cp.position)
-                return
-            counters |= dict.fromkeys(IN_FLIGHT, 0)
-            wrote = wrote or report.chunks_written > 0
-            for key in COUNTERS:
-                counters[key] = counters.get(key, 0) + int(getattr(report, key))
-            if seen is not None:
-                seen.update(d.id for d in batch)
-            cp.position += len(batch)
-            self._checkpoint(view, job.id, counters, source, cp)
+                counters |= dict.fromkeys(IN_FLIGHT, 0)
+                wrote = wrote or report.chunks_written > 0
+                for key in COUNTERS:
+                    counters[key] = counters.get(key, 0) + int(getattr(report, key))
+                if seen is not None:
+                    seen.update(d.id for d in batch)
+                cp.position += len(batch)
+                self._checkpoint(view, job.id, counters, source, cp)
+        except Abandoned:  # cancelled while a batch was read or embedded: nothing of that batch written
+            counters |= {"parsed": cp.position, **dict.fromkeys(IN_FLIGHT, 0)}
+            self._checkpoint(view, job.id, counters, source, cp, state="cancelled")
+            log.info("ingest job %s of %r: cancelled inside a batch; %d documents kept", job.id, name, cp.position)
+            return
         if self._should_stop(view, job.id):
             return
         self._finish(view, job, source, cp, counters, seen, wrote)
@@ -535,10 +534,16 @@ class _Tracker:
         self.writes = 0  # progress writes made (a test's count of the cadence)
 
     def reading(self, docs: Iterator[SourceDocument]) -> Iterator[SourceDocument]:
-        """``docs``, counting each one read (parsed) as it goes."""
+        """``docs``, counting each one read (parsed) as it goes.
+
+        Raises:
+            Abandoned: The job was cancelled while its next batch is read (a folder's files parsed).
+        """
         for doc in docs:
             self.counters["parsed"] = self.counters.get("parsed", 0) + 1
             self._maybe_write()
+            if self.cancelled or self.jobs.cancel_asked(self.job_id):
+                raise Abandoned(self.job_id)
             yield doc
 
     def begin(self, documents: int) -> None:

@@ -24,7 +24,7 @@ router = APIRouter()
 async def list_audit(
     request: Request,
     since: Annotated[float, Query(ge=0, description="Only entries at or after this time (Unix seconds).")] = 0.0,
-    cursor: Annotated[str | None, Query(max_length=20, description="The next_cursor of the previous page.")] = None,
+    cursor: Annotated[str | None, Query(max_length=18, description="The next_cursor of the previous page.")] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="Entries per page.")] = 100,
 ) -> dict[str, Any]:
     """The audit log of the key's tenant, in the order it was written, a page at a time (``admin`` scope).
