@@ -15,6 +15,7 @@ not part of that split.
 from __future__ import annotations
 
 import csv
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,3 +187,31 @@ def load_split(beir_dir: Path, split: str) -> BeirSplit:
             source=str(beir_dir / "qrels" / f"{split}.tsv"),
         )
     return BeirSplit(name=split, queries={qid: all_queries[qid] for qid in qrels}, qrels=qrels)
+
+
+def select_queries(split: BeirSplit, *, max_queries: int | None = None, sample: int | None = None,
+                   seed: int = 0) -> BeirSplit:
+    """A smaller split for a quick run: its first ``max_queries`` queries, or ``sample`` of them at random.
+
+    ``max_queries`` keeps the split's order (the qrels file's); ``sample`` draws without
+    replacement with :class:`random.Random` seeded by ``seed`` over the query ids sorted, so the
+    same seed gives the same queries on every machine, and runs of one seed pair query by query
+    (``quarry eval compare``). A number at or over the split's size keeps every query.
+
+    Raises:
+        InvalidRequest: Both are given, or one is below 1.
+    """
+    if max_queries is not None and sample is not None:
+        raise InvalidRequest("--max-queries and --sample choose the queries two ways: give one")
+    n = max_queries if max_queries is not None else sample
+    if n is None:
+        return split
+    if n < 1:
+        raise InvalidRequest(f"{'--max-queries' if max_queries is not None else '--sample'} must be >= 1, got {n}")
+    ids = list(split.queries)
+    if max_queries is not None:
+        kept = ids[:n]
+    else:
+        chosen = set(random.Random(seed).sample(sorted(ids), min(n, len(ids))))
+        kept = [q for q in ids if q in chosen]
+    return BeirSplit(split.name, {q: split.queries[q] for q in kept}, {q: split.qrels[q] for q in kept})

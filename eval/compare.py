@@ -14,7 +14,12 @@
   default; the paired t-test's p-value (``scipy.stats.ttest_rel``) is given beside it;
 - **confidence interval** of the delta: bootstrap percentile interval of the mean difference
   (``scipy.stats.bootstrap``, 95 % by default);
-- **wins / losses / ties**: queries where B is higher / lower / equal (within 1e-9).
+- **wins / losses / ties**: queries where B is higher / lower / equal (within 1e-9);
+- **flipped queries**: per mode, the queries whose first relevant document is in the top
+  :data:`FLIP_K` (10) of one run and not of the other, with that rank in each run (``None``: not
+  in the run's top 100) and their nDCG@10, read from each run's ``queries.json``;
+- **config difference**: only the settings that differ (nested keys dotted, e.g.
+  ``fusion.method``), not both configs; the run facts that always differ (``started_at``) are left out.
 
 Resampling uses a fixed seed, so a comparison is reproducible. No correction for testing many
 metrics and modes at once is applied: a p-value near 0.05 among 12 tests is weak evidence.
@@ -31,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from rich.markup import escape
 from rich.table import Table
 
 from eval.metrics import METRICS
@@ -43,6 +49,9 @@ TIE_TOLERANCE = 1e-9
 DEFAULT_RESAMPLES = 10_000
 DEFAULT_SEED = 0
 SIGNIFICANCE = 0.05
+FLIP_K = 10
+"""A query flips when its first relevant document is within this rank in one run and not in the other."""
+ALWAYS_DIFFERENT = frozenset({"started_at"})
 """p-values below it are coloured in the printed table and the HTML (a display choice, not a decision rule)."""
 
 FloatArray = npt.NDArray[np.float64]
@@ -61,6 +70,36 @@ class RunData:
     label: str
     config: dict[str, Any]
     per_query: dict[str, dict[str, dict[str, float]]]
+    first_relevant: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Flip:
+    """A query whose first relevant document entered or left the top :data:`FLIP_K` from A to B.
+
+    Attributes:
+        mode: The mode.
+        qid: Query id.
+        text: Query text (empty when neither run kept it).
+        rank_a: 1-based rank of its first relevant document in A (``None``: not retrieved).
+        rank_b: The same in B.
+        ndcg_a: Its nDCG@10 in A (``None``: not scored).
+        ndcg_b: Its nDCG@10 in B.
+    """
+
+    mode: str
+    qid: str
+    text: str
+    rank_a: int | None
+    rank_b: int | None
+    ndcg_a: float | None
+    ndcg_b: float | None
+
+    @property
+    def gained(self) -> bool:
+        """B brought a relevant document into the top :data:`FLIP_K`."""
+        return self.rank_b is not None and self.rank_b <= FLIP_K
 
 
 @dataclass(frozen=True)
@@ -118,6 +157,7 @@ class Comparison:
         notes: What was left out (modes one run lacks, queries only one run scored).
         config_a: Run A's config.
         config_b: Run B's config.
+        flips: The flipped queries, per mode, gains first, then by query id.
     """
 
     a: str
@@ -129,9 +169,15 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     config_a: dict[str, Any] = field(default_factory=dict)
     config_b: dict[str, Any] = field(default_factory=dict)
+    flips: list[Flip] = field(default_factory=list)
+
+    @property
+    def config_diff(self) -> dict[str, dict[str, Any]]:
+        """The settings that differ: dotted key -> ``{"a": value, "b": value}`` (missing: ``None``)."""
+        return config_diff(self.config_a, self.config_b)
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``compare.json`` object: labels, method, notes and one entry per row."""
+        """The ``compare.json`` object: labels, method, notes, one entry per row, the flips, the config difference."""
         return {
             "a": self.a,
             "b": self.b,
@@ -146,9 +192,32 @@ class Comparison:
             },
             "notes": self.notes,
             "rows": [{"mode": r.mode, "metric": r.metric, **asdict(r.stats)} for r in self.rows],
-            "config_a": self.config_a,
-            "config_b": self.config_b,
+            "flip_k": FLIP_K,
+            "flips": [asdict(f) for f in self.flips],
+            "config_diff": self.config_diff,
         }
+
+
+def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out |= _flatten(value, name + ".")
+        else:
+            out[name] = value
+    return out
+
+
+def config_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The settings of two run configs that differ, nested keys dotted, sorted; ``started_at`` left out.
+
+    Returns:
+        Dotted key -> ``{"a": A's value, "b": B's value}`` (``None`` where a run lacks it).
+    """
+    fa, fb = _flatten(a), _flatten(b)
+    keys = sorted((fa.keys() | fb.keys()) - ALWAYS_DIFFERENT)
+    return {k: {"a": fa.get(k), "b": fb.get(k)} for k in keys if fa.get(k) != fb.get(k)}
 
 
 def _scipy_stats() -> Any:
@@ -236,7 +305,13 @@ def paired_stats(
 def run_data(summary: Summary, label: str = "this run") -> RunData:
     """The :class:`RunData` of a run still in memory."""
     per_query = {name: {q: dict(v) for q, v in r.per_query.items()} for name, r in summary.modes.items()}
-    return RunData(label, dict(summary.config), per_query)
+    first: dict[str, dict[str, int | None]] = {}
+    for name, result in summary.modes.items():
+        for qid in summary.qrels:
+            ranking = result.rankings.get(qid, [])
+            relevant = {d for d, grade in summary.qrels[qid].items() if grade > 0}
+            first.setdefault(name, {})[qid] = next((i for i, d in enumerate(ranking, 1) if d in relevant), None)
+    return RunData(label, dict(summary.config), per_query, first, dict(summary.queries))
 
 
 def load_run(folder: Path, label: str | None = None) -> RunData:
@@ -273,7 +348,51 @@ def load_run(folder: Path, label: str | None = None) -> RunData:
             if isinstance(row, dict)
         }
     config = summary.get("config")
-    return RunData(label or folder.resolve().name, config if isinstance(config, dict) else {}, modes)
+    first, texts = _read_queries(folder / "queries.json")
+    return RunData(label or folder.resolve().name, config if isinstance(config, dict) else {}, modes, first, texts)
+
+
+def _read_queries(path: Path) -> tuple[dict[str, dict[str, int | None]], dict[str, str]]:
+    """Mode -> query id -> rank of its first relevant document, and the query texts, of a ``queries.json``.
+
+    A run folder without one (written before it existed) gives nothing: no flips are listed.
+
+    Raises:
+        ConfigError: The file exists and is not the per-query view's JSON.
+    """
+    if not path.is_file():
+        return {}, {}
+    try:
+        view = json.loads(path.read_text(encoding="utf-8"))
+        first: dict[str, dict[str, int | None]] = {}
+        texts: dict[str, str] = {}
+        for row in view["queries"]:
+            qid = str(row["qid"])
+            texts[qid] = str(row.get("text", ""))
+            for mode in row.get("scores", {}):
+                ranks = [d["ranks"].get(mode) for d in row.get("relevant", [])]
+                found = [int(r) for r in ranks if isinstance(r, int)]
+                first.setdefault(mode, {})[qid] = min(found) if found else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{path} is not the per-query view of `quarry eval --out`: {exc}") from exc
+    return first, texts
+
+
+def run_flips(a: RunData, b: RunData, modes: Sequence[str]) -> list[Flip]:
+    """The queries of ``modes`` whose first relevant document crossed the top :data:`FLIP_K` (see the module doc)."""
+    flips: list[Flip] = []
+    for mode in modes:
+        ra, rb = a.first_relevant.get(mode, {}), b.first_relevant.get(mode, {})
+        for qid in sorted(ra.keys() & rb.keys()):
+            rank_a, rank_b = ra[qid], rb[qid]
+            top_a, top_b = rank_a is not None and rank_a <= FLIP_K, rank_b is not None and rank_b <= FLIP_K
+            if top_a != top_b:
+                flips.append(Flip(
+                    mode, qid, b.texts.get(qid) or a.texts.get(qid, ""), rank_a, rank_b,
+                    a.per_query.get(mode, {}).get(qid, {}).get("ndcg@10"),
+                    b.per_query.get(mode, {}).get(qid, {}).get("ndcg@10"),
+                ))
+    return sorted(flips, key=lambda f: (modes.index(f.mode), not f.gained, f.qid))
 
 
 def check_same_task(a: RunData, b: RunData) -> None:
@@ -336,7 +455,8 @@ def compare_runs(
             xs, ys = _pairs(qa, qb, metric)
             stats = paired_stats(xs, ys, confidence=confidence, resamples=resamples, seed=seed)
             rows.append(MetricDelta(mode, metric, stats))
-    return Comparison(a.label, b.label, rows, confidence, resamples, seed, notes, a.config, b.config)
+    return Comparison(a.label, b.label, rows, confidence, resamples, seed, notes, a.config, b.config,
+                      run_flips(a, b, shared))
 
 
 def write_comparison(comparison: Comparison, out_dir: Path) -> tuple[Path, Path]:
@@ -360,6 +480,36 @@ def write_comparison(comparison: Comparison, out_dir: Path) -> tuple[Path, Path]
 
 def _p_text(p: float | None) -> str:
     return "n/a" if p is None else f"{p:.4f}"
+
+
+def _rank_text(rank: int | None) -> str:
+    return "-" if rank is None else str(rank)
+
+
+def flips_table(comparison: Comparison) -> Table:
+    """The flipped queries as a rich table (printed after the comparison)."""
+    table = Table(
+        "mode", "query", "rank A", "rank B", "nDCG@10 A", "nDCG@10 B", "text",
+        title=f"{len(comparison.flips)} {'query' if len(comparison.flips) == 1 else 'queries'} flipped "
+        f"(first relevant document in or out of the top {FLIP_K})",
+        caption="rank: of the first relevant document (-: not in the top 100)",
+    )
+    for f in comparison.flips:
+        style = "green" if f.gained else "red"
+        table.add_row(
+            f.mode, f.qid, _rank_text(f.rank_a), f"[{style}]{_rank_text(f.rank_b)}[/]",
+            "n/a" if f.ndcg_a is None else f"{f.ndcg_a:.4f}", "n/a" if f.ndcg_b is None else f"{f.ndcg_b:.4f}",
+            escape(f.text[:80]),
+        )
+    return table
+
+
+def diff_table(comparison: Comparison) -> Table:
+    """The config difference as a rich table (no rows: the configs agree)."""
+    table = Table("setting", f"A: {comparison.a}", f"B: {comparison.b}", title="config difference")
+    for key, pair in comparison.config_diff.items():
+        table.add_row(key, json.dumps(pair["a"], default=str), json.dumps(pair["b"], default=str))
+    return table
 
 
 def comparison_table(comparison: Comparison) -> Table:

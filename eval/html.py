@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eval.compare import Comparison
+from eval.compare import FLIP_K, Comparison
 from eval.metrics import METRICS
 from eval.per_query import SHOWN_IDS, hybrid_losses, per_query_view, query_rows, worst_mode, worst_queries
 from eval.reference import References
@@ -92,7 +92,7 @@ def render_report_html(
 
 
 def render_compare_html(comparison: Comparison) -> str:
-    """Render ``compare.html``: the comparison table and both configs.
+    """Render ``compare.html``: the comparison table, the flipped queries and the config difference.
 
     Raises:
         ConfigError: jinja2 is not installed (the ``eval`` extra).
@@ -101,8 +101,9 @@ def render_compare_html(comparison: Comparison) -> str:
     return str(
         template.render(
             comparison=comparison,
-            config_a=json.dumps(comparison.config_a, indent=2, sort_keys=True, default=str),
-            config_b=json.dumps(comparison.config_b, indent=2, sort_keys=True, default=str),
+            flip_k=FLIP_K,
+            config_diff={k: {side: json.dumps(v, default=str) for side, v in pair.items()}
+                         for k, pair in comparison.config_diff.items()},
         )
     )
 

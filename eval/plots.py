@@ -8,6 +8,7 @@ backend state and plotting works headless and from threads.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 from matplotlib.axes import Axes
@@ -17,12 +18,29 @@ from matplotlib.figure import Figure
 from eval.reference import ReferenceRow, References
 from eval.summary import Summary
 
-_LABEL_CHARS = 48
+_LABEL_WIDTH = 52  # characters per line of a legend label (wrapped, never cut)
+_SAME_LINE = 0.002  # published numbers closer than this share one dashed line (and one legend entry)
 _LOG_SCALE_RATIO = 50.0
 
 
-def _short(text: str) -> str:
-    return text if len(text) <= _LABEL_CHARS else text[: _LABEL_CHARS - 1] + "…"
+def _wrap(text: str) -> str:
+    return "\n".join(textwrap.wrap(text, _LABEL_WIDTH)) or text
+
+
+def reference_lines(refs: References, metric: str) -> list[tuple[float, list[str]]]:
+    """The dashed lines of one metric: each value with the systems that published it, lowest first.
+
+    Values within :data:`_SAME_LINE` of each other are one line (two systems at 0.925 and 0.9253
+    would otherwise draw over each other); its value is the first system's.
+    """
+    points = sorted((v, row.system) for row in refs.rows if (v := _reference_value(row, metric)) is not None)
+    lines: list[tuple[float, list[str]]] = []
+    for value, system in points:
+        if lines and value - lines[-1][0] < _SAME_LINE:
+            lines[-1][1].append(system)
+        else:
+            lines.append((value, [system]))
+    return lines
 
 
 def _reference_value(row: ReferenceRow, metric: str) -> float | None:
@@ -35,22 +53,24 @@ def _quality_axis(ax: Axes, summary: Summary, refs: References, metric: str, tit
     values = [summary.modes[name].metrics[metric] for name in names]
     bars = ax.bar(names, values, color="#4C72B0", width=0.6, zorder=2)
     labels = [f"{v:.3f}" for v in values]
-    ax.bar_label(bars, labels=labels, label_type="center", color="white", fontweight="bold")
-    colors = [f"C{i % 10}" for i in range(len(refs.rows))]
+    ax.bar_label(bars, labels=labels, label_type="center", color="white", fontweight="bold", zorder=4,
+                 bbox={"facecolor": "#4C72B0", "edgecolor": "none", "pad": 2})  # a line never crosses the value
     shown = list(values)
-    for row, color in zip(refs.rows, colors, strict=True):
-        value = _reference_value(row, metric)
-        if value is not None:
-            shown.append(value)
-            label = f"{_short(row.system)} ({value:.3f})"
-            ax.axhline(value, color=color, linestyle="--", linewidth=1, label=label, zorder=3)
+    styles = ("--", "-.", ":")
+    for i, (value, systems) in enumerate(reference_lines(refs, metric)):
+        shown.append(value)
+        label = _wrap(f"{value:.3f}: " + "; ".join(systems))
+        ax.axhline(value, color=f"C{i % 10}", linestyle=styles[i % len(styles)], linewidth=1.2, label=label,
+                   zorder=3)
     # Zoom on the range that holds the numbers: differences of 0.01 matter here.
     bottom = max(0.0, math.floor((min(shown) - 0.05) * 10) / 10)
     ax.set_ylim(bottom, 1.02)
     ax.set_title(title + (f" (y axis from {bottom:.1f})" if bottom > 0 else ""))
     ax.grid(axis="y", alpha=0.3, zorder=0)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), fontsize=7, frameon=False)
+    if ax.get_legend_handles_labels()[0]:  # below the plot, labels whole (wrapped), highest value first
+        handles, labels = ax.get_legend_handles_labels()
+        ax.legend(handles[::-1], labels[::-1], loc="upper center", bbox_to_anchor=(0.5, -0.06), fontsize=8,
+                  frameon=False, handlelength=3)
 
 
 def plot_quality(summary: Summary, refs: References, path: Path) -> Path:
@@ -64,7 +84,7 @@ def plot_quality(summary: Summary, refs: References, path: Path) -> Path:
     Returns:
         ``path``.
     """
-    fig = Figure(figsize=(12, 7), layout="constrained")
+    fig = Figure(figsize=(14, 10), layout="constrained")
     FigureCanvasAgg(fig)
     left, right = fig.subplots(1, 2)
     _quality_axis(left, summary, refs, "ndcg@10", "nDCG@10")

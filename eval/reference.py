@@ -57,7 +57,9 @@ class References:
     Attributes:
         heading: The section title, or None when no section matched (or no file).
         rows: Its table rows, in file order.
-        notes: The section's text outside tables (e.g. "no published numbers").
+        notes: The section's text outside tables (e.g. "no published numbers"). The reports show
+            it only for a section without numbers (why there are none); beside numbers it is the
+            file curator's commentary, not the run's.
     """
 
     heading: str | None = None

@@ -121,7 +121,7 @@ def _reference_note(summary: Summary, refs: References) -> list[str]:
     if summary.config.get("split") != "test":
         note.append("They are for the **test** split unless the source says otherwise.")
     lines = [" ".join(note), ""]
-    if refs.notes:
+    if refs.notes and not refs.rows:  # why a section has no numbers; the curator's other prose stays in the file
         lines += [f"> {refs.notes}", ""]
     return lines
 

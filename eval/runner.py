@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, cast
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from eval.beir import BeirSplit, load_split
+from eval.beir import BeirSplit, load_split, select_queries
 from eval.compare import compare_runs, load_run, run_data
 from eval.environment import environment
 from eval.metrics import mean_metrics, per_query_metrics
@@ -215,6 +215,9 @@ def evaluate(
     answers: Callable[[BeirSplit], dict[str, Any]] | None = None,
     ann: Callable[[BeirSplit], dict[str, Any]] | None = None,
     baseline: Path | None = None,
+    max_queries: int | None = None,
+    sample: int | None = None,
+    seed: int = 0,
 ) -> Summary:
     """Evaluate ``search`` on a BEIR split and write the report (see the module docstring).
 
@@ -240,9 +243,13 @@ def evaluate(
             written as ``summary.json["ann_vs_exact"]`` and shown in both reports.
         baseline: An earlier run's folder to compare this run with (:mod:`eval.compare`):
             ``compare.json`` and ``compare.html`` are written too and the reports link them.
+        max_queries: Only the split's first ``max_queries`` queries (:func:`eval.beir.select_queries`).
+        sample: Only ``sample`` queries drawn at random with ``seed`` (exclusive with ``max_queries``).
+        seed: The draw's seed.
 
     Returns:
-        The summary that was written to ``out_dir/summary.json``.
+        The summary that was written to ``out_dir/summary.json`` (``config.num_queries``: the
+        queries run; ``config.queries_in_split`` and ``config.query_selection`` say how they were chosen).
 
     Raises:
         ConfigError: matplotlib is not installed (``pip install 'quarry[eval]'``), or the
@@ -254,8 +261,13 @@ def evaluate(
     """
     require_plots()
     beir_dir = Path(beir_dir)
-    loaded = load_split(beir_dir, split)
+    whole = load_split(beir_dir, split)
+    loaded = select_queries(whole, max_queries=max_queries, sample=sample, seed=seed)
     before = load_run(Path(baseline)) if baseline is not None else None
+    selection: dict[str, Any] = (
+        {"max_queries": max_queries} if max_queries is not None
+        else {"sample": sample, "seed": seed} if sample is not None else {}
+    )
     facts = {
         "dataset": beir_dir.resolve().name,
         "beir_dir": str(beir_dir),
@@ -263,6 +275,8 @@ def evaluate(
         "modes": list(dict.fromkeys(modes)),
         "top_k": top_k,
         "num_queries": len(loaded.queries),
+        "queries_in_split": len(whole.queries),
+        "query_selection": selection,
         "blank_queries": [qid for qid, text in loaded.queries.items() if not text.strip()],
         "warmup_queries": warmup,
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -400,8 +400,10 @@ class StateStore(Protocol):
     def append_audit(self, entry: AuditEntry) -> int:
         """Append an audit row (``at`` 0 means now); returns its id."""
 
-    def list_audit(self, *, tenant_id: str | None = None, since: float = 0.0, limit: int = 100) -> list[AuditEntry]:
-        """Audit rows at or after ``since``, oldest first."""
+    def list_audit(
+        self, *, tenant_id: str | None = None, since: float = 0.0, limit: int = 100, after_id: int = 0,
+    ) -> list[AuditEntry]:
+        """Audit rows at or after ``since`` with an id over ``after_id``, in the order appended (ids)."""
 
 
 DocStore = StateStore  # the name the service's modules have always used

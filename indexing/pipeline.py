@@ -40,6 +40,21 @@ log = logging.getLogger(__name__)
 FloatVector = npt.NDArray[np.float32]
 
 Progress = Callable[[int], None]
+Watch = Callable[[str, int, int], None]
+"""Progress inside a batch, ``watch(stage, done, total)``:
+
+* ``("planned", documents, chunks)``: the batch is chunked; ``documents`` changed ones, ``chunks`` to embed;
+* ``("embedding", embedded, chunks)``: after each embedding sub-batch (``QUARRY_EMBEDDING__BATCH_SIZE``
+  texts), the batch's chunks embedded so far;
+* ``("written", chunks, chunks)``: the batch is committed.
+
+A watch may raise :class:`Abandoned` at ``planned`` or ``embedding`` (before anything of the batch is
+written): the batch is dropped whole, the earlier ones stay.
+"""
+
+
+class Abandoned(Exception):  # noqa: N818 - a request to stop, not an error
+    """Raised by a :data:`Watch` to drop the batch in flight (a cancelled job); nothing of it is written."""
 # Chunks planned and embedded elsewhere (the Ray engine): document id -> [(chunk, indexed text, vector)]
 Prepared = list[tuple[StoredChunk, str, FloatVector]]
 Precomputed = MutableMapping[str, Prepared]
@@ -162,7 +177,17 @@ class Ingestor:
         embed_batch_size: int = 64,
         max_document_chars: int = 1_000_000,
         max_token_chars: int = 1024,
+        watched_call_s: float = 0.0,
     ) -> None:
+        """Bind the stores, the model and the batch sizes.
+
+        ``watched_call_s``: with a :data:`Watch` (a job), the most seconds one model call should
+        take (0: no limit). The sub-batch then starts at 8 texts and is sized from the last call's
+        seconds per text, between 1 and ``embed_batch_size``: on a slow CPU a watcher still sees
+        progress, and a cancel lands, about that often. Without a watch it is always
+        ``embed_batch_size``.
+        """
+        self._watched_call_s = watched_call_s
         self._store = store
         self._docstore = docstore
         self._embedder = embedder
@@ -180,6 +205,7 @@ class Ingestor:
         *,
         atomic: bool = False,
         target: Target | None = None,
+        watch: Watch | None = None,
     ) -> IngestReport:
         """Insert or replace documents, in batches of ``batch_size`` (each batch is atomic).
 
@@ -190,6 +216,7 @@ class Ingestor:
             docs: Validated documents (see :mod:`indexing.sources`).
             progress: Called with the number of documents finished after each batch.
             atomic: All of ``docs`` in one batch: written whole or not at all (a REST request).
+            watch: Progress inside each batch (see :data:`Watch`).
 
         Returns:
             Counts of what was added, updated, skipped and embedded.
@@ -202,6 +229,7 @@ class Ingestor:
                 dimension (``ModelDimensionMismatch``); nothing written.
             EmbeddingError: The model failed (the failing batch wrote nothing).
             StoreError: The vector store failed (the failing batch is rolled back).
+            Abandoned: ``watch`` dropped the batch in flight (the earlier batches stay written).
         """
         started = time.perf_counter()
         report = IngestReport(documents=len(docs))
@@ -214,7 +242,7 @@ class Ingestor:
         size = max(1, len(docs)) if atomic else self._batch_size
         for i in range(0, len(docs), size):
             batch = docs[i : i + size]
-            self._upsert_batch(cfg, batch, report, schema, target)
+            self._upsert_batch(cfg, batch, report, schema, target, watch=watch)
             schema = None
             if progress is not None:
                 progress(len(batch))
@@ -232,6 +260,7 @@ class Ingestor:
         seen: set[str] | None = None,
         target: Target | None = None,
         vectors: Precomputed | None = None,
+        watch: Watch | None = None,
     ) -> IngestReport:
         """Insert or replace a stream of documents, ``batch_size`` at a time (each batch atomic).
 
@@ -252,6 +281,7 @@ class Ingestor:
                 its documents' entries instead of chunking and embedding them (an unchanged
                 document is skipped all the same). The vectors must come from the target's
                 model (its fingerprint is checked as for local embedding).
+            watch: Progress inside each batch (see :data:`Watch`).
 
         Returns:
             The counts, ``documents`` being those written or found unchanged (``embedded``
@@ -272,7 +302,7 @@ class Ingestor:
                 if schema is not None:
                     cfg = cfg.model_copy(update={"schema_": schema})
                 prepared = {d.id: vectors.pop(d.id) for d in batch if d.id in vectors} if vectors is not None else {}
-                self._upsert_batch(cfg, batch, report, schema, target, prepared)
+                self._upsert_batch(cfg, batch, report, schema, target, prepared, watch=watch)
                 report.documents += len(batch)
                 if seen is not None:
                     seen.update(d.id for d in batch)
@@ -321,9 +351,13 @@ class Ingestor:
         schema: dict[str, FieldType] | None,
         target: Target,
         prepared: dict[str, Prepared] | None = None,
+        *,
+        watch: Watch | None = None,
     ) -> None:
         planned = self._plan(cfg, docs, report, prepared or {})
         if not planned.hashes and schema is None:
+            if watch is not None:
+                watch("written", 0, 0)
             return
         changed = {d.document_id for d in planned.hashes}
         given = {c.chunk_id: v for d, ps in (prepared or {}).items() if d in changed for c, _, v in ps}
@@ -334,7 +368,9 @@ class Ingestor:
         reuse = [c.chunk_id for c in planned.chunks if c.chunk_id in existing and c.chunk_id not in given]
         kept = self._existing_vectors(target, reuse)
         to_embed = [c for c in planned.chunks if c.chunk_id not in kept and c.chunk_id not in given]
-        vectors = self._embed(cfg, [planned.texts[c.chunk_id] for c in to_embed], report, target.embedder)
+        if watch is not None:
+            watch("planned", len(planned.hashes), len(to_embed))
+        vectors = self._embed(cfg, [planned.texts[c.chunk_id] for c in to_embed], report, target.embedder, watch)
         fresh = {**given, **dict(zip((c.chunk_id for c in to_embed), vectors, strict=True))}
         known = {**kept, **fresh}
         records = [VectorRecord(c.chunk_id, known[c.chunk_id], dict(c.payload)) for c in planned.chunks]
@@ -353,6 +389,8 @@ class Ingestor:
             self._flush_pending(cfg.name, target)
         report.chunks_written += len(records)
         report.chunks_deleted += len(planned.stale)
+        if watch is not None:
+            watch("written", len(records), len(records))
 
     def _plan(
         self, cfg: CollectionConfig, docs: Sequence[SourceDocument], report: IngestReport,
@@ -384,7 +422,8 @@ class Ingestor:
         return _Planned(chunks, texts, hashes, stale)
 
     def _embed(
-        self, cfg: CollectionConfig, texts: list[str], report: IngestReport, embedder: Embedder | None = None
+        self, cfg: CollectionConfig, texts: list[str], report: IngestReport, embedder: Embedder | None = None,
+        watch: Watch | None = None,
     ) -> list[FloatVector]:
         model = embedder or self._embedder
         out: list[FloatVector] = []
@@ -394,15 +433,29 @@ class Ingestor:
                 dims = {"expected": cfg.dim, "got": model.dim}
                 raise ModelDimensionMismatch(cfg.name, model.model_id, **dims)
             self._check_model(cfg, model)
-        for i in range(0, len(texts), self._embed_batch_size):
-            result = model.embed(texts[i : i + self._embed_batch_size])
+        truncated: list[int] = []
+        paced = watch is not None and self._watched_call_s > 0
+        size = min(self._embed_batch_size, 8) if paced else self._embed_batch_size
+        i = 0
+        while i < len(texts):
+            part = texts[i : i + size]
+            started = time.perf_counter()
+            result = model.embed(part)
+            i += len(part)
+            if paced:  # the next call's size from this one's seconds per text
+                per_text = (time.perf_counter() - started) / len(part)
+                fits = int(self._watched_call_s / per_text) if per_text > 0 else self._embed_batch_size
+                size = max(1, min(self._embed_batch_size, fits))
+            truncated.append(int(result.truncated.sum()))
             if result.vectors.shape[1] != cfg.dim:
                 raise ModelDimensionMismatch(
                     cfg.name, model.model_id, expected=cfg.dim, got=result.vectors.shape[1]
                 )
             out.extend(result.vectors)
-            report.embedded += len(result.vectors)
-            report.truncated += int(result.truncated.sum())
+            if watch is not None:  # may raise Abandoned: nothing of this batch is written yet
+                watch("embedding", len(out), len(texts))
+        report.embedded += len(out)  # counted once the batch's texts are all embedded (an abandoned one: none)
+        report.truncated += sum(int(r) for r in truncated)
         return out
 
     def _check_given(self, cfg: CollectionConfig, model: Embedder, given: dict[str, FloatVector]) -> None:

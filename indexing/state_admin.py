@@ -349,13 +349,21 @@ class SqlAdmin(SqlBase):
         return int(new)
 
     @timed
-    def list_audit(self, *, tenant_id: str | None = None, since: float = 0.0, limit: int = 100) -> list[AuditEntry]:
-        """Audit rows at or after ``since`` (Unix seconds), oldest first, optionally of one tenant."""
-        query = sa.select(_A.action, _A.key_id, _A.tenant_id, _A.target, _A.detail, _A.at, _A.id).where(_A.at >= since)
+    def list_audit(
+        self, *, tenant_id: str | None = None, since: float = 0.0, limit: int = 100, after_id: int = 0,
+    ) -> list[AuditEntry]:
+        """Audit rows at or after ``since`` (Unix seconds) with an id over ``after_id``, optionally of one tenant.
+
+        In the order they were appended (their ids), so ``after_id`` = the last id of a page gives
+        the next page without a gap or a repeat.
+        """
+        query = sa.select(_A.action, _A.key_id, _A.tenant_id, _A.target, _A.detail, _A.at, _A.id).where(
+            _A.at >= since, _A.id > after_id
+        )
         if tenant_id is not None:
             query = query.where(_A.tenant_id == tenant_id)
         with self._read() as conn:
-            rows = conn.execute(query.order_by(_A.at, _A.id).limit(limit)).all()
+            rows = conn.execute(query.order_by(_A.id).limit(limit)).all()
         return [AuditEntry(r[0], r[1], r[2], r[3], loads(r[4]), float(r[5]), int(r[6])) for r in rows]
 
 

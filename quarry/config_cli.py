@@ -16,8 +16,8 @@ from typing import Annotated, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import typer
-from rich.console import Console
 
+from quarry.plain_console import PlainConsole
 from quarry.settings import effective, get_settings
 from stores.base import redact_url
 
@@ -63,7 +63,7 @@ def show(as_json: Annotated[bool, typer.Option("--json", help="One JSON object i
         "model_cache_dir": str(settings.model_cache_dir),
         "data_dir": str(settings.data_dir.resolve()),
     }
-    out = Console(soft_wrap=True, highlight=False, markup=False)
+    out = PlainConsole(soft_wrap=True, highlight=False, markup=False)
     if as_json:
         out.print(json.dumps({"settings": values, "effective": derived}, indent=2))
         return

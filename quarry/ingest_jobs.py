@@ -6,7 +6,21 @@ records a job (kind ``ingest``) in the state of record's jobs table and runs it 
 this process. The job's state machine::
 
     queued -> running -> done | partial (files skipped) | failed | cancelled
-    running -> cancelling (DELETE /v1/jobs/{id}) -> cancelled (after the batch in flight)
+    running -> cancelling (DELETE /v1/jobs/{id}) -> cancelled (at the next embedding sub-batch)
+
+**Progress inside a batch.** A batch of ``QUARRY_INGEST__BATCH_SIZE`` documents is read, chunked,
+embedded ``QUARRY_EMBEDDING__BATCH_SIZE`` texts at a time, then written. While it runs, the job's
+counters say how far it got (:class:`_Tracker`): ``parsed`` (documents read from the source,
+the batch in flight included), ``batch_documents``, ``batch_chunks`` (its chunks to embed) and
+``batch_embedded`` (of those, embedded so far); they are written to the job's record at most
+every ``QUARRY_INGEST__PROGRESS_INTERVAL_S`` (1 s). ``done``, ``embedded``, ``chunks_written``
+and the rest count committed batches only.
+
+**Cancel.** ``DELETE /v1/jobs/{id}`` marks the job ``cancelling``; the job stops at the next
+embedding sub-batch of the batch in flight (asked on this server: at once; on another replica:
+seen at the next progress write), drops that batch (nothing of it is written: a batch is
+atomic) and ends ``cancelled``; the batches committed before stay. A batch whose texts are all
+embedded is written first.
 
 **Checkpoints.** After each committed batch (atomic in the docstore: ``Ingestor.upsert``) the
 job's ``cursor`` records how many documents of the source are written (:class:`Checkpoint`,
@@ -50,6 +64,7 @@ from typing import Any
 
 from indexing.docstore import DEFAULT_TENANT, Job
 from indexing.document_rules import SourceDocument
+from indexing.pipeline import Abandoned
 from indexing.reindex_build import new_owner
 from indexing.sources import Source, is_inside
 from quarry.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuarryError, clip
@@ -62,6 +77,7 @@ KIND = "ingest"
 RESUMABLE = ("queued", "running", "cancelling")
 MAX_ERRORS_KEPT = 100  # errors by path kept in a job's record (the count is exact)
 COUNTERS = ("added", "updated", "unchanged", "embedded", "chunks_written", "chunks_deleted", "truncated")
+IN_FLIGHT = ("batch_documents", "batch_chunks", "batch_embedded")  # the batch in flight; 0 between batches
 
 
 @dataclass
@@ -74,11 +90,15 @@ class Checkpoint:
         errors_total: How many files were skipped.
         run_started: Unix seconds the current run (first or resumed) started.
         run_position: ``position`` when it started (the rate is over this run's documents).
+        not_read: Paths of files of formats not read (the first :data:`MAX_ERRORS_KEPT`).
+        empty: Paths of files without text (the first :data:`MAX_ERRORS_KEPT`).
     """
 
     position: int = 0
     errors: list[list[str]] = field(default_factory=list)
     errors_total: int = 0
+    not_read: list[str] = field(default_factory=list)
+    empty: list[str] = field(default_factory=list)
     run_started: float = 0.0
     run_position: int = 0
 
@@ -96,24 +116,30 @@ class Checkpoint:
 
 
 def progress_of(job: Job) -> dict[str, Any]:
-    """``rate_docs_s``, ``eta_s`` and ``errors`` of an ingest job for ``GET /v1/jobs/{id}`` (empty for others).
+    """``rate_docs_s``, ``eta_s``, ``errors``, ``not_read`` and ``empty`` of an ingest job (empty for others).
 
-    The rate is documents per second of the current run (since it started or resumed); the ETA
-    is the documents left at that rate (``None`` before the first batch, or when done).
+    The rate is documents per second of the current run (since it started or resumed), the
+    batch in flight counted by the share of its chunks embedded; the ETA is the documents left
+    at that rate (``None`` before the first chunks are embedded, or when done).
     """
     if job.kind != KIND:
-        return {"rate_docs_s": None, "eta_s": None, "errors": []}
+        return {"rate_docs_s": None, "eta_s": None, "errors": [], "not_read": [], "empty": []}
     cp = Checkpoint.parse(job.cursor)
-    done = job.counters.get("done", 0)
-    total = job.counters.get("total", 0)
+    c = job.counters
+    total = c.get("total", 0)
+    chunks, embedded = c.get("batch_chunks", 0), c.get("batch_embedded", 0)
+    in_flight = c.get("batch_documents", 0) * embedded / chunks if chunks else 0.0  # the batch's share embedded
+    done = c.get("done", 0) + in_flight
     elapsed = job.updated_at - cp.run_started if cp.run_started else 0.0
-    moved = cp.position - cp.run_position
+    moved = cp.position + in_flight - cp.run_position
     rate = moved / elapsed if elapsed > 0 and moved > 0 else None
     eta = None if rate is None or job.state not in RESUMABLE else max(total - done, 0) / rate
     return {
         "rate_docs_s": None if rate is None else round(rate, 2),
         "eta_s": None if eta is None else round(eta, 1),
         "errors": [{"path": p, "reason": r} for p, r in cp.errors],
+        "not_read": list(cp.not_read),
+        "empty": list(cp.empty),
     }
 
 
@@ -168,6 +194,7 @@ class IngestJobs:
         self.lease_s = quarry.settings.ingest.job_lease_s
         self._held: dict[str, tuple[str, threading.Thread]] = {}  # job id -> (owner, worker)
         self._lost: set[str] = set()  # jobs whose lease another process took
+        self._cancels: set[str] = set()  # jobs cancelled through this process: their batch in flight stops
         self._guard = threading.Lock()
         self._stopping = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -334,7 +361,11 @@ class IngestJobs:
         if job.state == "queued" and job.id not in self._held and view.docstore.claim_job(job.id, new_owner(), 1.0):
             drop_spool(job)
             return view.docstore.update_job(job.id, state="cancelled")
-        return view.docstore.update_job(job.id, state="cancelling")
+        cancelling = view.docstore.update_job(job.id, state="cancelling")
+        with self._guard:
+            if job.id in self._held:
+                self._cancels.add(job.id)
+        return cancelling
 
     def _writer(self, view: Quarry, job: Job) -> Quarry:
         """The view a resumed job writes through: a shared collection's job, its tenant's scope (fails closed)."""
@@ -362,6 +393,7 @@ class IngestJobs:
         finally:
             with self._guard:
                 self._held.pop(job.id, None)
+                self._cancels.discard(job.id)
             lost = job.id in self._lost
             self._lost.discard(job.id)
             view.docstore.release_job(job.id, owner)
@@ -383,19 +415,29 @@ class IngestJobs:
         for doc in islice(docs, cp.position):  # written by earlier runs: skipped, never sent to the pipeline
             if seen is not None:
                 seen.add(doc.id)
+        counters |= {"parsed": cp.position, **dict.fromkeys(IN_FLIGHT, 0)}
         self._checkpoint(view, job.id, counters, source, cp, state="running")
+        tracker = _Tracker(self, view, job.id, counters, settings.progress_interval_s)
         wrote = False
-        for batch in _batches(docs, settings.batch_size):
-            if self._should_stop(view, job.id):
-                return
-            report = view.upsert_batch(name, batch)
-            wrote = wrote or report.chunks_written > 0
-            for key in COUNTERS:
-                counters[key] = counters.get(key, 0) + int(getattr(report, key))
-            if seen is not None:
-                seen.update(d.id for d in batch)
-            cp.position += len(batch)
-            self._checkpoint(view, job.id, counters, source, cp)
+        try:
+            for batch in _batches(tracker.reading(docs), settings.batch_size):
+                if self._should_stop(view, job.id):
+                    return
+                tracker.begin(len(batch))
+                report = view.upsert_batch(name, batch, tracker.watch)
+                counters |= dict.fromkeys(IN_FLIGHT, 0)
+                wrote = wrote or report.chunks_written > 0
+                for key in COUNTERS:
+                    counters[key] = counters.get(key, 0) + int(getattr(report, key))
+                if seen is not None:
+                    seen.update(d.id for d in batch)
+                cp.position += len(batch)
+                self._checkpoint(view, job.id, counters, source, cp)
+        except Abandoned:  # cancelled while a batch was read or embedded: nothing of that batch written
+            counters |= {"parsed": cp.position, **dict.fromkeys(IN_FLIGHT, 0)}
+            self._checkpoint(view, job.id, counters, source, cp, state="cancelled")
+            log.info("ingest job %s of %r: cancelled inside a batch; %d documents kept", job.id, name, cp.position)
+            return
         if self._should_stop(view, job.id):
             return
         self._finish(view, job, source, cp, counters, seen, wrote)
@@ -443,6 +485,10 @@ class IngestJobs:
         self._checkpoint(view, job.id, counters, source, cp, state=state)
         log.info("ingest job %s of %r: %s (%s)", job.id, name, state, counters)
 
+    def cancel_asked(self, job_id: str) -> bool:
+        """Whether a cancel of ``job_id`` was asked through this process while it runs here."""
+        return job_id in self._cancels
+
     def _should_stop(self, view: Quarry, job_id: str) -> bool:
         """After a batch: this server stops (the job stays resumable), a cancel, or a lost lease."""
         if self._stopping.is_set() or job_id in self._lost:
@@ -462,10 +508,73 @@ class IngestJobs:
         src = source.report
         errors = [[p, r] for p, r in src.errors]
         cp.errors, cp.errors_total = errors[:MAX_ERRORS_KEPT], len(errors)
+        cp.not_read, cp.empty = list(src.not_read[:MAX_ERRORS_KEPT]), list(src.empty[:MAX_ERRORS_KEPT])
         counters["read"] = cp.position
         counters["skipped"] = len(errors)
         counters["done"] = max(cp.position + len(errors) + len(src.empty), counters.get("done", 0))
         view.docstore.update_job(job_id, state=state, cursor=cp.dump(), counters=dict(counters))
+
+
+class _Tracker:
+    """A running job's progress inside its batch in flight, written to its record at most every ``interval_s``.
+
+    Its :meth:`watch` (an :data:`indexing.pipeline.Watch`) raises
+    :class:`~indexing.pipeline.Abandoned` between embedding sub-batches once the job is
+    cancelled: asked through this process (seen at once) or on another replica (seen in the
+    record that each progress write returns).
+    """
+
+    def __init__(  # noqa: PLR0913 - the job's parts
+        self, jobs: IngestJobs, view: Quarry, job_id: str, counters: dict[str, int], interval_s: float,
+    ) -> None:
+        """Track ``counters`` (the job's, updated in place) of job ``job_id``."""
+        self.jobs, self.view, self.job_id, self.counters = jobs, view, job_id, counters
+        self.interval_s = interval_s
+        self.last = time.monotonic()
+        self.cancelled = False
+        self.writes = 0  # progress writes made (a test's count of the cadence)
+
+    def reading(self, docs: Iterator[SourceDocument]) -> Iterator[SourceDocument]:
+        """``docs``, counting each one read (parsed) as it goes.
+
+        Raises:
+            Abandoned: The job was cancelled while its next batch is read (a folder's files parsed).
+        """
+        for doc in docs:
+            self.counters["parsed"] = self.counters.get("parsed", 0) + 1
+            self._maybe_write()
+            if self.cancelled or self.jobs.cancel_asked(self.job_id):
+                raise Abandoned(self.job_id)
+            yield doc
+
+    def begin(self, documents: int) -> None:
+        """A batch of ``documents`` goes to the pipeline."""
+        self.counters |= {"batch_documents": documents, "batch_chunks": 0, "batch_embedded": 0}
+
+    def watch(self, stage: str, done: int, total: int) -> None:
+        """The pipeline's progress inside the batch (:data:`indexing.pipeline.Watch`).
+
+        Raises:
+            Abandoned: The job was cancelled and chunks of the batch are still to embed.
+        """
+        if stage == "planned":
+            self.counters |= {"batch_chunks": total, "batch_embedded": 0}
+        elif stage == "embedding":
+            self.counters["batch_embedded"] = done
+        elif stage == "written":
+            return  # the checkpoint that follows records it
+        self._maybe_write()
+        if done < total and (self.cancelled or self.jobs.cancel_asked(self.job_id)):
+            raise Abandoned(self.job_id)
+
+    def _maybe_write(self) -> None:
+        now = time.monotonic()
+        if now - self.last < self.interval_s:
+            return
+        self.last = now
+        self.writes += 1
+        current = self.view.docstore.update_job(self.job_id, counters=dict(self.counters))
+        self.cancelled = self.cancelled or current.state == "cancelling"
 
 
 def _batches(docs: Iterator[SourceDocument], size: int) -> Iterator[list[SourceDocument]]:

@@ -11,7 +11,7 @@ one is taken from its first root) and the server reads it. The job is followed b
 (:mod:`quarry.ingest_run`): progress lines (``--json``: progress events, then a report), 0 done,
 2 bad input (the server's 4xx), 3 unavailable (server unreachable, 503, or a job failed on an
 unavailable dependency), 4 partial (files skipped), 130 interrupted (SIGINT or SIGTERM cancels
-the job after its batch in flight; what was written stays).
+the job at its next embedding sub-batch; the batches written stay).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from quarry.ingest_run import (
     Options,
     _now,
     emit_json,
+    report_of,
 )
 
 RETRYABLE_TYPES = ("StoreUnavailable", "StoreTimeout", "EmbeddingUnavailable", "Overloaded", "RateLimited")
@@ -96,6 +97,7 @@ class RemoteIngest:
         self.out, self.err = out, err
         self.poll_s = poll_s
         self.signals: list[str] = []
+        self.started = time.monotonic()
 
     def emit(self, event: str, **fields: Any) -> None:
         """One JSON line on stdout (``--json`` only)."""
@@ -143,60 +145,88 @@ class RemoteIngest:
             job = self._call("POST", url, json=body)
         else:
             params = {"on_error": self.options.on_error, "prune": str(self.options.prune).lower()}
-            self.note(f"uploading {self.upload.total} documents of {self.path} to {self.client.base_url}")
+            self.note(f"uploading the documents of {self.path} ({self.upload.total} {self._unit()}) "
+                      f"to {self.client.base_url}")
             job = self._call("POST", url, params=params, headers={"Content-Type": NDJSON},
                              content=ndjson_body(self.upload))
+            src = self.upload.report
+            left = ((len(src.errors), "files skipped"), (len(src.not_read), "files not read"),
+                    (len(src.empty), "empty files"))
+            self.note(f"uploaded {src.read} documents" + "".join(f"; {n} {what}" for n, what in left if n))
         self.note(f"job {job['id']} submitted to {self.client.base_url}")
-        last = -1
+        last: tuple[int, ...] = ()
         cancelled = False
         with self._signals():
             while job["state"] not in FINAL:
                 if self.signals and not cancelled:
-                    self.note(f"{self.signals[0]}: cancelling job {job['id']} after its batch in flight")
+                    self.note(f"{self.signals[0]}: cancelling job {job['id']} (its batch in flight is dropped)")
                     self._call("DELETE", f"/v1/jobs/{job['id']}")
                     cancelled = True
                 time.sleep(self.poll_s)
                 job = self._call("GET", f"/v1/jobs/{job['id']}")
-                done = job["counters"].get("done", 0)
-                if done != last:
-                    last = done
+                c = job["counters"]
+                moved = tuple(c.get(k, 0) for k in ("done", "parsed", "batch_chunks", "batch_embedded"))
+                if moved != last:  # a batch committed, or progress inside the batch in flight
+                    last = moved
                     self._progress(job)
         return self._report(job)
+
+    def _unit(self) -> str:
+        return "files" if self.upload is not None and self.upload.format == "folder" else "documents"
 
     def _progress(self, job: dict[str, Any]) -> None:
         c = job["counters"]
         fields = {"job": job["id"], "done": c.get("done", 0), "total": c.get("total", 0),
+                  "batch_chunks": c.get("batch_chunks", 0), "batch_embedded": c.get("batch_embedded", 0),
                   "rate_docs_s": job.get("rate_docs_s"), "eta_s": job.get("eta_s")}
         self.emit("progress", **fields)
         if not self.options.as_json:
             rate = job.get("rate_docs_s") or 0.0
             eta = "?" if job.get("eta_s") is None else f"{job['eta_s']:.0f}s"
-            self.note(f"ingest {self.name} (job {job['id']}): {fields['done']}/{fields['total']} documents, "
-                          f"{rate:,.1f} docs/s, ETA {eta}")
+            inside = (f" (batch in flight: {fields['batch_embedded']}/{fields['batch_chunks']} chunks embedded)"
+                      if fields["batch_chunks"] else "")
+            self.note(f"ingest {self.name} (job {job['id']}): {fields['done']}/{fields['total']} documents{inside}, "
+                      f"{rate:,.1f} docs/s, ETA {eta}")
 
     def _report(self, job: dict[str, Any]) -> int:
+        """The report (:data:`quarry.ingest_run.REPORT_FIELDS`, as a local run's) and the exit code."""
         state, c, error = job["state"], dict(job["counters"]), job.get("error") or ""
-        local = [] if self.upload is None else [{"path": p, "reason": r} for p, r in self.upload.report.errors]
+        src = self.upload.report if self.upload is not None else None
+        local = [] if src is None else [{"path": p, "reason": r} for p, r in src.errors]
+        errors = local + list(job.get("errors", []))
         if local:  # files skipped here, before the upload: the run is partial
-            job = {**job, "errors": local + list(job.get("errors", []))}
-            c["skipped"] = c.get("skipped", 0) + len(local)
             state = "partial" if state == "done" else state
         if state == "failed":
             code = EXIT_UNAVAILABLE if error.split(":", 1)[0] in RETRYABLE_TYPES else EXIT_BAD_INPUT
         else:
             code = {"done": EXIT_OK, "partial": EXIT_PARTIAL, "cancelled": EXIT_INTERRUPTED}[state]
         status = {EXIT_OK: "ok", EXIT_PARTIAL: "partial", EXIT_INTERRUPTED: "interrupted"}.get(code, "failed")
-        self.emit("report", job=job["id"], status=status, exit_code=code, state=state, error=error or None,
-                      errors=job.get("errors", []), signals=self.signals, **c)
+        counts = {k: int(c.get(k, 0)) for k in ("added", "updated", "unchanged", "embedded", "chunks_written",
+                                               "truncated", "pruned")}
+        body = report_of(
+            status=status, exit_code=code, job=job["id"], engine="server", dry_run=False,
+            total=self.upload.total if self.upload is not None else int(c.get("total", 0)),
+            read=int(c.get("read", 0)), skipped=len(local) + int(c.get("skipped", 0)), errors=errors,
+            not_read=(list(src.not_read) if src is not None else []) + list(job.get("not_read", [])),
+            empty=(list(src.empty) if src is not None else []) + list(job.get("empty", [])),
+            kept=int(c.get("read", 0)), written=counts["added"] + counts["updated"], **counts,
+            abandoned_batch=state == "cancelled", signals=list(self.signals), error=error or None,
+            elapsed_s=round(time.monotonic() - self.started, 3),
+        )
+        self.emit("report", **body)
         if not self.options.as_json:
-            for e in job.get("errors", []):
+            for e in errors:
                 self.note(f"skipped {e['path']}: {e['reason']}")
+            if body["not_read"]:
+                self.note(f"not read ({len(body['not_read'])} files of other formats): {', '.join(body['not_read'])}")
+            if body["empty"]:
+                self.note(f"empty ({len(body['empty'])} files without text): {', '.join(body['empty'])}")
             if state == "failed":
                 self.note(f"job {job['id']} failed: {error}")
             self.out.print(
-                f"{state} {self.name} (job {job['id']}): {c.get('added', 0)} added, {c.get('updated', 0)} updated, "
-                f"{c.get('unchanged', 0)} unchanged; {c.get('embedded', 0)} chunks embedded; "
-                f"{c.get('skipped', 0)} files skipped", soft_wrap=True, highlight=False, markup=False,
+                f"{state} {self.name} (job {job['id']}): {body['added']} added, {body['updated']} updated, "
+                f"{body['unchanged']} unchanged; {body['embedded']} chunks embedded; "
+                f"{body['skipped']} files skipped" + (f"; pruned {body['pruned']}" if body["pruned"] else ""),
+                soft_wrap=True, highlight=False, markup=False,
             )
         return code
-

@@ -49,6 +49,53 @@ from indexing.sources import Source
 from quarry.errors import QuarryError
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_UNAVAILABLE, EXIT_PARTIAL, EXIT_INTERRUPTED = 0, 2, 3, 4, 130
+
+REPORT_FIELDS: dict[str, tuple[type, ...]] = {
+    "status": (str,),  # ok | partial | interrupted | failed
+    "exit_code": (int,),
+    "job": (str, type(None)),  # the server's job id (None: a local run)
+    "engine": (str,),  # local | ray | server
+    "dry_run": (bool,),
+    "total": (int,),  # files of a folder (documents of a JSONL file or BEIR corpus) in the source
+    "read": (int,),  # documents read
+    "skipped": (int,),  # files that could not be parsed or decoded
+    "errors": (list,),  # [{"path", "reason"}] of those
+    "not_read": (list,),  # [path] of files of formats Quarry does not read
+    "empty": (list,),  # [path] of files without text
+    "kept": (int,),  # documents written or found unchanged
+    "added": (int,),
+    "updated": (int,),
+    "unchanged": (int,),
+    "written": (int,),  # added + updated
+    "embedded": (int,),  # texts sent to the model
+    "chunks_written": (int,),
+    "truncated": (int,),  # chunks cut at the model's max sequence length
+    "pruned": (int,),  # documents deleted by --prune (their ids: the plain output, or a --dry-run's would_prune)
+    "abandoned_batch": (bool,),
+    "signals": (list,),  # SIGINT/SIGTERM seen
+    "error": (str, type(None)),  # why a server job failed
+    "elapsed_s": (float,),
+}
+"""The ``--json`` report of ``quarry ingest``: the same fields, of the same types, for a local run, a
+run through a server (``--server``) and the job it submits (a dry run adds ``would_*``)."""
+
+
+def report_of(**values: Any) -> dict[str, Any]:
+    """The report with :data:`REPORT_FIELDS`, in that order; a field not given gets its type's empty value.
+
+    Raises:
+        TypeError: A field that is not in :data:`REPORT_FIELDS`, or of another type.
+    """
+    unknown = set(values) - set(REPORT_FIELDS)
+    if unknown:
+        raise TypeError(f"not report fields: {sorted(unknown)}")
+    out: dict[str, Any] = {}
+    for key, types in REPORT_FIELDS.items():
+        value = values.get(key, None if type(None) in types else types[0]())
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise TypeError(f"report field {key}: {type(value).__name__}, expected {types}")
+        out[key] = value
+    return out
 EXIT_CODES = (
     "Exit codes: 0 done (files of formats not read are named in the report); 2 bad input (a malformed "
     "line, a file that cannot be parsed under QUARRY_INGEST__ON_ERROR=fail, a bad option) or another "
@@ -266,30 +313,25 @@ class Run:
         src = self.source.report
         code = EXIT_INTERRUPTED if interrupted else EXIT_PARTIAL if src.errors else EXIT_OK
         kept = report.documents if report is not None else self.kept  # abandoned: the batches before it
-        body: dict[str, Any] = {
-            "status": {EXIT_OK: "ok", EXIT_PARTIAL: "partial", EXIT_INTERRUPTED: "interrupted"}[code],
-            "exit_code": code, "dry_run": self.options.dry_run, "read": src.read, "skipped": len(src.errors),
-            "errors": [{"path": p, "reason": r} for p, r in src.errors],
-            "not_read": src.not_read, "empty": src.empty,
-            "elapsed_s": round(time.monotonic() - self.started, 3), "engine": self.options.engine,
-        }
+        added, updated = getattr(report, "added", 0), getattr(report, "updated", 0)
+        body: dict[str, Any] = report_of(
+            status={EXIT_OK: "ok", EXIT_PARTIAL: "partial", EXIT_INTERRUPTED: "interrupted"}[code],
+            exit_code=code, engine=self.options.engine, dry_run=self.options.dry_run, total=self.source.total,
+            read=src.read, skipped=len(src.errors), errors=[{"path": p, "reason": r} for p, r in src.errors],
+            not_read=list(src.not_read), empty=list(src.empty), kept=kept, added=added, updated=updated,
+            unchanged=getattr(report, "unchanged", 0), written=added + updated, embedded=getattr(report, "embedded", 0),
+            chunks_written=getattr(report, "chunks_written", 0), truncated=getattr(report, "truncated", 0),
+            pruned=0 if would is not None else len(pruned), abandoned_batch=abandoned, signals=list(self.stop.signals),
+            elapsed_s=round(time.monotonic() - self.started, 3),
+        )
         if would is not None:
             body |= {f"would_{k}": v for k, v in would.items()} | {"would_prune": pruned}
-        else:
-            body |= {
-                "kept": kept, "embedded": getattr(report, "embedded", 0),
-                "written": getattr(report, "added", 0) + getattr(report, "updated", 0),
-                "added": getattr(report, "added", 0), "updated": getattr(report, "updated", 0),
-                "unchanged": getattr(report, "unchanged", 0), "chunks_written": getattr(report, "chunks_written", 0),
-                "truncated": getattr(report, "truncated", 0), "abandoned_batch": abandoned,
-                "signals": self.stop.signals, "pruned": pruned,
-            }
         self.emit("report", **body)
         if not self.options.as_json:
-            self._say(body, report)
+            self._say(body, report, pruned)
         return code
 
-    def _say(self, body: dict[str, Any], report: Any) -> None:
+    def _say(self, body: dict[str, Any], report: Any, pruned: list[str]) -> None:
         for error in body["errors"]:
             self.note(f"skipped {error['path']}: {error['reason']}")
         if body["not_read"]:
@@ -312,8 +354,8 @@ class Run:
                 f"interrupted ({', '.join(body['signals']) or 'signal'}): kept {body['kept']} documents"
                 + ("; the batch in flight was abandoned" if body["abandoned_batch"] else "")
             )
-        if body["pruned"]:
-            self.note(f"pruned {len(body['pruned'])} documents not in the source: {', '.join(body['pruned'])}")
+        if pruned:
+            self.note(f"pruned {len(pruned)} documents not in the source: {', '.join(pruned)}")
         if report is None:
             return
         counts = self.quarry.describe(self.name)

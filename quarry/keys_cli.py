@@ -11,16 +11,16 @@ import time
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from indexing.docstore import AuditEntry, StateStore, open_docstore
 from quarry.errors import NotFound
+from quarry.plain_console import PlainConsole
 from quarry.settings import get_settings
 
 keys_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
 audit_app = typer.Typer(help="The admin audit log.", no_args_is_help=True)
-out = Console()
+out = PlainConsole()
 
 
 def _state() -> StateStore:

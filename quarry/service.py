@@ -20,7 +20,7 @@ from indexing.bm25_registry import BM25Registry
 from indexing.collections import CollectionConfig, FusionConfig
 from indexing.docstore import CollectionVersion, Job, StateStore
 from indexing.document_rules import SourceDocument
-from indexing.pipeline import Ingestor, IngestReport, Precomputed, Progress
+from indexing.pipeline import Ingestor, IngestReport, Precomputed, Progress, Watch
 from indexing.planner import IndexPlan
 from indexing.reindex import Reindexer
 from indexing.reindex_build import ReindexReport
@@ -224,9 +224,9 @@ class Quarry:
         """See :func:`quarry.services.documents.upsert`."""
         return documents.upsert(self.view, name, docs, progress, atomic=atomic)
 
-    def upsert_batch(self, name: str, docs: Sequence[SourceDocument]) -> IngestReport:
+    def upsert_batch(self, name: str, docs: Sequence[SourceDocument], watch: Watch | None = None) -> IngestReport:
         """See :func:`quarry.services.documents.upsert_batch`."""
-        return documents.upsert_batch(self.view, name, docs)
+        return documents.upsert_batch(self.view, name, docs, watch)
 
     def upsert_stream(  # noqa: PLR0913 - the stream's controls
         self, name: str, docs: Iterable[SourceDocument], progress: Progress | None = None, *,

@@ -221,6 +221,13 @@ class IngestSettings(BaseModel):
             spooled to ``<data_dir>/jobs/`` as it streams in (never held in memory); past the
             limit the request is a 413 and the partial spool is removed. This limit, not
             ``QUARRY_API__MAX_BODY_BYTES``, applies to such a body.
+        progress_interval_s: Least seconds between two writes of a running ingestion job's
+            progress inside a batch (documents parsed, chunks embedded, written) to its record;
+            each write also looks for a cancel asked on another replica. 0: after every
+            embedding sub-batch (``QUARRY_EMBEDDING__BATCH_SIZE`` texts) and every document read.
+            Above 0 it is also the most seconds a job's model call should take: its sub-batch is
+            sized from the last call's seconds per text (up to ``QUARRY_EMBEDDING__BATCH_SIZE``),
+            so a slow CPU still shows progress, and a cancel lands, about that often.
     """
 
     chunk_size: int = Field(256, ge=8)
@@ -232,6 +239,7 @@ class IngestSettings(BaseModel):
     roots: list[Path] = Field(default_factory=list)
     job_lease_s: float = Field(30.0, ge=1.0)
     max_upload_bytes: int = Field(1 << 30, ge=1)
+    progress_interval_s: float = Field(1.0, ge=0.0)
 
     @model_validator(mode="after")
     def _overlap_below_size(self) -> IngestSettings:

@@ -118,6 +118,8 @@ class Job(_Model):
     rate_docs_s: float | None = None
     eta_s: float | None = None
     errors: list[dict[str, str]] = Field(default_factory=list)
+    not_read: list[str] = Field(default_factory=list, description="ingest: files of formats not read.")
+    empty: list[str] = Field(default_factory=list, description="ingest: files without text.")
     created_at: float = 0.0
     updated_at: float = 0.0
 

@@ -96,6 +96,7 @@ POLICY: dict[tuple[str, str], str | tuple[str, ...] | None] = {
     ("GET", "/console"): None,
     ("GET", "/console/console.js"): None,
     ("GET", "/console/console.css"): None,
+    ("GET", "/v1/audit"): "admin",  # the key's tenant's entries only
 }
 
 

@@ -369,7 +369,9 @@ class JobOut(BaseModel):
         description="Progress. reindex: done and total chunks; at the end copied, embedded, ... "
         "ingest: done and total documents (files skipped included), read, added, updated, unchanged, "
         "embedded (texts sent to the model, over all runs), chunks_written, skipped, resumed (runs after "
-        "the first)."
+        "the first); inside the batch in flight (written every QUARRY_INGEST__PROGRESS_INTERVAL_S): parsed "
+        "(documents read from the source, that batch included), batch_documents, batch_chunks (its chunks "
+        "to embed), batch_embedded (of those, embedded so far)."
     )
     error: str | None = Field(description="Why it failed.")
     rate_docs_s: float | None = Field(None, description="ingest: documents per second of the current run.")
@@ -377,6 +379,10 @@ class JobOut(BaseModel):
     errors: list[JobError] = Field(
         default_factory=list, description="ingest: files skipped, by path (the first 100; counters.skipped counts all)."
     )
+    not_read: list[str] = Field(
+        default_factory=list, description="ingest: files of formats not read, by path (the first 100)."
+    )
+    empty: list[str] = Field(default_factory=list, description="ingest: files without text, by path (the first 100).")
     created_at: float
     updated_at: float
 
@@ -385,6 +391,25 @@ class JobsOut(BaseModel):
     """``GET /v1/jobs``: the tenant's jobs the key may read, newest first."""
 
     jobs: list[JobOut]
+
+
+class AuditEntryOut(BaseModel):
+    """One audit-log entry: who did what, when (no document text, no key)."""
+
+    id: int = Field(description="Its place in the log (increasing).")
+    at: float = Field(description="When, Unix seconds.")
+    action: str = Field(description="e.g. collection.create, collection.drop, key.create, key.revoke, ingest.submit.")
+    key_id: str | None = Field(description="The key's id (null: the CLI, or an open server).")
+    tenant: str | None
+    target: str | None = Field(description="What it acted on: a collection, a key id.")
+    detail: dict[str, Any]
+
+
+class AuditOut(BaseModel):
+    """``GET /v1/audit``: a page of the tenant's audit log."""
+
+    entries: list[AuditEntryOut]
+    next_cursor: str | None = Field(description="Pass as cursor for the next page; null on the last.")
 
 
 class RollbackOut(BaseModel):

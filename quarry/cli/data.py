@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Annotated, Any
 
@@ -38,8 +39,6 @@ def search(
     api_key: ApiKey = None,
 ) -> None:
     """Search a collection and print the hits."""
-    import dataclasses
-
     try:
         flt = json.loads(filters) if filters else None
     except json.JSONDecodeError as exc:
@@ -73,6 +72,7 @@ def search(
 def recall(
     name: Annotated[str, typer.Argument(help="Collection.")],
     queries: Annotated[int, typer.Option("--queries", "-n", help="Queries to measure.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the check as JSON.")] = False,
 ) -> None:
     """Measure recall@k of the live version's ANN index against exact search now (the recall monitor's check).
 
@@ -81,6 +81,9 @@ def recall(
     filter-selectivity bucket.
     """
     check = _quarry().check_recall(name, queries)
+    if as_json:
+        out.file.write(json.dumps(dataclasses.asdict(check), ensure_ascii=False, default=str) + "\n")
+        return
     title = escape(f"{name} version {check.version}: recall@k of {check.queries} queries from {check.source}, "
                    f"ANN depth {check.depth}")
     table = Table("selectivity", "queries", "mean", "p10", "min", title=title)
@@ -93,8 +96,11 @@ def recall(
 
 
 @collections_app.command("list")
-def list_collections(server: ServerUrl = None, api_key: ApiKey = None) -> None:
-    """List collections."""
+def list_collections(
+    server: ServerUrl = None, api_key: ApiKey = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the collections as JSON.")] = False,
+) -> None:
+    """List collections: name, language, model, dimension (tab-separated; --json: every field)."""
     if server is not None:
         from quarry_client import QuarryError as ClientError
 
@@ -105,21 +111,69 @@ def list_collections(server: ServerUrl = None, api_key: ApiKey = None) -> None:
                 _remote_error(exc)
     else:
         found = _quarry().list_collections()
+    if as_json:
+        rows = [cfg.model_dump(mode="json", exclude_none=True) for cfg in found]
+        out.file.write(json.dumps({"collections": rows}, ensure_ascii=False, default=str) + "\n")
+        return
     for cfg in found:
         out.file.write(f"{cfg.name}\t{cfg.language}\t{cfg.embedding_model}\t{cfg.dim}\n")  # tabs kept: cut -f
 
 
 @collections_app.command("describe")
-def describe_collection(name: str) -> None:
-    """Show a collection's configuration, index and counts."""
-    out.print_json(json.dumps(_quarry().describe(name)))
+def describe_collection(
+    name: str, server: ServerUrl = None, api_key: ApiKey = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One line of JSON (default: indented JSON).")] = False,
+) -> None:
+    """Show a collection's configuration, index and counts (JSON)."""
+    if server is not None:
+        from quarry_client import QuarryError as ClientError
+
+        with _client(server, api_key) as client:
+            try:
+                described: dict[str, Any] = client.describe(name).model_dump(mode="json", exclude_none=True)
+            except ClientError as exc:
+                _remote_error(exc)
+    else:
+        described = _quarry().describe(name)
+    if as_json:
+        out.file.write(json.dumps(described, ensure_ascii=False, default=str) + "\n")
+        return
+    out.print_json(json.dumps(described, default=str))
+
+
+@collections_app.command("create")
+def create_collection(
+    name: str, language: Annotated[str, typer.Option(help="BM25 analysis: en, zh or auto.")] = "auto",
+    server: ServerUrl = None, api_key: ApiKey = None,
+) -> None:
+    """Create an empty collection (quarry ingest creates one too)."""
+    if server is not None:
+        from quarry_client import QuarryError as ClientError
+
+        with _client(server, api_key) as client:
+            try:
+                client.create_collection(name, language=language)
+            except ClientError as exc:
+                _remote_error(exc)
+    else:
+        _quarry().create_collection(name, language=language)
+    out.print(f"created {name}", soft_wrap=True, highlight=False, markup=False)
 
 
 @collections_app.command("drop")
-def drop_collection(name: str) -> None:
+def drop_collection(name: str, server: ServerUrl = None, api_key: ApiKey = None) -> None:
     """Drop a collection and all its data."""
-    _quarry().drop_collection(name)
-    out.print(f"dropped {name}")
+    if server is not None:
+        from quarry_client import QuarryError as ClientError
+
+        with _client(server, api_key) as client:
+            try:
+                client.drop_collection(name)
+            except ClientError as exc:
+                _remote_error(exc)
+    else:
+        _quarry().drop_collection(name)
+    out.print(f"dropped {name}", soft_wrap=True, highlight=False, markup=False)
 
 
 @docs_app.command("list")

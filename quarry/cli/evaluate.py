@@ -55,6 +55,20 @@ def evaluate(
     fusion_file: Annotated[
         Path | None, typer.Option("--fusion", help="Hybrid fusion JSON (e.g. a tuned-fusion.json) for the run.")
     ] = None,
+    max_queries: Annotated[
+        int | None, typer.Option("--max-queries", min=1, help="Only the split's first N queries (a quick run).")
+    ] = None,
+    sample: Annotated[
+        int | None, typer.Option("--sample", min=1, help="Only N queries drawn at random with --seed (a quick run).")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="The seed of --sample (the same seed: the same queries).")] = 0,
+    ingest: Annotated[
+        bool, typer.Option("--ingest/--no-ingest", help="--no-ingest: evaluate the collection as it is (it must "
+                           "exist; built by quarry ingest or an earlier eval), without reading the corpus.")
+    ] = True,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print summary.json's object instead of the tables.")
+    ] = False,
 ) -> None:
     """Ingest a BEIR corpus (idempotent), run each mode over a split, write the report (report.md, report.html)."""
     if ctx.invoked_subcommand is not None:
@@ -74,9 +88,46 @@ def evaluate(
     wanted = [m.strip() for m in modes.split(",") if m.strip()]
     if tune is not None and tune in ("test", split):
         raise InvalidRequest(f"--tune {tune}: tuning on the test or the reported split is refused; use train or dev")
-    docs = _check_eval_inputs(beir, split, wanted, out_dir)
+    if max_queries is not None and sample is not None:
+        raise InvalidRequest("--max-queries and --sample choose the queries two ways: give one")
+    docs = _check_eval_inputs(beir, split, wanted, out_dir, read_corpus=ingest)
     _check_baseline(baseline, beir, split)
     quarry = _quarry(settings)
+    if ingest:
+        _ingest_corpus(quarry, name, beir, docs, language)
+    cfg = quarry.get_collection(name)  # --no-ingest: CollectionNotFound when there is none
+
+    fusion = _read_fusion_file(fusion_file) if fusion_file is not None else None
+    if tune is not None:
+        _tune(quarry, name, beir, tune, split, out_dir, settings.search.candidates)
+    config = {
+        "fusion": quarry.searcher.fusion(cfg, fusion).describe(),
+        "collection": name, "store": settings.store_url, "embedding": settings.embedding.url,
+        "embedding_model": cfg.embedding_model, "language": cfg.language, "chunk_size": cfg.chunk_size,
+        "chunk_overlap": cfg.chunk_overlap, "bm25": settings.bm25.model_dump(),
+        "rrf_k": settings.search.rrf_k, "rank_window_size": settings.search.candidates, "index": cfg.index,
+        "ingested": ingest,
+    }
+    summary = run_eval(
+        collection_search(quarry, name, fusion), beir_dir=beir, split=split, modes=wanted, out_dir=out_dir,
+        config=config,
+        answers=_answers_section(quarry, name, answers_queries) if answers else None,
+        ann=collection_ann(quarry, name) if ann else None, baseline=baseline,
+        max_queries=max_queries, sample=sample, seed=seed, show_progress=not as_json,
+    )
+    if as_json:
+        out.file.write(json.dumps(summary.to_dict(), ensure_ascii=False, default=str) + "\n")
+        return
+    _print_summary(summary, beir, baseline, out_dir)
+    out.print(f"report: {out_dir / 'report.md'}, {out_dir / 'report.html'}")
+
+
+def _ingest_corpus(quarry: Any, name: str, beir: Path, docs: list[Any], language: str) -> None:
+    """Create the collection (if new) and ingest the corpus into it (idempotent).
+
+    Raises:
+        InvalidRequest: The collection holds documents the corpus does not have (before anything is written).
+    """
     quarry.create_collection(name, language=language, exist_ok=True)
     # Refused before anything is written: documents that are not in the corpus would be retrieved
     # and scored, and ingesting first would add the corpus to a collection that is then refused.
@@ -88,24 +139,10 @@ def evaluate(
             f"retrieved and scored; drop it (quarry collections drop {name}) or name another with --collection"
         )
     _ingest_with_progress(quarry, name, docs)
-    cfg = quarry.get_collection(name)
 
-    fusion = _read_fusion_file(fusion_file) if fusion_file is not None else None
-    if tune is not None:
-        _tune(quarry, name, beir, tune, split, out_dir, settings.search.candidates)
-    config = {
-        "fusion": quarry.searcher.fusion(cfg, fusion).describe(),
-        "collection": name, "store": settings.store_url, "embedding": settings.embedding.url,
-        "embedding_model": cfg.embedding_model, "language": cfg.language, "chunk_size": cfg.chunk_size,
-        "chunk_overlap": cfg.chunk_overlap, "bm25": settings.bm25.model_dump(),
-        "rrf_k": settings.search.rrf_k, "rank_window_size": settings.search.candidates, "index": cfg.index,
-    }
-    summary = run_eval(
-        collection_search(quarry, name, fusion), beir_dir=beir, split=split, modes=wanted, out_dir=out_dir,
-        config=config,
-        answers=_answers_section(quarry, name, answers_queries) if answers else None,
-        ann=collection_ann(quarry, name) if ann else None, baseline=baseline,
-    )
+
+def _print_summary(summary: Any, beir: Path, baseline: Path | None, out_dir: Path) -> None:
+    """The run's tables: the modes, the answers and ANN lines, the comparison with a baseline."""
     table = Table("mode", "nDCG@10", "Recall@10", "Recall@100", "MRR@10", "p50 ms", "p95 ms", title=str(beir))
     for mode_name, row in summary.to_dict()["modes"].items():
         table.add_row(mode_name, *(f"{row[k]:.4f}" for k in ("ndcg@10", "recall@10", "recall@100", "mrr@10")),
@@ -127,10 +164,9 @@ def evaluate(
         kind = (summary.ann_vs_exact["index"] or {}).get("kind", "no index")
         out.print(f"ANN vs exact ({escape(str(kind))}): {recall}")
     if baseline is not None:  # the same figures as compare.json (same data, same seed)
-        from eval.compare import compare_runs, comparison_table, load_run
+        from eval.compare import compare_runs, load_run
 
-        out.print(comparison_table(compare_runs(load_run(baseline, str(baseline)), load_run(out_dir, "this run"))))
-    out.print(f"report: {out_dir / 'report.md'}, {out_dir / 'report.html'}")
+        _print_comparison(compare_runs(load_run(baseline, str(baseline)), load_run(out_dir, "this run")))
 
 
 @eval_app.command("compare")
@@ -140,16 +176,33 @@ def compare(
     out_dir: Annotated[
         Path | None, typer.Option("--out", help="Where compare.json and compare.html go (default: RUN_B).")
     ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print compare.json's object instead of the tables.")] = False,
 ) -> None:
-    """Per mode and metric: B - A with a paired randomisation test's p-value, a bootstrap CI and W/L/T."""
-    from eval.compare import compare_runs, comparison_table, load_run, write_comparison
+    """Per mode and metric: B - A with a paired randomisation test's p-value, a bootstrap CI and W/L/T.
+
+    Then the queries that flipped (their first relevant document in or out of the top 10, with
+    its rank in each run) and the settings that differ between the two runs.
+    """
+    from eval.compare import compare_runs, load_run, write_comparison
 
     comparison = compare_runs(load_run(run_a, str(run_a)), load_run(run_b, str(run_b)))
-    out.print(comparison_table(comparison))
+    json_path, html_path = write_comparison(comparison, out_dir or run_b)
+    if as_json:
+        out.file.write(json.dumps(comparison.to_dict(), ensure_ascii=False, default=str) + "\n")
+        return
+    _print_comparison(comparison)
     for note in comparison.notes:
         err.print(f"[yellow]note[/] {escape(note)}")
-    json_path, html_path = write_comparison(comparison, out_dir or run_b)
     out.print(f"comparison: {json_path}, {html_path}")
+
+
+def _print_comparison(comparison: Any) -> None:
+    """The comparison's tables: the deltas, the flipped queries, the config difference."""
+    from eval.compare import comparison_table, diff_table, flips_table
+
+    out.print(comparison_table(comparison))
+    out.print(flips_table(comparison) if comparison.flips else "no query flipped")
+    out.print(diff_table(comparison) if comparison.config_diff else "the two runs' configs are the same")
 
 
 def _check_baseline(baseline: Path | None, beir: Path, split: str) -> None:
@@ -214,11 +267,12 @@ def _answers_section(quarry: Any, name: str, limit: int) -> Any:
     return run
 
 
-def _check_eval_inputs(beir: Path, split: str, modes: list[str], out_dir: Path) -> list[Any]:
+def _check_eval_inputs(beir: Path, split: str, modes: list[str], out_dir: Path, *, read_corpus: bool = True
+                       ) -> list[Any]:
     """Everything an evaluation reads or writes, checked before it ingests anything.
 
     Returns:
-        The corpus documents.
+        The corpus documents (none read with ``read_corpus`` false: ``--no-ingest``).
 
     Raises:
         InvalidRequest: Not a BEIR folder, an unknown split or mode, an empty corpus, or an
@@ -237,8 +291,8 @@ def _check_eval_inputs(beir: Path, split: str, modes: list[str], out_dir: Path) 
     if not modes or unknown:
         raise InvalidRequest(f"--modes must name some of {', '.join(MODES)}; got {modes}")
     load_split(beir, split)
-    docs = read_documents(beir)
-    if not docs:
+    docs = read_documents(beir) if read_corpus else []
+    if read_corpus and not docs:
         raise InvalidRequest(f"{beir / 'corpus.jsonl'} holds no documents")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

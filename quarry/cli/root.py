@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
 from quarry.config_cli import app as config_app
 from quarry.errors import ConfigError, QuarryError
 from quarry.keys_cli import audit_app, keys_app
+from quarry.plain_console import PlainConsole
 from quarry.settings import Settings, get_settings, unknown_env
 from quarry.triton_cli import app as triton_app
 
@@ -57,8 +57,8 @@ eval_app = typer.Typer(help="Evaluate retrieval on a BEIR split (quarry eval --b
 app.add_typer(eval_app, name="eval")
 app.add_typer(keys_app, name="keys")
 app.add_typer(audit_app, name="audit")
-err = Console(stderr=True, soft_wrap=True)  # an error is one line, however long
-out = Console()
+err = PlainConsole(stderr=True, soft_wrap=True)  # an error is one line, however long
+out = PlainConsole()  # piped: tables at their natural width, never cut to 80 columns
 
 Language = Annotated[str, typer.Option(help="BM25 analysis for a new collection: en, zh or auto.")]
 ServerUrl = Annotated[str | None, typer.Option(

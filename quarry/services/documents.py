@@ -13,7 +13,7 @@ from typing import Any
 
 from indexing.document_rules import SourceDocument
 from indexing.documents import get_document, list_documents
-from indexing.pipeline import IngestReport, Precomputed, Progress
+from indexing.pipeline import IngestReport, Precomputed, Progress, Watch
 from indexing.versions import live_config
 from quarry.errors import CollectionNotFound, Forbidden, InvalidRequest, NotFound, clip
 from quarry.services import collections, query, versions
@@ -39,16 +39,17 @@ def upsert(
     return report
 
 
-def upsert_batch(v: View, name: str, docs: Sequence[SourceDocument]) -> IngestReport:
+def upsert_batch(v: View, name: str, docs: Sequence[SourceDocument], watch: Watch | None = None) -> IngestReport:
     """One batch of an ingestion job: written as :func:`upsert` does, the index re-planned by the caller.
 
     The write lock is held for this batch only, so REST writes to the collection interleave
-    with a long job.
+    with a long job. ``watch``: progress inside the batch (:data:`indexing.pipeline.Watch`;
+    it may drop the batch by raising :class:`~indexing.pipeline.Abandoned`).
     """
     stored = [v.ns.document(d, name) for d in docs]
     with v.ns.messages(), v.space.writing(name):
         cfg, target = versions.write_target(v, name)
-        return v.space.ingestor.upsert(cfg, stored, target=target)
+        return v.space.ingestor.upsert(cfg, stored, target=target, watch=watch)
 
 
 def upsert_stream(  # noqa: PLR0913 - the stream's controls

@@ -297,6 +297,7 @@ def _build_space(engines: Engines, tenant_id: str) -> TenantSpace:
         store, docstore, engines.embedder, bm25,
         batch_size=settings.ingest.batch_size, embed_batch_size=settings.embedding.batch_size,
         max_document_chars=settings.ingest.max_document_chars, max_token_chars=settings.ingest.max_token_chars,
+        watched_call_s=settings.ingest.progress_interval_s,
     )
     # a share of live searches re-run exactly in a background thread (monitoring/)
     recent = RecentQueries(settings.data_dir / "monitor" / ("recent.sqlite" if root else f"recent@{tenant_id}.sqlite"),

@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,11 +38,17 @@ def _key(env: dict[str, str], *args: str) -> str:
     return made.stdout.strip()
 
 
+ROOTS: list[Path] = []  # the live server's QUARRY_INGEST__ROOTS (one folder)
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
     data = tmp_path_factory.mktemp("client")
+    roots = tmp_path_factory.mktemp("client-roots")
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("QUARRY_") or k.endswith("CACHE_DIR")},
-           "QUARRY_DATA_DIR": str(data), "PYTHONPATH": str(REPO), "QUARRY_INGEST__BATCH_SIZE": "50"}
+           "QUARRY_DATA_DIR": str(data), "PYTHONPATH": str(REPO), "QUARRY_INGEST__BATCH_SIZE": "50",
+           "QUARRY_INGEST__ROOTS": json.dumps([str(roots)])}
+    ROOTS[:] = [roots]
     keys = {
         "admin": _key(env, "--scopes", "read,write,admin"),
         "reader": _key(env, "--scopes", "read"),
@@ -170,7 +178,8 @@ def test_a_429_is_retried_after_its_retry_after(live: tuple[str, dict[str, str]]
 
 
 def _cli(url: str, key: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("QUARRY_") or k.endswith("CACHE_DIR")},
+    env = {**{k: v for k, v in os.environ.items()
+              if (not k.startswith("QUARRY_") or k.endswith("CACHE_DIR")) and k not in ("COLUMNS", "LINES")},
            "PYTHONPATH": str(REPO), "QUARRY_URL": url, "QUARRY_API_KEY": key}
     return subprocess.run(  # noqa: S603 - our own CLI
         [sys.executable, "-m", "quarry.cli", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
@@ -200,3 +209,71 @@ def test_the_cli_goes_through_the_server_with_quarry_url(live: tuple[str, dict[s
     report = json.loads(ingested.stdout.splitlines()[-1])
     assert (report["status"], report["added"]) == ("ok", 3), report
     assert "warning" not in ingested.stderr, ingested.stderr
+
+
+def _folder(root: Path) -> Path:
+    """A folder with what a report names: two documents, a damaged file, a format not read, an empty file."""
+    root.mkdir(parents=True)
+    (root / "a.md").write_text("# Granite\n\nGranite is an igneous rock.", encoding="utf-8")
+    (root / "b.txt").write_text("Marble is a metamorphic rock.", encoding="utf-8")
+    (root / "bad.txt").write_bytes(b"\xff\xfe not text")
+    (root / "data.csv").write_text("a,b\n1,2\n", encoding="utf-8")
+    (root / "empty.txt").write_text("   \n", encoding="utf-8")
+    return root
+
+
+def _report(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert done.stdout.strip(), done.stderr
+    report: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    assert report["event"] == "report", report
+    return report
+
+
+def test_local_server_and_job_runs_report_the_same_fields(live: tuple[str, dict[str, str]], tmp_path: Path) -> None:
+    """One report shape: a local run, a run through the server (upload) and a server-side path job."""
+    url, keys = live
+    folder = _folder(tmp_path / "rocks")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("QUARRY_") or k.endswith("CACHE_DIR")},
+           "PYTHONPATH": str(REPO), "QUARRY_DATA_DIR": str(tmp_path / "local-data")}
+    local = _report(subprocess.run(  # noqa: S603 - our own CLI
+        [sys.executable, "-m", "quarry.cli", "ingest", str(folder), "-c", "rocks", "--json"], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=600, check=False,
+    ))
+    served = _report(_cli(url, keys["admin"], "ingest", str(folder), "-c", "rocks_up", "--json"))
+    shutil.copytree(folder, ROOTS[0] / "rocks")
+    job = _report(_cli(url, keys["admin"], "ingest", "rocks", "-c", "rocks_job", "--server-path", "--json"))
+    for report in (local, served, job):
+        assert report["status"] == "partial" and report["exit_code"] == 4, report
+        assert (report["read"], report["skipped"], report["added"], report["written"]) == (2, 1, 2, 2), report
+        assert report["not_read"] == ["data.csv"] and report["empty"] == ["empty.txt"], report
+        assert [Path(e["path"]).name for e in report["errors"]] == ["bad.txt"], report
+        assert report["pruned"] == 0 and report["embedded"] == 2, report
+    shape = {k: type(v).__name__ for k, v in local.items() if k not in ("job", "error")}
+    for report in (served, job):
+        assert set(report) == set(local), set(report) ^ set(local)
+        assert {k: type(v).__name__ for k, v in report.items() if k not in ("job", "error")} == shape
+    assert local["job"] is None and isinstance(served["job"], str) and served["engine"] == "server"
+    # the job's own record names them too (GET /v1/jobs/{id})
+    with Quarry(url, keys["admin"]) as q:
+        record = q.get_job(job["job"])
+    assert record.not_read == ["data.csv"] and record.empty == ["empty.txt"], record
+
+
+def test_collections_through_the_server_and_plain_output_when_piped(live: tuple[str, dict[str, str]]) -> None:
+    url, keys = live
+    created = _cli(url, keys["admin"], "collections", "create", "made_by_cli", "--language", "en")
+    assert created.returncode == 0, created.stderr
+    described = _cli(url, keys["admin"], "collections", "describe", "made_by_cli", "--json")
+    assert described.returncode == 0, described.stderr
+    assert json.loads(described.stdout)["name"] == "made_by_cli" and json.loads(described.stdout)["documents"] == 0
+    listed = _cli(url, keys["admin"], "collections", "list", "--json")
+    assert "made_by_cli" in [c["name"] for c in json.loads(listed.stdout)["collections"]]
+    dropped = _cli(url, keys["admin"], "collections", "drop", "made_by_cli")
+    assert dropped.returncode == 0 and "dropped made_by_cli" in dropped.stdout, dropped.stderr
+    gone = _cli(url, keys["admin"], "collections", "describe", "made_by_cli")
+    assert gone.returncode == 2 and "CollectionNotFound" in gone.stderr
+    # a table piped (stdout not a terminal, no COLUMNS): whole, not cut to 80 columns
+    found = _cli(url, keys["admin"], "search", "moon tides", "-c", "notes")
+    assert found.returncode == 0, found.stderr
+    assert "…" not in found.stdout and "Tides follow the moon and the sun." in found.stdout, found.stdout
+    assert max(len(line) for line in found.stdout.splitlines()) > 80

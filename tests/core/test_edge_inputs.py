@@ -65,6 +65,7 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, str], dict[str, str], Any]] = {
     ("POST", "/v1/collections/{name}/reindex"): ({"name": "gone"}, {}, {"model": "m", "index": "auto"}),
     ("POST", "/v1/collections/{name}/rollback"): ({"name": "gone"}, {}, None),
     ("GET", "/v1/jobs"): ({}, {"limit": "10"}, None),
+    ("GET", "/v1/audit"): ({}, {"limit": "10", "cursor": "1"}, None),
     ("GET", "/v1/jobs/{job_id}"): ({"job_id": "0" * 32}, {}, None),
     ("DELETE", "/v1/jobs/{job_id}"): ({"job_id": "0" * 32}, {}, None),
     ("POST", "/v1/collections/{name}/jobs"): ({"name": NAME}, {}, {"path": "corpus.jsonl", "on_error": "skip"}),

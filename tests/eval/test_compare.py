@@ -145,3 +145,51 @@ def test_cli_compare_prints_and_writes(runs: tuple[Path, Path], tmp_path: Path) 
     assert f"{delta:+.4f}" in printed
     missing = CliRunner().invoke(cli.app, ["eval", "compare", str(runs[0]), str(tmp_path / "nope")])
     assert missing.exit_code == 2
+
+
+def _with_queries(folder: Path, first_relevant: dict[str, dict[str, int | None]], config: dict[str, object]) -> Path:
+    """Add a ``queries.json`` (each query's relevant document at the given rank per mode) and a config."""
+    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    summary["config"] |= config
+    (folder / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    qids = sorted({q for ranks in first_relevant.values() for q in ranks})
+    rows = [{"qid": q, "text": f"text of {q}", "scores": {m: 0.0 for m in first_relevant},
+             "relevant": [{"doc_id": "d1", "grade": 1, "ranks": {m: first_relevant[m].get(q) for m in first_relevant},
+                           "channels": {}}]} for q in qids]
+    (folder / "queries.json").write_text(json.dumps({"queries": rows}), encoding="utf-8")
+    return folder
+
+
+def test_flipped_queries_with_their_ranks_and_the_config_difference(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    a = _with_queries(runs[0], {"bm25": {"q000": 3, "q001": 40, "q002": None, "q003": 1}},
+                      {"fusion": {"method": "rrf", "k": 60}, "chunk_size": 256, "started_at": "2026-12-06T01"})
+    b = _with_queries(runs[1], {"bm25": {"q000": 25, "q001": 2, "q002": 9, "q003": 4}},
+                      {"fusion": {"method": "rrf", "k": 10}, "chunk_size": 256, "started_at": "2026-12-06T02"})
+    comparison = compare_runs(load_run(a), load_run(b), resamples=200)
+    flips = [(f.mode, f.qid, f.rank_a, f.rank_b, f.gained) for f in comparison.flips]
+    # gains first (into the top 10), then losses; q003 moved inside the top 10: not a flip
+    assert flips == [("bm25", "q001", 40, 2, True), ("bm25", "q002", None, 9, True), ("bm25", "q000", 3, 25, False)]
+    assert comparison.flips[0].text == "text of q001" and comparison.flips[0].ndcg_a is not None
+    assert comparison.config_diff == {"fusion.k": {"a": 60, "b": 10}}  # not both configs; started_at left out
+    data = comparison.to_dict()
+    assert "config_a" not in data and data["config_diff"] == {"fusion.k": {"a": 60, "b": 10}}
+    assert [f["qid"] for f in data["flips"]] == ["q001", "q002", "q000"]
+    _, html_path = write_comparison(comparison, tmp_path / "cmp")
+    html = html_path.read_text(encoding="utf-8")
+    assert 'id="flips-table"' in html and "text of q002" in html and "fusion.k" in html
+    assert "chunk_size" not in html
+    with patch.object(cli_evaluate, "out", Console(width=200, file=io.StringIO())) as console:
+        result = CliRunner().invoke(cli.app, ["eval", "compare", str(a), str(b), "--out", str(tmp_path / "o")])
+        printed = console.file.getvalue()
+    assert result.exit_code == 0, result.output
+    assert "3 queries flipped" in printed and "q001" in printed and "fusion.k" in printed
+    with patch.object(cli_evaluate, "out", Console(width=200, file=io.StringIO())) as console:
+        args = ["eval", "compare", str(a), str(b), "--json", "--out", str(tmp_path / "j")]
+        result = CliRunner().invoke(cli.app, args)
+        printed = console.file.getvalue()
+    assert result.exit_code == 0 and json.loads(printed)["config_diff"] == {"fusion.k": {"a": 60, "b": 10}}
+
+
+def test_runs_without_queries_json_list_no_flips(runs: tuple[Path, Path]) -> None:
+    comparison = compare_runs(load_run(runs[0]), load_run(runs[1]), resamples=200)
+    assert comparison.flips == [] and comparison.config_diff == {}

@@ -229,3 +229,44 @@ def test_invalid_arguments(shared_data: Path, tmp_path: Path) -> None:
     with pytest.raises(InvalidRequest, match="no split 'nope'"):
         evaluate(search, shared_data / "scifact", "nope", ["bm25"], tmp_path, {})
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_reports_carry_no_curator_notes_beside_numbers(run: tuple[Summary, Path, ToySearch]) -> None:
+    """REFERENCE_SCORES.md's prose beside a table ("Expectation for the project...") is not the run's."""
+    _, out, _ = run
+    for name in ("report.md", "report.html"):
+        text = (out / name).read_text(encoding="utf-8")
+        assert "Expectation for the project" not in text and "treat any number you get" not in text, name
+
+
+def test_reference_lines_share_close_values_and_keep_whole_labels(shared_data: Path) -> None:
+    from eval.plots import reference_lines
+    from eval.reference import load_references
+
+    refs = load_references(shared_data / "REFERENCE_SCORES.md", "scifact")
+    lines = dict(reference_lines(refs, "recall@100"))
+    # 0.9250 (MiniLM) and 0.9253 (BM25 flat) are one line with both systems named, none cut
+    at_925 = next(systems for value, systems in lines.items() if abs(value - 0.925) < 0.001)
+    assert any(s.startswith("dense: sentence-transformers/all-MiniLM-L6-v2") for s in at_925)
+    assert any(s.startswith("BM25 flat") for s in at_925)
+    names = [s for systems in lines.values() for s in systems]
+    assert "BM25 multifield, Anserini/Lucene (reproduces the BEIR ES run)" in names
+    values = sorted(lines)
+    assert all(b - a >= 0.002 for a, b in zip(values, values[1:], strict=False))
+
+
+def test_a_run_on_selected_queries_records_how_they_were_chosen(shared_data: Path, tmp_path: Path) -> None:
+    search = ToySearch(shared_data / "scifact")
+    first = evaluate(search, shared_data / "scifact", "test", ["half"], tmp_path / "a", {}, max_queries=50,
+                     show_progress=False, clock_ns=search.clock_ns)
+    assert first.config["num_queries"] == 50 and first.config["queries_in_split"] == 300
+    assert first.config["query_selection"] == {"max_queries": 50}
+    assert list(first.modes["half"].per_query) == list(search.split.queries)[:50]
+    drawn = evaluate(search, shared_data / "scifact", "test", ["half"], tmp_path / "b", {}, sample=40, seed=7,
+                     show_progress=False, clock_ns=search.clock_ns)
+    again = evaluate(search, shared_data / "scifact", "test", ["half"], tmp_path / "c", {}, sample=40, seed=7,
+                     show_progress=False, clock_ns=search.clock_ns)
+    assert set(drawn.modes["half"].per_query) == set(again.modes["half"].per_query)
+    assert len(drawn.modes["half"].per_query) == 40 and drawn.config["query_selection"] == {"sample": 40, "seed": 7}
+    with pytest.raises(InvalidRequest, match="give one"):
+        evaluate(search, shared_data / "scifact", "test", ["half"], tmp_path / "d", {}, max_queries=5, sample=5)

@@ -7,10 +7,10 @@ access layer); a route's scope is in :data:`quarry.api.access.POLICY`.
 from fastapi import APIRouter
 
 from quarry.api import answer
-from quarry.api.routes import collections, console, documents, jobs, ops, reports, search
+from quarry.api.routes import audit, collections, console, documents, jobs, ops, reports, search
 
 ROUTERS: tuple[APIRouter, ...] = (
-    ops.router, collections.router, jobs.router, documents.router, search.router, answer.router,
+    ops.router, collections.router, jobs.router, documents.router, search.router, answer.router, audit.router,
     reports.router, console.router,
 )
 

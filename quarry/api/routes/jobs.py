@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from indexing.collections import check_name_length
+from indexing.docstore import DEFAULT_TENANT, Job
 from quarry import errors as e
 from quarry.api import access, errors
 from quarry.api.deps import STORE_ERRORS, Service
@@ -18,6 +19,7 @@ from quarry.api.errors import error_responses
 from quarry.api.models import IngestJobIn, JobOut, JobsOut
 from quarry.ingest_jobs import IngestJobs, job_or_404, progress_of
 from quarry.ingest_upload import is_upload_type, new_job_id, spool, upload_options
+from quarry.service import Quarry
 
 router = APIRouter()
 
@@ -36,13 +38,29 @@ def list_jobs(  # noqa: PLR0913 - the filters
     """The jobs of the key's tenant, newest first, optionally of one collection, state or kind.
 
     Only the jobs the key may read are listed: ingest jobs for ``write`` or ``admin``, reindex
-    jobs for ``admin``, and only of the collections the key may use.
+    jobs for ``admin``, and only of the collections the key may use. A tenant's jobs of shared
+    collections (recorded with the shared collections, the tenant in ``params.tenant``) are
+    listed with its own; the operator's tenant (``default``) sees every shared collection's job,
+    as ``GET /v1/jobs/{id}`` does.
     """
     if collection is not None:
         check_name_length(collection)
-    found = q.docstore.list_jobs(collection=collection, state=state, limit=limit if kind is None else 1000)
-    jobs = [j for j in found if (kind is None or j.kind == kind) and access.may_see_job(request, j.kind, j.collection)]
-    return {"jobs": [job_out(j) for j in jobs[:limit]]}
+    return {"jobs": [job_out(j) for j in tenant_jobs(request, q, collection, state, kind, limit)]}
+
+
+def tenant_jobs(  # noqa: PLR0913 - the filters
+    request: Request, q: Quarry, collection: str | None, state: str | None, kind: str | None, limit: int,
+) -> list[Job]:
+    """The caller's jobs, its shared collections' ones included, newest first, at most ``limit``."""
+    home = q.home()
+    wide = limit if kind is None else 1000
+    found = home.docstore.list_jobs(collection=collection, state=state, limit=wide)
+    tenant = home.tenant_id
+    shared = [j for j in home.shared_view().docstore.list_jobs(collection=collection, state=state, limit=1000)
+              if tenant == DEFAULT_TENANT or j.params.get("tenant") == tenant]
+    merged = sorted({j.id: j for j in found + shared}.values(), key=lambda j: (-j.created_at, j.id))
+    return [j for j in merged if (kind is None or j.kind == kind)
+            and access.may_see_job(request, j.kind, j.collection)][:limit]
 
 
 @router.get(
@@ -122,9 +140,10 @@ def _ingest_job_body(raw: bytes, content_type: str | None) -> IngestJobIn:
     responses=error_responses(e.InvalidRequest, e.NotFound, e.Conflict, *STORE_ERRORS),
 )
 def cancel_job(job_id: str, request: Request, q: Service) -> dict[str, Any]:
-    """Cancel an ingest job: it stops after its batch in flight (``cancelling``, then ``cancelled``).
+    """Cancel an ingest job: ``cancelling``, then ``cancelled`` at its next embedding sub-batch.
 
-    What it wrote stays written. A finished job, or a reindex job, is 409.
+    The batch in flight is dropped whole (nothing of it is written); the batches written before
+    stay. A finished job, or a reindex job, is 409.
     """
     job = job_or_404(q, job_id, access.collections_of(request))
     access.check_job(request, job.kind)
