@@ -10,7 +10,7 @@ this process. The job's state machine::
 
 **Progress inside a batch.** A batch of ``QUARRY_INGEST__BATCH_SIZE`` documents is read, chunked,
 embedded ``QUARRY_EMBEDDING__BATCH_SIZE`` texts at a time, then written. While it runs, the job's
-counters say how far it got (:class:`_Tracker`): ``parsed`` (documents read from the source,
+counters say how far it got (:class:`quarry.ingest_progress.JobTracker`): ``parsed`` (documents read from the source,
 the batch in flight included), ``batch_documents``, ``batch_chunks`` (its chunks to embed) and
 ``batch_embedded`` (of those, embedded so far); they are written to the job's record at most
 every ``QUARRY_INGEST__PROGRESS_INTERVAL_S`` (1 s). ``done``, ``embedded``, ``chunks_written``
@@ -23,7 +23,7 @@ atomic) and ends ``cancelled``; the batches committed before stay. A batch whose
 embedded is written first.
 
 **Checkpoints.** After each committed batch (atomic in the docstore: ``Ingestor.upsert``) the
-job's ``cursor`` records how many documents of the source are written (:class:`Checkpoint`,
+job's ``cursor`` records how many documents of the source are written (:class:`quarry.ingest_progress.Checkpoint`,
 JSON) and its ``counters`` the cumulative counts (read, written, embedded...). A source is read
 in a fixed order (a JSONL file's lines, a folder's sorted paths), so a resumed run skips that
 many documents without sending them to the pipeline and carries on. A batch committed after the
@@ -52,15 +52,12 @@ job without one is failed rather than resumed unscoped.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any
 
 from indexing.docstore import DEFAULT_TENANT, Job
 from indexing.document_rules import SourceDocument
@@ -68,79 +65,12 @@ from indexing.pipeline import Abandoned
 from indexing.reindex_build import new_owner
 from indexing.sources import Source, is_inside
 from quarry.errors import Conflict, Forbidden, InvalidRequest, NotFound, QuarryError, clip
+from quarry.ingest_progress import COUNTERS, IN_FLIGHT, KIND, MAX_ERRORS_KEPT, RESUMABLE, Checkpoint, JobTracker
 from quarry.service import Quarry
 from quarry.tenancy import SHARED
 
 log = logging.getLogger(__name__)
 
-KIND = "ingest"
-RESUMABLE = ("queued", "running", "cancelling")
-MAX_ERRORS_KEPT = 100  # errors by path kept in a job's record (the count is exact)
-COUNTERS = ("added", "updated", "unchanged", "embedded", "chunks_written", "chunks_deleted", "truncated")
-IN_FLIGHT = ("batch_documents", "batch_chunks", "batch_embedded")  # the batch in flight; 0 between batches
-
-
-@dataclass
-class Checkpoint:
-    """A job's resume point (its ``cursor``, JSON).
-
-    Attributes:
-        position: Documents of the source written (or found unchanged) by committed batches.
-        errors: ``[path, reason]`` of files skipped so far (the first :data:`MAX_ERRORS_KEPT`).
-        errors_total: How many files were skipped.
-        run_started: Unix seconds the current run (first or resumed) started.
-        run_position: ``position`` when it started (the rate is over this run's documents).
-        not_read: Paths of files of formats not read (the first :data:`MAX_ERRORS_KEPT`).
-        empty: Paths of files without text (the first :data:`MAX_ERRORS_KEPT`).
-    """
-
-    position: int = 0
-    errors: list[list[str]] = field(default_factory=list)
-    errors_total: int = 0
-    not_read: list[str] = field(default_factory=list)
-    empty: list[str] = field(default_factory=list)
-    run_started: float = 0.0
-    run_position: int = 0
-
-    @classmethod
-    def parse(cls, cursor: str | None) -> Checkpoint:
-        """The checkpoint a cursor holds (a fresh one for ``None``)."""
-        if not cursor:
-            return cls()
-        raw = json.loads(cursor)
-        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
-
-    def dump(self) -> str:
-        """The cursor to store."""
-        return json.dumps(self.__dict__, ensure_ascii=False)
-
-
-def progress_of(job: Job) -> dict[str, Any]:
-    """``rate_docs_s``, ``eta_s``, ``errors``, ``not_read`` and ``empty`` of an ingest job (empty for others).
-
-    The rate is documents per second of the current run (since it started or resumed), the
-    batch in flight counted by the share of its chunks embedded; the ETA is the documents left
-    at that rate (``None`` before the first chunks are embedded, or when done).
-    """
-    if job.kind != KIND:
-        return {"rate_docs_s": None, "eta_s": None, "errors": [], "not_read": [], "empty": []}
-    cp = Checkpoint.parse(job.cursor)
-    c = job.counters
-    total = c.get("total", 0)
-    chunks, embedded = c.get("batch_chunks", 0), c.get("batch_embedded", 0)
-    in_flight = c.get("batch_documents", 0) * embedded / chunks if chunks else 0.0  # the batch's share embedded
-    done = c.get("done", 0) + in_flight
-    elapsed = job.updated_at - cp.run_started if cp.run_started else 0.0
-    moved = cp.position + in_flight - cp.run_position
-    rate = moved / elapsed if elapsed > 0 and moved > 0 else None
-    eta = None if rate is None or job.state not in RESUMABLE else max(total - done, 0) / rate
-    return {
-        "rate_docs_s": None if rate is None else round(rate, 2),
-        "eta_s": None if eta is None else round(eta, 1),
-        "errors": [{"path": p, "reason": r} for p, r in cp.errors],
-        "not_read": list(cp.not_read),
-        "empty": list(cp.empty),
-    }
 
 
 def confine(path_text: str, roots: list[Path]) -> Path:
@@ -417,7 +347,7 @@ class IngestJobs:
                 seen.add(doc.id)
         counters |= {"parsed": cp.position, **dict.fromkeys(IN_FLIGHT, 0)}
         self._checkpoint(view, job.id, counters, source, cp, state="running")
-        tracker = _Tracker(self, view, job.id, counters, settings.progress_interval_s)
+        tracker = JobTracker(self.cancel_asked, view, job.id, counters, settings.progress_interval_s)
         wrote = False
         try:
             for batch in _batches(tracker.reading(docs), settings.batch_size):
@@ -513,68 +443,6 @@ class IngestJobs:
         counters["skipped"] = len(errors)
         counters["done"] = max(cp.position + len(errors) + len(src.empty), counters.get("done", 0))
         view.docstore.update_job(job_id, state=state, cursor=cp.dump(), counters=dict(counters))
-
-
-class _Tracker:
-    """A running job's progress inside its batch in flight, written to its record at most every ``interval_s``.
-
-    Its :meth:`watch` (an :data:`indexing.pipeline.Watch`) raises
-    :class:`~indexing.pipeline.Abandoned` between embedding sub-batches once the job is
-    cancelled: asked through this process (seen at once) or on another replica (seen in the
-    record that each progress write returns).
-    """
-
-    def __init__(  # noqa: PLR0913 - the job's parts
-        self, jobs: IngestJobs, view: Quarry, job_id: str, counters: dict[str, int], interval_s: float,
-    ) -> None:
-        """Track ``counters`` (the job's, updated in place) of job ``job_id``."""
-        self.jobs, self.view, self.job_id, self.counters = jobs, view, job_id, counters
-        self.interval_s = interval_s
-        self.last = time.monotonic()
-        self.cancelled = False
-        self.writes = 0  # progress writes made (a test's count of the cadence)
-
-    def reading(self, docs: Iterator[SourceDocument]) -> Iterator[SourceDocument]:
-        """``docs``, counting each one read (parsed) as it goes.
-
-        Raises:
-            Abandoned: The job was cancelled while its next batch is read (a folder's files parsed).
-        """
-        for doc in docs:
-            self.counters["parsed"] = self.counters.get("parsed", 0) + 1
-            self._maybe_write()
-            if self.cancelled or self.jobs.cancel_asked(self.job_id):
-                raise Abandoned(self.job_id)
-            yield doc
-
-    def begin(self, documents: int) -> None:
-        """A batch of ``documents`` goes to the pipeline."""
-        self.counters |= {"batch_documents": documents, "batch_chunks": 0, "batch_embedded": 0}
-
-    def watch(self, stage: str, done: int, total: int) -> None:
-        """The pipeline's progress inside the batch (:data:`indexing.pipeline.Watch`).
-
-        Raises:
-            Abandoned: The job was cancelled and chunks of the batch are still to embed.
-        """
-        if stage == "planned":
-            self.counters |= {"batch_chunks": total, "batch_embedded": 0}
-        elif stage == "embedding":
-            self.counters["batch_embedded"] = done
-        elif stage == "written":
-            return  # the checkpoint that follows records it
-        self._maybe_write()
-        if done < total and (self.cancelled or self.jobs.cancel_asked(self.job_id)):
-            raise Abandoned(self.job_id)
-
-    def _maybe_write(self) -> None:
-        now = time.monotonic()
-        if now - self.last < self.interval_s:
-            return
-        self.last = now
-        self.writes += 1
-        current = self.view.docstore.update_job(self.job_id, counters=dict(self.counters))
-        self.cancelled = self.cancelled or current.state == "cancelling"
 
 
 def _batches(docs: Iterator[SourceDocument], size: int) -> Iterator[list[SourceDocument]]:

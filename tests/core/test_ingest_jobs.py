@@ -32,7 +32,8 @@ from indexing.sources import Source
 from quarry.api import create_app
 from quarry.api.keys import new_key
 from quarry.errors import Forbidden, InvalidDocument
-from quarry.ingest_jobs import Checkpoint, confine
+from quarry.ingest_jobs import confine
+from quarry.ingest_progress import Checkpoint
 from quarry.ingest_remote import RemoteError, RemoteIngest
 from quarry.ingest_run import EXIT_BAD_INPUT, EXIT_OK, EXIT_PARTIAL, Options
 from quarry.service import Quarry

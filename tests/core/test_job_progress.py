@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 from embedding.base import Embeddings
 from quarry.api import create_app
 from quarry.api.keys import new_key
-from quarry.ingest_jobs import progress_of
+from quarry.ingest_progress import progress_of
 from quarry.service import Quarry
 from quarry.settings import EmbeddingSettings, IngestSettings, Settings
 from tests.core.conftest import CountingEmbedder, write_jsonl

@@ -17,7 +17,8 @@ from quarry.api import access, errors
 from quarry.api.deps import STORE_ERRORS, Service
 from quarry.api.errors import error_responses
 from quarry.api.models import IngestJobIn, JobOut, JobsOut
-from quarry.ingest_jobs import IngestJobs, job_or_404, progress_of
+from quarry.ingest_jobs import IngestJobs, job_or_404
+from quarry.ingest_progress import progress_of
 from quarry.ingest_upload import is_upload_type, new_job_id, spool, upload_options
 from quarry.service import Quarry
 
