@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
 
 from embedding.sentence_transformers import SentenceTransformerEmbedder
@@ -24,6 +26,7 @@ from generation.cache_guard import contradiction, terms
 from indexing.sources import SourceDocument
 from quarry.api import create_app
 from quarry.api.cache import directives
+from quarry.errors import InvalidRequest
 from quarry.service import Quarry
 from quarry.services import answer_cache
 from quarry.services.answer_cache import CacheUse
@@ -352,3 +355,55 @@ def test_a_cache_miss_embeds_the_query_once(served: tuple[Served, Quarry], monke
         assert asked == [[question]]
         stored = c.post(URL, json={"query": question, **ASK}, headers={"X-Quarry-Cache": "bypass"})
         assert stored.json()["cache"] == "bypass" and asked == [[question]] * 2
+
+
+@pytest.mark.integration
+def test_an_answer_never_comes_from_another_collection_version(served: tuple[Served, Quarry]) -> None:
+    """A reindex (or a rollback) swaps the live version: what the older version answered is not served."""
+    server, q = served
+    question = "Which cells does the immune response to vitamin D involve?"
+
+    def ask() -> dict[str, Any]:
+        with httpx.Client(base_url=server.url, timeout=120) as c:
+            r = c.post(URL, json={"query": question, **ASK})
+        assert r.status_code == 200, r.text
+        out: dict[str, Any] = r.json()
+        return out
+
+    ask()
+    assert ask()["cache"] == "hit"
+    before = q.docstore.version(COLLECTION)
+    q.reindex(COLLECTION)
+    after_reindex = ask()
+    assert after_reindex["cache"] == "miss" and after_reindex["cache_reason"] == "invalidated", after_reindex
+    assert ask()["cache"] == "hit"
+    q.rollback(COLLECTION)
+    rolled_back = ask()
+    assert rolled_back["cache"] == "miss" and rolled_back["cache_reason"] == "invalidated", (
+        rolled_back, before, q.docstore.version(COLLECTION),
+    )
+
+
+def test_a_collection_sets_its_own_cache_threshold(tmp_path: Path, minilm: SentenceTransformerEmbedder) -> None:
+    """``cache_threshold`` at creation: kept, shown by describe, used by the lookup; a non-cosine is refused."""
+    q = Quarry(Settings(data_dir=tmp_path), embedder=minilm)
+    try:
+        with TestClient(create_app(q)) as c:
+            for bad in (0, 1.5, "0.9"):
+                r = c.post("/v1/collections", json={"name": "strict", "cache_threshold": bad})
+                assert r.status_code == 422 and r.json()["error"]["type"] == "InvalidRequest", r.text
+            assert c.post("/v1/collections", json={"name": "strict", "cache_threshold": 0.97}).status_code == 201
+            assert c.post("/v1/collections", json={"name": "plain"}).status_code == 201
+            assert c.get("/v1/collections/strict").json()["cache_threshold"] == 0.97
+            assert c.get("/v1/collections/plain").json()["cache_threshold"] is None
+        with pytest.raises(InvalidRequest, match="cache_threshold"):
+            q.create_collection("other", cache_threshold=1.2)
+        assert q.get_collection("strict").cache_threshold == 0.97
+    finally:
+        q.close()
+
+    cache = MemoryCache(0.9, 60, 10)
+    cache.put(KEY, _question("How do I enable dark mode?", _unit(1, 0, 0, 0)), _events("x"))
+    close = _question("How can I enable the dark mode", _unit(1, 0.4, 0, 0))  # cosine 0.93
+    assert cache.get(KEY, close).entry is not None
+    assert cache.get(KEY, close, threshold=0.97).reason == "below_threshold"
