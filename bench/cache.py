@@ -28,6 +28,7 @@ import json
 import random
 import sys
 import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,6 +204,21 @@ def replay(log: list[dict[str, str]], vectors: Encoded, threshold: float) -> dic
             "repeat_intents": possible, "upper_bound": possible / len(log), "miss_reasons": dict(reasons)}
 
 
+def guard_cost(pairs: list[Pair], rounds: int = 20) -> dict[str, float]:
+    """Microseconds per question of :func:`generation.cache_guard.terms`, by language (best of ``rounds``)."""
+    out = {}
+    for lang in ("en", "zh"):
+        texts = [t for p in pairs if p.lang == lang for t in (p.a, p.b)]
+        best = float("inf")
+        for r in range(rounds):
+            started = time.perf_counter()
+            for i, text in enumerate(texts):
+                terms(f"{text} {r}{i}", lang)  # a new text each time (no memo)
+            best = min(best, (time.perf_counter() - started) / len(texts) * 1e6)
+        out[lang] = round(best, 1)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-url", default=Settings().embedding.url, help="the query encoder (the cache's)")
@@ -252,6 +268,9 @@ def main() -> None:
             console.print(f"[red]false hit ({name})[/red] {line}")
     console.print(f"calibrated on the dev pairs: {calibrated} (the lowest threshold with no false hit from there "
                   f"up, + {args.margin})")
+    cost = guard_cost(dev)
+    results["guard_us_per_question"] = cost
+    console.print(f"the guard's analysis (terms), per question: {cost}")
     console.print(f"dev paraphrase misses by reason: {results['dev']['paraphrase_miss_reasons']}")
     console.print(f"test paraphrase misses by reason: {results['test']['paraphrase_miss_reasons']}")
     if args.json:

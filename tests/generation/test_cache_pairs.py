@@ -60,3 +60,27 @@ def test_the_dev_set_is_big_enough_and_apart_from_the_test_set() -> None:
     dev, test = _pairs("cache_pairs_dev.jsonl"), _pairs("cache_pairs_test.jsonl")
     assert len(dev) >= 100 and sum(p["expect"] == "hit" for p in dev) >= 50
     assert not {(p["a"], p["b"]) for p in dev} & {(p["a"], p["b"]) for p in test}
+
+
+def test_the_replayed_query_log_hits_at_least_30_percent_and_never_the_wrong_intent(
+    minilm: SentenceTransformerEmbedder,
+) -> None:
+    """``eval/data/cache_log.jsonl`` (``bench/cache.py --make-log``) in order, one cache per language."""
+    log = _pairs("cache_log.jsonl")
+    texts = list(dict.fromkeys(r["query"] for r in log))
+    vectors = dict(zip(texts, np.asarray(minilm.embed_queries(texts).vectors, dtype=np.float32), strict=True))
+    languages = minilm.card.languages
+    caches = {lang: MemoryCache(CacheSettings().threshold, 1e9, 10_000) for lang in ("en", "zh")}
+    hits, wrong = 0, []
+    for row in log:
+        key = CacheKey(row["lang"], "1")
+        question = Question(row["query"], vectors[row["query"]], terms(row["query"], row["lang"], languages))
+        found = caches[row["lang"]].get(key, question)
+        if found.entry is None:
+            caches[row["lang"]].put(key, question, (row["intent"], row["query"]))
+        else:
+            hits += 1
+            if found.entry.events[0] != row["intent"]:
+                wrong.append(f"{row['query']} <- {found.entry.events[1]}")
+    assert wrong == []
+    assert hits >= 0.3 * len(log), f"{hits}/{len(log)}"
