@@ -9,7 +9,8 @@ so cosine is a dot product) and served only when all of these hold:
 * its ``version`` is the collection's now: the collection's creation time and its write counter
   (:meth:`indexing.docstore.DocStore.version`, bumped by every upsert and delete), so any write
   makes older entries unusable (they are dropped when met);
-* cosine with the request's question ``>= threshold``;
+* cosine with the request's question ``>= threshold`` (the collection's ``cache_threshold``, else
+  ``QUARRY_CACHE__THRESHOLD``);
 * the lexical guard finds no contradiction (:func:`generation.cache_guard.contradiction`);
 * it is younger than ``ttl_s``.
 
@@ -84,7 +85,8 @@ class Lookup:
         reason: On a miss: ``empty`` (nothing stored for this scope), ``invalidated`` (what
             was stored is of another state of the collection: written since), ``below_threshold``
             (none close enough), or ``guard:<rule>`` for the closest entry the lexical guard
-            refused (``guard:number``, ``guard:negation``, ``guard:content``, ``guard:order``);
+            refused (``guard:number``, ``guard:negation``, ``guard:content``, ``guard:antonym``,
+            ``guard:unit``, ``guard:date``, ``guard:entity``, ``guard:order``);
             ``None`` on a hit.
         similarity: Cosine of the closest entry (``None`` when there was none).
     """
@@ -98,8 +100,12 @@ class Lookup:
 class AnswerCache(Protocol):
     """Contract of a cache backend (thread-safe)."""
 
-    def get(self, key: CacheKey, question: Question) -> Lookup:
-        """The usable entry closest to ``question`` under ``key``, or a miss and its reason."""
+    def get(self, key: CacheKey, question: Question, threshold: float | None = None) -> Lookup:
+        """The usable entry closest to ``question`` under ``key``, or a miss and its reason.
+
+        ``threshold``: least cosine for a hit (the collection's ``cache_threshold``); ``None``:
+        the cache's own.
+        """
         ...
 
     def put(self, key: CacheKey, question: Question, events: Sequence[Any]) -> None:
@@ -137,8 +143,9 @@ class MemoryCache:
         self._counts: Counter[str] = Counter()
         self._reasons: Counter[str] = Counter()
 
-    def get(self, key: CacheKey, question: Question) -> Lookup:
+    def get(self, key: CacheKey, question: Question, threshold: float | None = None) -> Lookup:
         """See :meth:`AnswerCache.get`."""
+        least = self.threshold if threshold is None else threshold
         with self._lock:
             invalidated = self._counts["invalidated"]
             entries = self._usable(key)
@@ -150,7 +157,7 @@ class MemoryCache:
             best = float(sims[order[0]])
             reason = "below_threshold"
             for j in order:
-                if sims[j] < self.threshold:
+                if sims[j] < least:
                     break
                 entry = entries[ids[j]]
                 why = contradiction(question.terms, entry.question.terms)

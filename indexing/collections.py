@@ -128,6 +128,8 @@ class CollectionConfig(BaseModel):
             recorded): the creator's, the language default or the server's settings.
         tenancy: ``shared``: a collection of every tenant, each one's documents carrying its
             ``tenant_id`` (:mod:`quarry.services.namespace`); ``tenant``: the tenant's own.
+        cache_threshold: Least cosine for a semantic-cache hit on this collection's answers
+            (``None``: ``QUARRY_CACHE__THRESHOLD``); :mod:`generation.cache`.
         tenant_schemas: In a shared collection, whether ``schema_`` holds each tenant's fields
             under its own keys (``<tenant>__m_<field>``, :func:`quarry.services.namespace.stored_field`), so that
             every tenant has a schema of its own; set when a shared collection is created.
@@ -157,6 +159,12 @@ class CollectionConfig(BaseModel):
         description="shared only: each tenant has its own metadata schema (its fields are stored under keys of "
         "its own, and the schema shown is the caller's); false in shared collections made before per-tenant "
         "schemas, whose one schema every tenant sees.",
+    )
+
+    cache_threshold: float | None = Field(
+        None, gt=0, le=1, allow_inf_nan=False,
+        description="Least cosine between a question and a cached one for the cached answer to be served "
+        "(the lexical guard must pass too); null: the server's QUARRY_CACHE__THRESHOLD.",
     )
 
     model_config = {"populate_by_name": True}

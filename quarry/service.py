@@ -187,11 +187,12 @@ class Quarry:
     def create_collection(  # noqa: PLR0913 - the request's fields
         self, name: str, *, language: Language = "auto", chunk_size: int | None = None,
         chunk_overlap: int | None = None, exist_ok: bool = False, fusion: FusionConfig | None = None,
-        shared: bool = False,
+        shared: bool = False, cache_threshold: float | None = None,
     ) -> CollectionConfig:
         """See :func:`quarry.services.collections.create`."""
         return collections.create(self.view, name, language=language, chunk_size=chunk_size,
-                                  chunk_overlap=chunk_overlap, exist_ok=exist_ok, fusion=fusion, shared=shared)
+                                  chunk_overlap=chunk_overlap, exist_ok=exist_ok, fusion=fusion, shared=shared,
+                                  cache_threshold=cache_threshold)
 
     def get_collection(self, name: str) -> CollectionConfig:
         """See :func:`quarry.services.collections.get`."""

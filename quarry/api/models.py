@@ -42,6 +42,11 @@ class CreateCollection(_Body):
         description="tenant: the key's tenant's own; shared: every tenant's, each seeing only the documents it wrote "
         "(tenant_id set from the key). Shared: the operator's tenant (default) only.",
     )
+    cache_threshold: float | None = Field(
+        None, gt=0, le=1, allow_inf_nan=False,
+        description="Least cosine between a question and a cached one for the cached answer to be served (the "
+        "lexical guard must pass too); unset: the server's QUARRY_CACHE__THRESHOLD.",
+    )
 
 
 # What the service checks itself (400 InvalidDocument, naming the document), told to the OpenAPI.

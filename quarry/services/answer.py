@@ -242,7 +242,7 @@ class AnswerService:
         if cache is None or generator is None or use is None or not query_ok or not (use.read or use.store):
             return answer_cache.Plan("bypass")
         key = await off_loop(answer_cache.cache_key, q, collection, req, generator, params, budget)
-        return await answer_cache.lookup(q, cache, key, req.query, collection.language, read=use.read)
+        return await answer_cache.lookup(q, cache, key, req.query, collection, read=use.read)
 
     async def _retrieve(
         self, q: View, name: str, req: AnswerRequest, plan: answer_cache.Plan

@@ -68,6 +68,7 @@ class Plan:
     embedded: Future[Embeddings] | None = None  # the query's vector, asked for by the lookup (for the search)
     reason: str | None = None  # a miss's reason (generation.cache.Lookup.reason, or "no_vector")
     similarity: float | None = None  # cosine of the closest stored question
+    threshold: float | None = None  # the least cosine for a hit that this lookup used
 
     def count(self) -> None:
         """Count this request in ``quarry_answer_cache_requests_total`` (a miss also by its reason)."""
@@ -76,12 +77,18 @@ class Plan:
             CACHE_MISSES.labels(self.reason or "unknown").inc()
 
     def describe(self) -> dict[str, Any]:
-        """What the ``sources`` event says of the cache: ``cache``, and on a miss ``cache_reason``."""
+        """What the ``sources`` event says of the cache: ``cache``; on a miss ``cache_reason``.
+
+        With the closest stored question's cosine ``cache_similarity`` and the ``cache_threshold``
+        it was held to (entries of the caller's tenant and scope only: another tenant's are never
+        compared, so never shown).
+        """
         out: dict[str, Any] = {"cache": self.result}
         if self.result == "miss":
             out["cache_reason"] = self.reason
         if self.similarity is not None:
             out["cache_similarity"] = round(self.similarity, 4)
+            out["cache_threshold"] = self.threshold
         return out
 
 
@@ -108,16 +115,21 @@ def cache_key(
         "min_score": body.min_score,
     }
     text = orjson.dumps(scope, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
-    return CacheKey(text, f"{cfg.created_at!r}:{q.docstore.version(cfg.name)}")
+    state = q.docstore.collection_state(cfg.name)
+    live = state.live_version if state is not None else None  # a reindex's swap: another version answers
+    return CacheKey(text, f"{cfg.created_at!r}:{q.docstore.version(cfg.name)}:{live}")
 
 
 async def lookup(  # noqa: PLR0913
-    q: View, cache: AnswerCache, key: CacheKey, query: str, language: Any, *, read: bool = True
+    q: View, cache: AnswerCache, key: CacheKey, query: str, collection: CollectionConfig, *, read: bool = True
 ) -> Plan:
     """Embed ``query`` and look it up (unless not ``read``: a bypass that stores its answer).
 
-    A miss or a bypass keeps what :func:`recording` needs to store the answer, and the query's
-    vector (``embedded``) for the search to reuse.
+    The collection gives the guard's analysis (``language``) and the least cosine for a hit
+    (``cache_threshold``, else ``QUARRY_CACHE__THRESHOLD``); the query encoder's model card, the
+    languages whose synonyms the cosine may judge (:func:`generation.cache_guard.terms`). A miss
+    or a bypass keeps what :func:`recording` needs to store the answer, and the query's vector
+    (``embedded``) for the search to reuse.
     """
     started = time.perf_counter()
     result: Result = "miss" if read else "bypass"
@@ -125,16 +137,26 @@ async def lookup(  # noqa: PLR0913
     vector = await _vector(q, embedded)
     if vector is None:  # no vector: an answer that cannot be stored (retrieval degrades anyway)
         return Plan(result, lookup_ms=_ms(started), embedded=embedded, reason="no_vector" if read else None)
-    question = Question(query, vector, terms(query, language))
+    question = Question(query, vector, terms(query, collection.language, _encoder_languages(q)))
     if not read:
         return Plan(result, cache, key, question, lookup_ms=_ms(started), embedded=embedded)
-    found = cache.get(key, question)
+    threshold = collection.cache_threshold if collection.cache_threshold is not None else q.settings.cache.threshold
+    found = cache.get(key, question, threshold)
     if found.entry is not None:
-        return Plan("hit", cache, key, question, found.entry, _ms(started), similarity=found.similarity)
+        return Plan(
+            "hit", cache, key, question, found.entry, _ms(started), similarity=found.similarity, threshold=threshold
+        )
     return Plan(
         "miss", cache, key, question, lookup_ms=_ms(started), embedded=embedded, reason=found.reason,
-        similarity=found.similarity,
+        similarity=found.similarity, threshold=threshold,
     )
+
+
+def _encoder_languages(q: View) -> frozenset[str]:
+    """The languages the service's query encoder declares (its model card; none: compared strictly)."""
+    card = getattr(q.engines.embedder, "card", None)
+    languages = getattr(card, "languages", None)
+    return languages if isinstance(languages, frozenset) else frozenset()
 
 
 def _ms(started: float) -> float:
@@ -157,12 +179,12 @@ async def _vector(q: View, embedded: Future[Embeddings]) -> Any:
 
 
 async def replay(plan: Plan, started: float) -> AsyncIterator[Event]:
-    """A hit's stored events again, ``cache: "hit"`` on ``sources`` and this request's timings."""
+    """A hit's stored events again: ``cache: "hit"``, cosine and threshold on ``sources``; this request's timings."""
     assert plan.entry is not None
     timings: dict[str, float] = {"cache": plan.lookup_ms}
     for event in plan.entry.events:
         if event.kind == "sources":
-            yield Event("sources", {**event.data, "cache": "hit"})
+            yield Event("sources", {**event.data, **plan.describe()})
         elif event.kind == "done":
             timings["total"] = (time.perf_counter() - started) * 1000
             yield Event("done", {**event.data, "timings_ms": timings})

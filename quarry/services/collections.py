@@ -28,6 +28,7 @@ def create(  # noqa: PLR0913 - the request's fields
     exist_ok: bool = False,
     fusion: FusionConfig | None = None,
     shared: bool = False,
+    cache_threshold: float | None = None,
 ) -> CollectionConfig:
     """Create a collection in the store and the state of record.
 
@@ -36,9 +37,11 @@ def create(  # noqa: PLR0913 - the request's fields
     :func:`indexing.fusion_default.choose_fusion`); ``describe`` shows it and its
     ``fusion_origin``, and each search request may override it. ``shared``: a collection
     every tenant uses, each seeing its own documents only (:mod:`quarry.services.namespace`).
+    ``cache_threshold``: the least cosine for a semantic-cache hit on its answers (``None``:
+    ``QUARRY_CACHE__THRESHOLD``).
 
     Raises:
-        InvalidRequest: Bad name, language or chunking.
+        InvalidRequest: Bad name, language, chunking or cache threshold.
         CollectionExists: The name is taken (unless ``exist_ok``), by a shared collection too.
         Forbidden: ``shared`` asked by a tenant other than the operator's (``default``).
         Conflict: ``shared`` with a name some tenant's own collection has.
@@ -49,13 +52,15 @@ def create(  # noqa: PLR0913 - the request's fields
         )
     if language not in LANGUAGES:
         raise InvalidRequest(f"unknown language {clip(language)}; use one of {', '.join(LANGUAGES)}")
+    if cache_threshold is not None and not 0 < cache_threshold <= 1:
+        raise InvalidRequest(f"cache_threshold must be > 0 and <= 1 (a cosine), got {cache_threshold!r}")
     if shared:
         return _create_shared(v, name, language=language, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
-                              exist_ok=exist_ok, fusion=fusion)
+                              exist_ok=exist_ok, fusion=fusion, cache_threshold=cache_threshold)
     if for_collection(v, name) is not v:
         raise CollectionExists(name)  # a shared collection has the name
     with v.space.writing(name):
-        return _create(v, name, language, chunk_size, chunk_overlap, exist_ok, fusion)
+        return _create(v, name, language, chunk_size, chunk_overlap, exist_ok, fusion, cache_threshold)
 
 
 def _create(  # noqa: PLR0913 - the request's fields
@@ -66,6 +71,7 @@ def _create(  # noqa: PLR0913 - the request's fields
     chunk_overlap: int | None,
     exist_ok: bool,
     fusion: FusionConfig | None = None,
+    cache_threshold: float | None = None,
 ) -> CollectionConfig:
     settings, store, docstore, embedder = v.settings, v.store, v.docstore, v.engines.embedder
     existing = docstore.collection_config(name)
@@ -98,6 +104,7 @@ def _create(  # noqa: PLR0913 - the request's fields
         name=name, language=language, embedding_model=embedder.model_id,
         embedding_fingerprint=embedder.fingerprint or None,
         dim=embedder.dim, chunk_size=size, chunk_overlap=overlap, fusion=fusion, fusion_origin=origin,
+        cache_threshold=cache_threshold,
     )
     store.create_collection(name, cfg.dim, cfg.metric)
     try:
@@ -115,7 +122,7 @@ def _create(  # noqa: PLR0913 - the request's fields
 
 def _create_shared(  # noqa: PLR0913 - create's fields
     v: View, name: str, *, language: Language, chunk_size: int | None, chunk_overlap: int | None,
-    exist_ok: bool, fusion: FusionConfig | None,
+    exist_ok: bool, fusion: FusionConfig | None, cache_threshold: float | None = None,
 ) -> CollectionConfig:
     """Create shared collection ``name`` (``v`` is the asking tenant's view).
 
@@ -135,7 +142,7 @@ def _create_shared(  # noqa: PLR0913 - create's fields
     shared = View(v.engines, shared_space(v.engines))
     with shared.space.writing(name):
         cfg = create(shared, name, language=language, chunk_size=chunk_size, chunk_overlap=chunk_overlap,
-                     exist_ok=exist_ok, fusion=fusion)
+                     exist_ok=exist_ok, fusion=fusion, cache_threshold=cache_threshold)
         if cfg.tenancy != "shared":  # made now (an existing one keeps its schemas as they are)
             cfg.tenancy = "shared"
             cfg.tenant_schemas = True

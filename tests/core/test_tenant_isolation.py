@@ -396,8 +396,9 @@ def test_answer_cache_hits_never_cross_tenants(
     a, b, op = _h(keys["ta"]), _h(keys["tb"]), _h(keys["op"])
     shared, own = f"shared_{suffix}", f"own_{suffix}"
     assert c.post("/v1/collections", json={"name": shared, "tenancy": "shared"}, headers=op).status_code == 201
-    for headers, text in ((a, A_TEXT), (b, B_TEXT)):
-        assert c.post("/v1/collections", json={"name": own}, headers=headers).status_code == 201
+    for headers, text, threshold in ((a, A_TEXT, 0.97), (b, B_TEXT, None)):  # A's own cache threshold
+        body = {"name": own, "cache_threshold": threshold} if threshold else {"name": own}
+        assert c.post("/v1/collections", json=body, headers=headers).status_code == 201
         for name in (shared, own):
             docs = [{"id": "d1", "text": text}]
             resp = c.post(f"/v1/collections/{name}/documents", json={"documents": docs}, headers=headers)
@@ -410,17 +411,24 @@ def test_answer_cache_hits_never_cross_tenants(
         return out
 
     # the same question, the same collection name (and in the shared one, the same collection):
-    # A's stored answer is a hit for A only; B's first ask is a miss answered from B's documents
+    # A's stored answer is a hit for A only; B's first ask is a miss answered from B's documents,
+    # whose reason and similarity say nothing of A's entries (B's scope is empty: no cosine shown)
+    default = c.app.state.quarry.settings.cache.threshold  # type: ignore[attr-defined]
     for name in (shared, own):
         first = ask(name, a)
         assert first["cache"] == "miss" and first["answer"], first
-        assert ask(name, a)["cache"] == "hit"
+        mine = ask(name, a)
+        assert mine["cache"] == "hit" and mine["cache_threshold"] == (0.97 if name == own else default), mine
         theirs = ask(name, b)
-        assert theirs["cache"] == "miss", theirs
+        assert theirs["cache"] == "miss" and theirs["cache_reason"] == "empty", theirs
+        assert "cache_similarity" not in theirs
         assert [s["text"] for s in theirs["sources"]] == [B_TEXT] and A_TEXT not in str(theirs)
         again = ask(name, b)
         assert again["cache"] == "hit" and [s["text"] for s in again["sources"]] == [B_TEXT]
+        assert again["cache_threshold"] == default  # B's own collection has no threshold of its own
         assert [s["text"] for s in ask(name, a)["sources"]] == [A_TEXT]
+    described = {t: c.get(f"/v1/collections/{own}", headers=h).json() for t, h in (("a", a), ("b", b))}
+    assert described["a"]["cache_threshold"] == 0.97 and described["b"]["cache_threshold"] is None
 
     # shed (saturated, low priority): A's cached answer is served; a question with no entry is a 503
     gate = c.app.state.access  # type: ignore[attr-defined]

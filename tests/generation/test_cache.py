@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
 
 from embedding.sentence_transformers import SentenceTransformerEmbedder
@@ -24,6 +26,7 @@ from generation.cache_guard import contradiction, terms
 from indexing.document_rules import SourceDocument
 from quarry.api import create_app
 from quarry.api.cache import directives
+from quarry.errors import InvalidRequest
 from quarry.service import Quarry
 from quarry.services import answer_cache
 from quarry.services.answer_cache import CacheUse
@@ -38,31 +41,60 @@ KEY = CacheKey('{"collection":"c"}', "1.0:3")
 @pytest.mark.parametrize(
     ("a", "b", "why"),
     [
-        ("How do I enable dark mode?", "How do I disable dark mode?", "content"),
+        ("How do I enable dark mode?", "How do I disable dark mode?", "antonym"),
         ("Is aspirin safe at 5 mg per day?", "Is aspirin safe at 50 mg per day?", "number"),
-        ("Is aspirin safe at 5 mg per day?", "Is aspirin safe at 5 g per day?", "content"),
+        ("Is aspirin safe at 5 mg per day?", "Is aspirin safe at 5 g per day?", "unit"),
         ("Does vitamin D affect bone density?", "Does vitamin D not affect bone density?", "negation"),
         ("Does vitamin D affect bone density?", "Vitamin D doesn't affect bone density?", "negation"),
         ("Can I install it with Docker?", "Can I install it without Docker?", "negation"),
         ("Does smoking cause cancer?", "Does cancer cause smoking?", "order"),
-        ("How do I install Quarry on Ubuntu?", "How do I install Quarry on Fedora?", "content"),
+        ("How do I install Quarry on Ubuntu?", "How do I install Quarry on Fedora?", "entity"),
         ("如何开启深色模式", "如何不开启深色模式", "negation"),
-        ("如何开启深色模式", "如何关闭深色模式", "content"),
+        ("如何开启深色模式", "如何关闭深色模式", "antonym"),
         ("How do I enable dark mode?", "How can I enable dark mode?", None),
         ("How do I enable dark mode?", "how do i enable the dark mode", None),
         ("What is the effect of vitamin D on bone density?", "What effect does vitamin D have on bone density?", None),
         ("Take 2 doses?", "Take two doses?", None),
         ("Why doesn't vitamin D affect bone density?", "Why does vitamin D not affect bone density?", None),
-        ("Is vitamin D safe?", "Is vitamin K safe?", "content"),
+        ("Is vitamin D safe?", "Is vitamin K safe?", "entity"),
         ("What's the dose of vitamin D?", "What is the dose of vitamin D?", None),
         ("Is 1,000 mg too much?", "Is 1000 mg too much?", None),
         ("Is 5 mg enough?", "Is 5.0 mg enough?", None),
+        # synonyms pass (the cosine threshold decides); the negation guard keeps what it must
+        ("Does a lack of vitamin D raise cancer risk?", "Does vitamin D deficiency raise the risk of cancer?", None),
+        ("How do I enable dark mode?", "How do I turn on dark mode?", None),
+        ("Is aspirin safe for kids?", "Is aspirin safe for children?", None),
+        ("Does exercise lower blood pressure?", "Does exercise reduce blood pressure?", None),
+        ("Is CPU usage above 90 percent bad?", "Is CPU usage over 90 percent bad?", None),
+        ("What are the symptoms of the flu?", "What are flu symptoms?", None),
+        ("Does a lack of exercise cause obesity?", "Does exercise cause obesity?", "negation"),
+        ("Is it safe to take aspirin with alcohol?", "Is it unsafe to take aspirin with alcohol?", "antonym"),
+        ("How do I turn on notifications?", "How do I turn off notifications?", "antonym"),
+        ("Does exercise lower blood pressure?", "Does exercise raise blood pressure?", "antonym"),
+        ("Is aspirin safe for kids?", "Is aspirin safe for adults?", "antonym"),
+        ("Why does the request time out after 30 seconds?", "Why does the request time out after 30 minutes?", "unit"),
+        ("What events are scheduled for next week?", "What events are scheduled for last week?", "date"),
+        ("How do I migrate from Milvus to Qdrant?", "How do I migrate from Qdrant to Milvus?", "order"),
+        ("北京的人口是多少？", "上海的人口是多少？", "entity"),
+        ("维生素D缺乏会增加患癌风险吗？", "缺少维生素D会提高癌症风险吗？", None),
+        ("为什么测试通过了？", "为什么测试失败了？", "antonym"),
     ],
 )
 def test_the_guard_tells_contradictions_from_paraphrases(a: str, b: str, why: str | None) -> None:
     language = "zh" if not a.isascii() else "en"
     assert contradiction(terms(a, language), terms(b, language)) == why
     assert contradiction(terms(b, language), terms(a, language)) == why
+
+
+def test_an_encoder_that_does_not_declare_the_language_leaves_no_room_for_synonyms() -> None:
+    """all-MiniLM-L6-v2 declares ``en``: its cosine of two Chinese questions says nothing, so their words must agree."""
+    a, b = "吸烟会导致肺癌吗？", "抽烟会引起肺癌吗？"
+    assert contradiction(terms(a, "zh"), terms(b, "zh")) is None
+    english_only = frozenset({"en"})
+    assert contradiction(terms(a, "zh", english_only), terms(b, "zh", english_only)) == "content"
+    assert contradiction(terms(a, "zh", frozenset({"*"})), terms(b, "zh", frozenset({"*"}))) is None
+    kids = ("Is aspirin safe for kids?", "Is aspirin safe for children?")
+    assert contradiction(*(terms(t, "en", english_only) for t in kids)) is None
 
 
 # --- the in-process backend --------------------------------------------------------------------
@@ -101,13 +133,13 @@ def test_a_repeat_and_a_close_paraphrase_hit_a_far_one_and_a_contradiction_miss(
     far = _unit(1, 0.5, 0, 0)  # cosine 0.89
     assert cache.get(KEY, _question("How can I enable the dark mode", far)).reason == "below_threshold"
     # same vector, so only the guard stands between these and a wrong answer
-    assert cache.get(KEY, _question("How do I disable dark mode?", V)).reason == "guard:content"
+    assert cache.get(KEY, _question("How do I disable dark mode?", V)).reason == "guard:antonym"
     assert cache.get(KEY, _question("How do I not enable dark mode?", V)).reason == "guard:negation"
     other_scope = CacheKey('{"collection":"d"}', KEY.version)
     assert cache.get(other_scope, _question("How do I enable dark mode?", V)).reason == "empty"
     stats = cache.stats()
     assert stats["hits"] == 2 and stats["misses"] == 5 and stats["entries"] == 1
-    assert stats["miss_reasons"] == {"empty": 2, "below_threshold": 1, "guard:content": 1, "guard:negation": 1}
+    assert stats["miss_reasons"] == {"empty": 2, "below_threshold": 1, "guard:antonym": 1, "guard:negation": 1}
 
 
 def test_numbers_make_a_miss_even_on_the_same_vector() -> None:
@@ -323,3 +355,55 @@ def test_a_cache_miss_embeds_the_query_once(served: tuple[Served, Quarry], monke
         assert asked == [[question]]
         stored = c.post(URL, json={"query": question, **ASK}, headers={"X-Quarry-Cache": "bypass"})
         assert stored.json()["cache"] == "bypass" and asked == [[question]] * 2
+
+
+@pytest.mark.integration
+def test_an_answer_never_comes_from_another_collection_version(served: tuple[Served, Quarry]) -> None:
+    """A reindex (or a rollback) swaps the live version: what the older version answered is not served."""
+    server, q = served
+    question = "Which cells does the immune response to vitamin D involve?"
+
+    def ask() -> dict[str, Any]:
+        with httpx.Client(base_url=server.url, timeout=120) as c:
+            r = c.post(URL, json={"query": question, **ASK})
+        assert r.status_code == 200, r.text
+        out: dict[str, Any] = r.json()
+        return out
+
+    ask()
+    assert ask()["cache"] == "hit"
+    before = q.docstore.version(COLLECTION)
+    q.reindex(COLLECTION)
+    after_reindex = ask()
+    assert after_reindex["cache"] == "miss" and after_reindex["cache_reason"] == "invalidated", after_reindex
+    assert ask()["cache"] == "hit"
+    q.rollback(COLLECTION)
+    rolled_back = ask()
+    assert rolled_back["cache"] == "miss" and rolled_back["cache_reason"] == "invalidated", (
+        rolled_back, before, q.docstore.version(COLLECTION),
+    )
+
+
+def test_a_collection_sets_its_own_cache_threshold(tmp_path: Path, minilm: SentenceTransformerEmbedder) -> None:
+    """``cache_threshold`` at creation: kept, shown by describe, used by the lookup; a non-cosine is refused."""
+    q = Quarry(Settings(data_dir=tmp_path), embedder=minilm)
+    try:
+        with TestClient(create_app(q)) as c:
+            for bad in (0, 1.5, "0.9"):
+                r = c.post("/v1/collections", json={"name": "strict", "cache_threshold": bad})
+                assert r.status_code == 422 and r.json()["error"]["type"] == "InvalidRequest", r.text
+            assert c.post("/v1/collections", json={"name": "strict", "cache_threshold": 0.97}).status_code == 201
+            assert c.post("/v1/collections", json={"name": "plain"}).status_code == 201
+            assert c.get("/v1/collections/strict").json()["cache_threshold"] == 0.97
+            assert c.get("/v1/collections/plain").json()["cache_threshold"] is None
+        with pytest.raises(InvalidRequest, match="cache_threshold"):
+            q.create_collection("other", cache_threshold=1.2)
+        assert q.get_collection("strict").cache_threshold == 0.97
+    finally:
+        q.close()
+
+    cache = MemoryCache(0.9, 60, 10)
+    cache.put(KEY, _question("How do I enable dark mode?", _unit(1, 0, 0, 0)), _events("x"))
+    close = _question("How can I enable the dark mode", _unit(1, 0.4, 0, 0))  # cosine 0.93
+    assert cache.get(KEY, close).entry is not None
+    assert cache.get(KEY, close, threshold=0.97).reason == "below_threshold"

@@ -46,7 +46,7 @@ def create_collection(body: CreateCollection, request: Request, q: Service) -> d
     access.check_collection(request, body.name)
     cfg = q.create_collection(
         body.name, language=body.language, chunk_size=body.chunk_size, chunk_overlap=body.chunk_overlap,
-        fusion=body.fusion, shared=body.tenancy == "shared",
+        fusion=body.fusion, shared=body.tenancy == "shared", cache_threshold=body.cache_threshold,
     )
     access.audit(request, "collection.create", body.name, tenancy=body.tenancy)
     return cfg.to_json()
