@@ -30,7 +30,7 @@ from indexing.docstore import DEFAULT_TENANT, off_loop
 from indexing.sources import SourceDocument, parse_document
 from quarry import errors as e
 from quarry import heap, metrics, tracing
-from quarry.api import access, answer, edge, errors, security
+from quarry.api import access, answer, edge, errors, rollout, security
 from quarry.api.access import Access
 from quarry.api.browser import BrowserGuard
 from quarry.api.errors import error_responses
@@ -159,6 +159,7 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     first = [Depends(edge.check_params), Depends(access.authorize)]
     app.include_router(router, dependencies=first)
     app.include_router(answer.router, dependencies=first)
+    rollout.install(app, first)  # the gray release's routes and its routing key (quarry.api.rollout)
     security.install(app)  # the OpenAPI's securitySchemes and per-route security, from access.POLICY
     return app
 

@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from indexing.docstore import DEFAULT_TENANT
-from quarry.api import access, answer, app, create_app
+from quarry.api import access, answer, app, create_app, rollout
 from quarry.api.keys import new_key
 from quarry.service import Quarry
 from quarry.settings import Settings
@@ -35,9 +35,9 @@ SCOPES = ("read", "write", "admin", "metrics")
 
 
 def _routes() -> set[tuple[str, str]]:
-    """(method, template) of every route that passes the access layer (the two routers create_app includes)."""
+    """(method, template) of every route that passes the access layer (the routers create_app includes)."""
     out = set()
-    for router in (app.router, answer.router):
+    for router in (app.router, answer.router, rollout.router):
         for route in router.routes:
             out |= {(m, getattr(route, "path", "")) for m in getattr(route, "methods", None) or ()}
     return out
