@@ -261,15 +261,29 @@ def _shadow(v: View, name: str, chosen: Route, result: SearchResult, asked: Aske
     try:
         other = chosen.shadow
         assert other is not None  # noqa: S101 - checked by the caller
+        timed = chosen.rollout.state == "shadow" and other.version == chosen.rollout.candidate
         cfg = live_config(asked.cfg, other)
         dense = None if asked.mode == "bm25" else DenseTarget(other.physical_name,
                                                               v.engines.models.model_for(other)[1])
-        again = v.space.searcher.search(cfg, asked.query, top_k=asked.top_k, mode=asked.mode, flt=asked.flt,
-                                        fusion=asked.fusion, target=dense, within=asked.within)
+        started = time.perf_counter()
+        try:
+            again = v.space.searcher.search(cfg, asked.query, top_k=asked.top_k, mode=asked.mode, flt=asked.flt,
+                                            fusion=asked.fusion, target=dense, within=asked.within)
+        except QuarryError:
+            if timed:
+                with tracker.lock:
+                    window.candidate.queries += 1
+                    window.candidate.errors += 1
+            raise
         share = overlap(_ids(result), _ids(again))
         with tracker.lock:
             window.candidate.overlap.append(share)
             tracker.shadowed += 1
+            if timed:  # in shadow mode the candidate serves nobody: its shadow runs are its figures
+                window.candidate.queries += 1
+                window.candidate.degraded += bool(again.degraded)
+                if len(window.candidate.latencies_ms) < MAX_WINDOW:
+                    window.candidate.latencies_ms.append((time.perf_counter() - started) * 1000.0)
         if chosen.rollout.state == "shadow":  # shadow mode: the pairs are what the step is held for
             due = False
             with tracker.lock:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -283,3 +286,59 @@ def test_rest_routes_and_describe(gray: Quarry, filled: str) -> None:
 def test_rollout_record_roundtrip() -> None:
     r = Rollout("c", 2, 1, "canary", 5.0, 0, (5.0, 100.0), decisions=({"action": "start"},))
     assert Rollout.from_json(r.to_json()) == r
+
+
+def test_cli_verbs_act_on_the_shared_state(gray: Quarry, engine: str, filled: str, tmp_path: Path) -> None:
+    if engine != "pgvector":
+        pytest.skip("the CLI process shares the state with this one: the pgvector run (a Lite file is one process's)")
+    env = {**os.environ, "QUARRY_DATA_DIR": str(tmp_path), "QUARRY_STORE__URL": PG_URL,
+           "QUARRY_DOCSTORE__URL": PG_URL, "QUARRY_EMBEDDING__DEVICE": "cpu"}
+
+    def cli(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "quarry.cli", "rollout", *args], env=env, capture_output=True,
+                              text=True, timeout=600, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "shadow" in cli("start", filled, "--shadow", "--schedule", "10,100")
+    seen = gray.docstore.get_rollout(filled)
+    assert seen is not None and (seen.state, seen.candidate) == ("shadow", 2)
+    assert "canary 10 %" in cli("step", filled)
+    assert "rolled_back" in cli("abort", filled)
+    seen = gray.docstore.get_rollout(filled)
+    assert seen is not None and [d["action"] for d in seen.decisions] == ["start", "step", "abort"]
+    assert not gray.store.has_collection(gray.docstore.get_version(filled, 2).physical_name)  # type: ignore[union-attr]
+
+
+def test_the_answer_cache_keys_on_the_version_routing_chose(gray: Quarry, filled: str) -> None:
+    from generation.base import GenerationParams
+    from generation.factory import open_generator
+    from quarry.services import answer_cache
+    from quarry.services.answer import AnswerRequest
+    from quarry.settings import LLMSettings
+    from tests.llama import LLM_URL
+
+    generator = open_generator(LLMSettings(url=LLM_URL))
+    assert generator is not None
+    cfg = gray.get_collection(filled)
+    params = GenerationParams(max_tokens=64)
+
+    def key(route_key: str) -> tuple[str, int]:
+        rollout.ROUTE_KEY.set(route_key)
+        chosen = rollout.route(gray.view, filled, "what do bees make")
+        version = gray.live_version(filled).version if chosen is None else chosen.version.version
+        return answer_cache.cache_key(gray.view, cfg, AnswerRequest("what do bees make"), generator, params,
+                                      1000).scope, version
+
+    before = {key(f"user{i}")[0] for i in range(20)}
+    assert len(before) == 1  # no rollout: one key for everyone
+    rollout.start(gray.view, filled, mode="canary", schedule=[50, 100], step_samples=10**6, shadow_rate=0.0)
+    try:
+        keys = [key(f"user{i}") for i in range(20)]
+        by_version: dict[int, set[str]] = defaultdict(set)
+        for text, version in keys:
+            by_version[version].add(text)
+        assert set(by_version) == {1, 2} and all(len(t) == 1 for t in by_version.values())
+        assert by_version[1] != by_version[2]  # an answer of one version is never served for the other
+    finally:
+        rollout.abort(gray.view, filled)
