@@ -115,8 +115,8 @@ def main() -> None:  # noqa: D103
             print(f"round {r}: on/off {rows[-1]['ratio']:.3f}", flush=True)
         info = rollout.describe(service.view, name) or {}
         summary = {"median_ratio": statistics.median(x["ratio"] for x in rows), "rounds": rows,
-                   "shadow": info.get("shadow"), "clients": args.clients, "rate": args.rate, "docs": args.docs,
-                   "seconds": args.seconds}
+                   "shadow": info.get("shadow"), "window": info.get("window"), "clients": args.clients,
+                   "rate": args.rate, "docs": args.docs, "seconds": args.seconds}
         print(f"median on/off {summary['median_ratio']:.3f}; shadow searches run/skipped: {summary['shadow']}")
         if args.json:
             args.json.write_text(json.dumps(summary, indent=2))

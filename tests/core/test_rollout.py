@@ -342,3 +342,24 @@ def test_the_answer_cache_keys_on_the_version_routing_chose(gray: Quarry, filled
         assert by_version[1] != by_version[2]  # an answer of one version is never served for the other
     finally:
         rollout.abort(gray.view, filled)
+
+
+def test_rest_searches_route_by_the_presented_key_id(
+    gray: Quarry, filled: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spy = Spy()
+    monkeypatch.setattr(rollout, "observe", spy)
+    rollout.start(gray.view, filled, mode="canary", schedule=[50, 100], step_samples=10**6, shadow_rate=0.0)
+    try:
+        with TestClient(create_app(gray)) as client:
+            for i in range(20):
+                for query, header in (("bees make honey", "api-key"), ("cancer cells", "authorization")):
+                    value = f"qk_{i:012x}_secret" if header == "api-key" else f"Bearer qk_{i:012x}_secret"
+                    r = client.post(f"/v1/collections/{filled}/search", json={"query": query, "top_k": 5},
+                                    headers={header: value})
+                    assert r.status_code == 200, r.text
+    finally:
+        rollout.abort(gray.view, filled)
+    assert set(spy.served) == {f"k:{i:012x}" for i in range(20)}  # routed by the key's id, not the query
+    assert all(len(seen) == 1 for seen in spy.served.values())
+    assert set(spy.counts) == {1, 2}
