@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
+from indexing.rollout import Rollout
 from indexing.state_calls import CacheMiss, cache_only, off_loop
 from quarry.errors import ConfigError, missing_extra
 
@@ -45,7 +46,7 @@ __all__ = ["CacheMiss", "cache_only", "off_loop"]  # re-exported: the API reache
 DEFAULT_TENANT = "default"
 SCHEMES = ("sqlite", "postgresql", "postgres")
 
-VersionState = Literal["building", "verifying", "live", "retired", "failed"]
+VersionState = Literal["building", "verifying", "candidate", "live", "retired", "failed"]  # candidate: a rollout's
 ChangeOp = Literal["upsert", "delete"]
 
 
@@ -396,6 +397,12 @@ class StateStore(Protocol):
 
     def revoke_api_key(self, key_id: str) -> bool:
         """Set ``revoked_at`` to now; ``False`` if unknown or already revoked."""
+
+    def get_rollout(self, name: str) -> Rollout | None:
+        """The collection's newest rollout (:mod:`indexing.rollout`), or ``None``; cached until a commit."""
+
+    def put_rollout(self, rollout: Rollout, *, expect: Rollout | None = None) -> bool:
+        """Write the collection's rollout unless its row no longer holds ``expect``; whether it was written."""
 
     def append_audit(self, entry: AuditEntry) -> int:
         """Append an audit row (``at`` 0 means now); returns its id."""

@@ -117,8 +117,11 @@ class Reindexer:
             raise ReindexFailed(f"reindex of {name!r} lost its lease (it lapsed and another process took it)")
 
     # --- the build --------------------------------------------------------------------------
-    def run(self, build: Build, owner: str, progress: Progress | None = None) -> ReindexReport:
+    def run(self, build: Build, owner: str, progress: Progress | None = None, *, swap: bool = True) -> ReindexReport:
         """Build, verify and swap the next version (the caller holds the lease as ``owner``).
+
+        ``swap=False`` stops before the swap: the version is left ``candidate`` (a rollout's, see
+        :mod:`indexing.rollout`), ``report.counters["seq"]`` the change-log position it holds.
 
         Raises:
             ReindexFailed: Verification failed, or the lease was lost; the live version serves.
@@ -168,6 +171,11 @@ class Reindexer:
         self._docstore.set_version_state(name, number, "verifying")
         self._check_recall(build, physical, spec, report)  # without the write lock: writes go on
         seq = self._catch_up(build, physical, seq, report, owner)  # those made during the check
+        if not swap:
+            self._docstore.set_version_state(name, number, "candidate")
+            report.chunks, report.counters["seq"] = self._store.count(physical), seq
+            report.elapsed_s = time.perf_counter() - started
+            return report
         with self._writing(name):  # held for the last few writes, the counts and the swap
             self._replay(build, physical, seq, report, phase="final")
             report.chunks = self._check_counts(build, physical, report)

@@ -86,6 +86,10 @@ audit_log = sa.Table(
     "audit_log", metadata, _c("id", _I, primary_key=True), _c("at", _F), _c("key_id"), _c("tenant_id"),
     _c("action"), _c("target"), _c("detail"),
 )
+rollouts = sa.Table(
+    "rollouts", metadata, _c("collection_id", _I, primary_key=True), _c("candidate", _I), _c("state"), _c("body"),
+    _c("updated_at", _F),
+)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,15 @@ import sqlalchemy as sa
 from sqlalchemy import bindparam as bp
 
 from indexing.docstore import Change, CollectionState, StoredChunk, StoredDocument, chunking_id_of
-from indexing.schema import change_log, chunks, collection_versions, collections, documents, pending_deletes
+from indexing.schema import (
+    change_log,
+    chunks,
+    collection_versions,
+    collections,
+    documents,
+    pending_deletes,
+    rollouts,
+)
 from indexing.state_db import SqlBase, cached, first, loads, many, timed, timed_bulk
 from indexing.state_dialect import json_id, json_in
 from quarry.errors import CollectionNotFound
@@ -209,7 +217,7 @@ class SqlCollections(SqlBase):
             cid = conn.execute(_COLLECTION_ID, self._key(name)).scalar()
             if cid is None:
                 return
-            for table in (chunks, documents, pending_deletes, change_log, collection_versions):
+            for table in (chunks, documents, pending_deletes, change_log, collection_versions, rollouts):
                 conn.execute(table.delete().where(table.c.collection_id == cid))
             conn.execute(collections.delete().where(_C.id == cid))
 

@@ -25,6 +25,7 @@ from quarry.api.guard import RequestGuard
 from quarry.api.observe import ObserveMiddleware
 from quarry.api.probe import StoreProbe
 from quarry.api.routes import ROUTERS
+from quarry.api.routes.rollout import RouteKey
 from quarry.errors import EmbeddingUnavailable
 from quarry.ingest_jobs import IngestJobs
 from quarry.scheduler import ReindexScheduler
@@ -102,6 +103,7 @@ def create_app(quarry: Quarry | Callable[[], Quarry]) -> FastAPI:
     app.add_middleware(RequestGuard)
     app.add_middleware(BrowserGuard)
     app.add_middleware(ObserveMiddleware)
+    app.add_middleware(RouteKey)  # the gray release's routing key (quarry.api.routes.rollout)
     # every route checks its path and query parameters (quarry.api.edge), then passes the access
     # layer (keys, scopes, collections, rates), before anything reads the state or a store
     first = [Depends(edge.check_params), Depends(access.authorize)]

@@ -321,6 +321,10 @@ class CollectionOut(CollectionConfig):
         None, description="next_run (Unix s, this process's scheduler) and last_trigger (the newest reindex job: "
         "trigger, reason, by, state, at).",
     )
+    rollout: dict[str, Any] | None = Field(
+        None, description="The newest gray release of a candidate version: state (shadow, canary, live, "
+        "rolled_back), percent, schedule, decisions with their gate figures, this process's window figures.",
+    )
 
 
 class ReindexIn(_Body):

@@ -159,4 +159,4 @@ def settings_error(exc: Any) -> str:
 
 
 # the command groups register themselves on the apps above (imported last: they import this module)
-from quarry.cli import data, evaluate, ingest, serve  # noqa: E402, F401
+from quarry.cli import data, evaluate, ingest, rollout, serve  # noqa: E402, F401

@@ -38,6 +38,7 @@ from generation.cache_guard import terms
 from generation.prompt import SEPARATOR, messages_for, source_text
 from indexing.collections import CollectionConfig
 from quarry.errors import QuarryError
+from quarry.services import rollout
 from quarry.services.view import View
 
 CACHE_REQUESTS = Counter(
@@ -114,6 +115,9 @@ def cache_key(
         "support_threshold": llm.support_threshold, "encoder": q.engines.query_embedder.model_id,
         "min_score": body.min_score,
     }
+    chosen = rollout.route(q, cfg.name, body.query)  # under a gray release: the version routing chooses
+    if chosen is not None:
+        scope["version"] = chosen.version.version
     text = orjson.dumps(scope, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
     state = q.docstore.collection_state(cfg.name)
     live = state.live_version if state is not None else None  # a reindex's swap: another version answers

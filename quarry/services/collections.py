@@ -11,7 +11,7 @@ from indexing.planner import IndexPlan
 from indexing.text import LANGUAGES, Language
 from indexing.versions import describe_versions, live_config
 from quarry.errors import CollectionExists, CollectionNotFound, Conflict, Forbidden, InvalidRequest, clip
-from quarry.services import versions
+from quarry.services import rollout, versions
 from quarry.services.namespace import tenant_view
 from quarry.services.view import View, for_collection, shared_space
 from quarry.tenancy import SHARED
@@ -197,6 +197,7 @@ def describe(v: View, name: str) -> dict[str, Any]:
         "versions": found,
         "reindex": {"next_run": scheduler.next_run(name) if scheduler is not None else None,
                     "last_trigger": versions.last_trigger(v.docstore, name)},
+        "rollout": rollout.describe(v, name),
     }
 
 

@@ -6,6 +6,7 @@ synchronous :func:`search` adds the rerank stage, which runs in the caller's thr
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
@@ -13,10 +14,11 @@ from typing import Any
 from embedding.base import Embeddings
 from indexing.collections import CollectionConfig, FusionConfig
 from indexing.docstore import off_loop
-from quarry.errors import CollectionNotFound
-from quarry.services import versions
+from quarry.errors import CollectionNotFound, EmbeddingError, QuarryError, StoreError
+from quarry.services import rollout, versions
 from quarry.services.recall_check import RecallCheck
 from quarry.services.recall_check import check_recall as monitoring_check
+from quarry.services.rollout import Route
 from quarry.services.versions import live_version
 from quarry.services.view import View
 from retrieval.results import DenseTarget, Mode, RerankOptions, SearchResult
@@ -52,11 +54,19 @@ def target(v: View, name: str, filters: Mapping[str, Any] | None) -> tuple[Colle
 
 
 def _search_target(
-    v: View, name: str, filters: Mapping[str, Any] | None, mode: Mode
-) -> tuple[CollectionConfig, Filter | None, DenseTarget | None]:
+    v: View, name: str, filters: Mapping[str, Any] | None, mode: Mode, query: str
+) -> tuple[CollectionConfig, Filter | None, DenseTarget | None, Route | None]:
     cfg, flt = target(v, name, filters)
-    cfg, dense = versions.dense_target(v, cfg, mode)
-    return cfg, flt, dense
+    if v.docstore.get_rollout(name) is None:  # cached: the common case reads no more
+        cfg, dense = versions.dense_target(v, cfg, mode)
+        return cfg, flt, dense, None
+    cfg, dense, chosen = rollout.dense_target(v, cfg, mode, query)  # a gray release routes it
+    return cfg, flt, dense, chosen
+
+
+def _fallback(chosen: Route | None, exc: QuarryError) -> bool:
+    """Whether a search the candidate failed by a backend error is served again by the live version."""
+    return chosen is not None and chosen.candidate and isinstance(exc, (StoreError, EmbeddingError))
 
 
 def search(  # noqa: PLR0913 - mirrors the request body
@@ -82,13 +92,29 @@ def search(  # noqa: PLR0913 - mirrors the request body
         InvalidFilter: Unknown field or wrong type in ``filters``.
         InvalidQuery: Blank or over-long query, or bad paging.
     """
-    cfg, flt, dense = _search_target(v, name, filters, mode)
+    cfg, flt, dense, chosen = _search_target(v, name, filters, mode, query)
+    started = time.perf_counter()
     with v.ns.messages():  # a store's filter errors name the stored keys
-        result = v.space.searcher.search(
-            cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank,
-            dense_timeout_s=dense_timeout_s, fusion=fusion, min_score=min_score, target=dense,
-            within=v.ns.bm25_within(),
-        )
+        try:
+            result = v.space.searcher.search(
+                cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank,
+                dense_timeout_s=dense_timeout_s, fusion=fusion, min_score=min_score, target=dense,
+                within=v.ns.bm25_within(),
+            )
+        except QuarryError as exc:
+            rollout.observe(v, name, chosen, time.perf_counter() - started, None, None)
+            if not _fallback(chosen, exc):
+                raise
+            cfg, dense = versions.dense_target(v, target(v, name, filters)[0], mode)  # the live version
+            result = v.space.searcher.search(
+                cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank,
+                dense_timeout_s=dense_timeout_s, fusion=fusion, min_score=min_score, target=dense,
+                within=v.ns.bm25_within(),
+            )
+            return v.ns.result(name, result)
+    if chosen is not None:
+        asked = rollout.Asked(cfg, query, top_k, mode, flt, fusion, v.ns.bm25_within())
+        rollout.observe(v, name, chosen, time.perf_counter() - started, result, asked)
     return v.ns.result(name, result)
 
 
@@ -112,12 +138,27 @@ async def search_async(  # noqa: PLR0913 - mirrors the request body
     The collection's configuration and live version come from the state store's caches on the
     loop; after a commit they are read again in a worker thread (``off_loop``).
     """
-    cfg, flt, dense = await off_loop(_search_target, v, name, filters, mode)
+    cfg, flt, dense, chosen = await off_loop(_search_target, v, name, filters, mode, query)
+    started = time.perf_counter()
     with v.ns.messages():
-        result = await v.space.searcher.search_async(
-            cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank, fusion=fusion,
-            min_score=min_score, target=dense, within=v.ns.bm25_within(), embedded=embedded,
-        )
+        try:
+            result = await v.space.searcher.search_async(
+                cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank,
+                fusion=fusion, min_score=min_score, target=dense, within=v.ns.bm25_within(), embedded=embedded,
+            )
+        except QuarryError as exc:
+            rollout.observe(v, name, chosen, time.perf_counter() - started, None, None)
+            if not _fallback(chosen, exc):
+                raise
+            cfg, dense = versions.dense_target(v, target(v, name, filters)[0], mode)  # the live version
+            result = await v.space.searcher.search_async(
+                cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank,
+                fusion=fusion, min_score=min_score, target=dense, within=v.ns.bm25_within(), embedded=embedded,
+            )
+            return v.ns.result(name, result)
+    if chosen is not None:
+        asked = rollout.Asked(cfg, query, top_k, mode, flt, fusion, v.ns.bm25_within())
+        rollout.observe(v, name, chosen, time.perf_counter() - started, result, asked)
     return v.ns.result(name, result)
 
 

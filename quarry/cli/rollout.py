@@ -1,0 +1,105 @@
+"""``quarry rollout start|step|promote|abort|show NAME``: a collection's gray release on local data.
+
+Acts on the state of record as the REST routes do (:mod:`quarry.services.rollout`); a running
+server sees each change on its next search (the state's change token). The decisions go to the
+audit log without a key (the CLI is the operator's).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from indexing.rollout import DEFAULT_SCHEDULE, Rollout
+from quarry.cli.root import _quarry, app, out
+from quarry.errors import InvalidRequest
+
+rollout_app = typer.Typer(help="Gray release of a collection's next version: shadow, canary %, gates, rollback.",
+                          no_args_is_help=True)
+app.add_typer(rollout_app, name="rollout")
+
+Name = Annotated[str, typer.Argument(help="The collection.")]
+
+
+def _line(r: Rollout) -> str:
+    last = r.decisions[-1] if r.decisions else {}
+    share = f" {r.percent:g} %" if r.state == "canary" else ""
+    return (f"{r.collection}: {r.state}{share} (candidate version {r.candidate}, live {r.baseline}); "
+            f"last: {last.get('action', '-')}: {escape(str(last.get('reason', '')))}")
+
+
+@rollout_app.command("start")
+def start(  # noqa: PLR0913 - the command's options
+    name: Name,
+    model: Annotated[str | None, typer.Option(help="Another embedding model's URL (default: the live one's).")] = None,
+    index: Annotated[str, typer.Option(help="auto (the planner's) or a kind: flat, hnsw, ivf_flat, ...")] = "auto",
+    shadow: Annotated[bool, typer.Option("--shadow", help="Start in shadow mode (compare only).")] = False,
+    schedule: Annotated[str, typer.Option(help="The ramp in percent, comma-separated, ending at 100.")] = ",".join(
+        f"{p:g}" for p in DEFAULT_SCHEDULE),
+    step_samples: Annotated[int, typer.Option(help="Queries each step is held for before its gates.")] = 200,
+    shadow_rate: Annotated[float, typer.Option(help="Share of queries also run on the other version.")] = 0.05,
+    auto: Annotated[bool, typer.Option("--auto", help="Advance (and promote) when a step's gates pass.")] = False,
+    gates: Annotated[str | None, typer.Option(help='Gate bounds as JSON, e.g. {"min_recall": 0.95}.')] = None,
+) -> None:
+    """Build a candidate version (as a reindex, without the swap) and start its shadow or canary."""
+    from quarry.services import rollout
+
+    try:
+        steps = [float(p) for p in schedule.split(",") if p.strip()]
+        bounds = json.loads(gates) if gates else None
+    except ValueError as exc:
+        raise InvalidRequest(f"--schedule or --gates: {exc}") from exc
+    quarry = _quarry()
+    try:
+        started = rollout.start(quarry.view, name, model=model, index=index, mode="shadow" if shadow else "canary",
+                                schedule=steps, step_samples=step_samples, shadow_rate=shadow_rate, auto=auto,
+                                gates=bounds)
+    finally:
+        quarry.close()
+    out.print(_line(started))
+
+
+def _act(name: str, action: str) -> None:
+    from quarry.services import rollout
+
+    quarry = _quarry()
+    try:
+        view = quarry.view
+        if action == "step":
+            done = rollout.step(view, name)
+        elif action == "promote":
+            done = rollout.promote(view, name)
+        elif action == "abort":  # waits out the searches in flight on the candidate, then drops it
+            done = rollout.abort(view, name, reason="asked (CLI)", wait=True)
+        else:
+            done = rollout.get(view, name)
+    finally:
+        quarry.close()
+    out.print(_line(done))
+
+
+@rollout_app.command("step")
+def step(name: Name) -> None:
+    """Move the rollout to its next share (a shadow becomes a canary)."""
+    _act(name, "step")
+
+
+@rollout_app.command("promote")
+def promote(name: Name) -> None:
+    """Make the candidate the live version."""
+    _act(name, "promote")
+
+
+@rollout_app.command("abort")
+def abort(name: Name) -> None:
+    """Roll back: the live version serves everything; the candidate is dropped."""
+    _act(name, "abort")
+
+
+@rollout_app.command("show")
+def show(name: Name) -> None:
+    """The collection's newest rollout, one line."""
+    _act(name, "show")

@@ -1,0 +1,595 @@
+"""Gray release of a collection's next version: start, step, promote, abort; route and gate the queries.
+
+The policy (states, sticky routing, the ramp, the gates) is :mod:`indexing.rollout`'s, pure; this
+module runs it over the state of record, the store and the searcher:
+
+* :func:`start` builds the candidate as a reindex does (:meth:`~indexing.reindex.Reindexer.run`
+  with ``swap=False``: copied or re-embedded, index built, recall verified, the writes made
+  meanwhile replayed) and records the rollout (``shadow`` or ``canary`` at the ramp's first step);
+* :func:`route` picks, for each search, the version that serves it: the rollout row is read
+  from the state's cache (a write moves the change token, so every replica reads the new row
+  on its next search) and the routing key (:data:`ROUTE_KEY`, the API key id, else the query)
+  is hashed with the rollout's salt: two replicas route a key alike;
+* :func:`observe` counts each served query per version (latency, error, degraded) in this
+  process's window of the step, and runs a sampled share again on the other version in a
+  background thread (the top-10 overlap); once the step's sample count is reached, the gates
+  are evaluated in a background thread against the live version's figures of the same window
+  (recall per version from the recall monitor); a failing gate aborts the rollout;
+* :func:`step`, :func:`promote`, :func:`abort` move it by hand; each decision is appended to
+  the rollout's ``decisions`` (with its figures) and to the audit log.
+
+The candidate holds the writes up to ``synced_seq``; each step and the promote replay the
+change log since into it (the promote under the write lock, then the swap, as a rollback does).
+Figures are per process: with several replicas each evaluates the queries it served.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from indexing.collections import CollectionConfig, FusionConfig
+from indexing.docstore import AuditEntry, CollectionVersion
+from indexing.reindex_build import Build, ReindexReport, new_owner
+from indexing.rollout import (
+    DEFAULT_SCHEDULE,
+    Decision,
+    Figures,
+    Gates,
+    Rollout,
+    check_schedule,
+    evaluate,
+    overlap,
+    routing_key,
+    serves_candidate,
+    stepped,
+)
+from indexing.versions import live_config
+from quarry.errors import CollectionNotFound, Conflict, InvalidRequest, NotFound, QuarryError, clip
+from quarry.services.versions import _record_model, live_version
+from quarry.services.view import TenantSpace, View
+from retrieval.results import DenseTarget, Mode, SearchResult
+from stores.base import IndexSpec
+from stores.filters import Filter
+
+log = logging.getLogger(__name__)
+
+ROUTE_KEY: ContextVar[str | None] = ContextVar("quarry_route_key", default=None)
+"""The request's routing key (the API key id); the API sets it per request, ``None``: route by query."""
+
+DROP_GRACE_S = 5.0  # an aborted candidate's store collection is dropped this long after (searches in flight)
+SHADOW_QUEUE = 16  # shadow searches waiting at most; more are skipped (never the request path)
+MAX_WINDOW = 20_000  # latencies kept per version and step
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one search goes: the serving version, and the other one to shadow it on (or ``None``)."""
+
+    rollout: Rollout
+    version: CollectionVersion
+    candidate: bool
+    shadow: CollectionVersion | None
+
+
+@dataclass
+class _Window:
+    """This process's figures of one step (``started``: the rollout's ``step_started_at``)."""
+
+    started: float
+    candidate: Figures = field(default_factory=Figures)
+    live: Figures = field(default_factory=Figures)
+    next_eval: int = 0
+    evaluating: bool = False
+    passed: bool = False
+
+
+@dataclass(eq=False)
+class _Tracker:
+    """Per tenant space: the step windows, the shadow runner."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    windows: dict[str, _Window] = field(default_factory=dict)
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="rollout"))
+    queued: int = 0
+    shadowed: int = 0
+    skipped: int = 0
+
+
+_TRACKERS: weakref.WeakKeyDictionary[TenantSpace, _Tracker] = weakref.WeakKeyDictionary()
+_TRACKERS_LOCK = threading.Lock()
+
+
+def _tracker(space: TenantSpace) -> _Tracker:
+    found = _TRACKERS.get(space)
+    if found is None:
+        with _TRACKERS_LOCK:
+            found = _TRACKERS.setdefault(space, _Tracker())
+    return found
+
+
+# --- reading -------------------------------------------------------------------------------
+def _config(v: View, name: str) -> CollectionConfig:
+    raw = v.docstore.collection_config(name)
+    if raw is None:
+        raise CollectionNotFound(name)
+    return CollectionConfig.model_validate(raw)
+
+
+def _version(v: View, name: str, number: int) -> CollectionVersion:
+    cached = v.space.versions.get((name, number))
+    if cached is not None:
+        return cached
+    found = v.docstore.get_version(name, number)
+    if found is None:
+        raise NotFound(f"collection {clip(name)} has no version {number}")
+    v.space.versions[(name, number)] = found
+    return found
+
+
+def get(v: View, name: str) -> Rollout:
+    """The collection's newest rollout.
+
+    Raises:
+        CollectionNotFound: No such collection.
+        NotFound: It never had one.
+    """
+    _config(v, name)
+    found = v.docstore.get_rollout(name)
+    if found is None:
+        raise NotFound(f"collection {clip(name)} has no rollout")
+    return found
+
+
+def _active(v: View, name: str) -> Rollout:
+    found = get(v, name)
+    if not found.active:
+        raise Conflict(f"the rollout of collection {clip(name)} is {found.state}: start another one")
+    return found
+
+
+def route(v: View, name: str, query: str) -> Route | None:
+    """The version that serves this search of ``name``; ``None``: no active rollout (the live one).
+
+    Reads only cached state in the common case (the rollout row, the versions). A rollout whose
+    baseline is no longer live (a reindex or a promote swapped meanwhile) routes nothing.
+    """
+    rollout = v.docstore.get_rollout(name)
+    if rollout is None or not rollout.active:
+        return None
+    live = live_version(v, name)
+    if live.version != rollout.baseline:
+        return None
+    candidate = _version(v, name, rollout.candidate)
+    to_candidate = serves_candidate(rollout, routing_key(ROUTE_KEY.get(), query))
+    served, other = (candidate, live) if to_candidate else (live, candidate)
+    shadow = other if rollout.shadow_rate > 0 and random.random() < rollout.shadow_rate else None  # noqa: S311
+    return Route(rollout, served, to_candidate, shadow)
+
+
+def dense_target(
+    v: View, cfg: CollectionConfig, mode: Mode, query: str
+) -> tuple[CollectionConfig, DenseTarget | None, Route | None]:
+    """:func:`quarry.services.versions.dense_target` for the version :func:`route` picks."""
+    chosen = route(v, cfg.name, query)
+    version = live_version(v, cfg.name) if chosen is None else chosen.version
+    view = live_config(cfg, version)
+    if mode == "bm25":
+        return view, None, chosen
+    return view, DenseTarget(version.physical_name, v.engines.models.model_for(version)[1]), chosen
+
+
+# --- the request path ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Asked:
+    """A search's own arguments, for running it again on the other version."""
+
+    cfg: CollectionConfig
+    query: str
+    top_k: int
+    mode: Mode
+    flt: Filter | None
+    fusion: FusionConfig | None
+    within: Any
+
+
+def observe(  # noqa: PLR0913 - one served search
+    v: View, name: str, chosen: Route | None, elapsed_s: float, result: SearchResult | None, asked: Asked | None,
+) -> None:
+    """Count one served search in its version's window; queue its shadow run; start the gates when due.
+
+    ``result`` ``None``: it failed. Never raises, never blocks on the state or a store.
+    """
+    if chosen is None:
+        return
+    try:
+        _observe(v, name, chosen, elapsed_s, result, asked)
+    except Exception:  # the request is served; its figures are best effort
+        log.exception("rollout of %r: could not record a search", name)
+
+
+def _observe(  # noqa: PLR0913
+    v: View, name: str, chosen: Route, elapsed_s: float, result: SearchResult | None, asked: Asked | None,
+) -> None:
+    rollout = chosen.rollout
+    tracker = _tracker(v.space)
+    due = False
+    with tracker.lock:
+        window = tracker.windows.get(name)
+        if window is None or window.started != rollout.step_started_at:
+            window = tracker.windows[name] = _Window(rollout.step_started_at, next_eval=rollout.step_samples)
+        figures = window.candidate if chosen.candidate else window.live
+        figures.queries += 1
+        if result is None:
+            figures.errors += 1
+        else:
+            figures.degraded += bool(result.degraded)
+            if len(figures.latencies_ms) < MAX_WINDOW:
+                figures.latencies_ms.append(elapsed_s * 1000.0)
+        held = window.candidate.queries if rollout.state == "canary" else len(window.candidate.overlap)
+        if held >= window.next_eval and not window.evaluating:
+            window.evaluating, due = True, True
+        shadow = chosen.shadow is not None and result is not None and asked is not None
+        if shadow and tracker.queued >= SHADOW_QUEUE:
+            tracker.skipped += 1
+            shadow = False
+        if shadow:
+            tracker.queued += 1
+    if shadow and chosen.shadow is not None and result is not None and asked is not None:
+        tracker.pool.submit(_shadow, v, name, chosen, result, asked, window)
+    if due:
+        threading.Thread(target=_gate, args=(v, name, rollout, window), name=f"rollout-gate-{name}",
+                         daemon=True).start()
+
+
+def _ids(result: SearchResult) -> list[str]:
+    return [h.document_id for h in result.hits]
+
+
+def _shadow(v: View, name: str, chosen: Route, result: SearchResult, asked: Asked, window: _Window) -> None:
+    """Run the search again on the other version; note the top-10 overlap on the candidate's side."""
+    tracker = _tracker(v.space)
+    try:
+        other = chosen.shadow
+        assert other is not None  # noqa: S101 - checked by the caller
+        timed = chosen.rollout.state == "shadow" and other.version == chosen.rollout.candidate
+        cfg = live_config(asked.cfg, other)
+        dense = None if asked.mode == "bm25" else DenseTarget(other.physical_name,
+                                                              v.engines.models.model_for(other)[1])
+        started = time.perf_counter()
+        try:
+            again = v.space.searcher.search(cfg, asked.query, top_k=asked.top_k, mode=asked.mode, flt=asked.flt,
+                                            fusion=asked.fusion, target=dense, within=asked.within)
+        except QuarryError:
+            if timed:
+                with tracker.lock:
+                    window.candidate.queries += 1
+                    window.candidate.errors += 1
+            raise
+        share = overlap(_ids(result), _ids(again))
+        with tracker.lock:
+            window.candidate.overlap.append(share)
+            tracker.shadowed += 1
+            if timed:  # in shadow mode the candidate serves nobody: its shadow runs are its figures
+                window.candidate.queries += 1
+                window.candidate.degraded += bool(again.degraded)
+                if len(window.candidate.latencies_ms) < MAX_WINDOW:
+                    window.candidate.latencies_ms.append((time.perf_counter() - started) * 1000.0)
+        if chosen.rollout.state == "shadow":  # shadow mode: the pairs are what the step is held for
+            due = False
+            with tracker.lock:
+                if len(window.candidate.overlap) >= window.next_eval and not window.evaluating:
+                    window.evaluating, due = True, True
+            if due:
+                _gate(v, name, chosen.rollout, window)
+    except Exception:  # off the request path: a failed shadow search is logged, not served
+        log.exception("rollout of %r: a shadow search failed", name)
+    finally:
+        with tracker.lock:
+            tracker.queued -= 1
+
+
+def _gate(v: View, name: str, seen: Rollout, window: _Window) -> None:
+    """Evaluate the step's gates (a background thread); abort on a failure, advance when ``auto``."""
+    tracker = _tracker(v.space)
+    v = View(v.engines, v.space)  # the operator's view of the space: a tenant's search may have started it
+    try:
+        v.space.monitor.drain(timeout_s=10.0)  # the sampled searches measured so far
+        rollout = v.docstore.get_rollout(name)
+        if rollout is None or not rollout.active or rollout.step_started_at != seen.step_started_at:
+            return  # moved on meanwhile (by hand, or by another replica)
+        decision = gates_now(v, name, rollout, window)
+        if not decision.passed:
+            abort(v, name, by=None, reason="gate failed: " + "; ".join(decision.reasons), decision=decision)
+            return
+        if window.passed and not rollout.auto:
+            return  # said once per step; the gates keep being checked
+        record = _decision("gate", rollout, None, decision, "no gate failed" + (
+            f" ({', '.join(decision.pending)} without enough samples yet)" if decision.pending else ""))
+        fresh = replace(rollout, decisions=(*rollout.decisions, record), updated_at=time.time())
+        if not window.passed and v.docstore.put_rollout(fresh, expect=rollout):
+            _audit(v, "rollout.gate", name, None, record)
+        window.passed = True
+        if rollout.auto and not decision.pending:
+            if rollout.step + 1 < len(rollout.schedule):
+                step(v, name, by=None)
+            else:
+                promote(v, name, by=None)
+    except Exception:
+        log.exception("rollout of %r: the gate evaluation failed", name)
+    finally:
+        with tracker.lock:
+            window.evaluating = False
+            window.next_eval += max(10, seen.step_samples // 4)
+
+
+def gates_now(v: View, name: str, rollout: Rollout, window: _Window | None = None) -> Decision:
+    """The gates over this process's window of the current step (recall from the recall monitor)."""
+    if window is None:
+        window = _tracker(v.space).windows.get(name) or _Window(rollout.step_started_at)
+    candidate = _version(v, name, rollout.candidate)
+    live = _version(v, name, rollout.baseline)
+    with _tracker(v.space).lock:
+        cand = replace(window.candidate, latencies_ms=list(window.candidate.latencies_ms),
+                       overlap=list(window.candidate.overlap))
+        base = replace(window.live, latencies_ms=list(window.live.latencies_ms), overlap=list(window.live.overlap))
+    cand.recall = _recall(v, name, candidate, rollout.step_started_at)
+    base.recall = _recall(v, name, live, rollout.step_started_at)
+    return evaluate(cand, base, Gates.from_json(rollout.gates))
+
+
+def _recall(v: View, name: str, version: CollectionVersion, since: float) -> list[float]:
+    window = v.space.monitor.window(name, version.physical_name, swapped_at=since)
+    return [r for values in window.values() for r in values]
+
+
+# --- the actions ---------------------------------------------------------------------------
+def start(  # noqa: PLR0913 - the rollout's parameters
+    v: View,
+    name: str,
+    *,
+    model: str | None = None,
+    index: str | IndexSpec | None = None,
+    mode: str = "canary",
+    schedule: Sequence[float] = DEFAULT_SCHEDULE,
+    step_samples: int = 200,
+    shadow_rate: float = 0.05,
+    auto: bool = False,
+    gates: dict[str, Any] | None = None,
+    by: str | None = None,
+) -> Rollout:
+    """Build a candidate version of ``name`` beside the live one and start routing to it.
+
+    Args:
+        v: The caller's view (a shared collection: the operator's only).
+        name: The collection.
+        model: Another embedding model's URL (``None``: the live one's).
+        index: ``auto``/``None`` (the planner's), an index kind, or a whole :class:`IndexSpec`.
+        mode: ``shadow`` (compare only) or ``canary`` (serve the schedule's first share).
+        schedule: The ramp in percent, ascending, ending at 100.
+        step_samples: Queries each step is held for before its gates are evaluated.
+        shadow_rate: Share of queries also run on the other version (0..1).
+        auto: Advance (and at the end promote) by itself when a step's gates pass.
+        gates: Bounds of :class:`indexing.rollout.Gates` (the others at their defaults).
+        by: Who asked (an API key id), for the audit log.
+
+    Raises:
+        CollectionNotFound: No such collection.
+        Forbidden: A shared collection, asked by another tenant than the operator's.
+        InvalidRequest: A bad mode, schedule, sample count, rate or gate.
+        Conflict: A rollout of it is active already.
+        ReindexRunning: A reindex of it holds the lease.
+        ReindexFailed: The candidate failed its offline recall check (nothing is routed).
+    """
+    cfg = _config(v, name)
+    v.ns.require_operator(name, "roll out")
+    if mode not in ("shadow", "canary"):
+        raise InvalidRequest(f"mode must be 'shadow' or 'canary', got {clip(mode)}")
+    try:
+        steps = check_schedule(schedule)
+        bounds = Gates.from_json(gates)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(f"rollout of {clip(name)}: {exc}") from exc
+    if step_samples < 1 or not 0.0 <= shadow_rate <= 1.0:
+        raise InvalidRequest(f"step_samples must be >= 1 and shadow_rate in [0, 1], got {step_samples}, "
+                             f"{shadow_rate:g}")
+    current = v.docstore.get_rollout(name)
+    if current is not None and current.active:
+        raise Conflict(f"a rollout of collection {clip(name)} is {current.state} (version {current.candidate}): "
+                       "promote or abort it first")
+    space = v.space
+    owner = new_owner()
+    space.reindexer.acquire(name, owner)
+    try:
+        live = live_version(v, name)
+        embedder, url = v.engines.models.for_reindex(live, model)
+        embedder.warm_up()
+        same = bool(embedder.fingerprint) and embedder.fingerprint == live.model_fingerprint
+        vectors = v.docstore.counts(name)[1]
+        spec = index if isinstance(index, IndexSpec) else space.index_spec(index, vectors, embedder.dim, cfg.metric)
+        build = Build(live_config(cfg, live), live, embedder, url, same, spec)
+        report = space.reindexer.run(build, owner, swap=False)
+    finally:
+        v.docstore.release_lease(f"reindex:{name}", owner)
+    now = time.time()
+    canary = mode == "canary"
+    rollout = Rollout(
+        name, report.version, live.version, "canary" if canary else "shadow",
+        percent=steps[0] if canary else 0.0, step=0 if canary else -1, schedule=steps, step_samples=step_samples,
+        shadow_rate=shadow_rate, auto=auto, gates={**bounds.__dict__}, salt=uuid.uuid4().hex,
+        synced_seq=report.counters.get("seq", 0), started_at=now, updated_at=now, step_started_at=now,
+    )
+    record = {"at": now, "action": "start", "by": by, "step": rollout.step, "percent": rollout.percent,
+              "reason": f"candidate version {report.version} built ({report.chunks} vectors, offline recall "
+                        f"{report.recall if report.recall is not None else float('nan'):.3f})",
+              "index": build.index.kind if build.index else None}
+    rollout = replace(rollout, decisions=(record,))
+    v.docstore.put_rollout(rollout)
+    _audit(v, "rollout.start", name, by, {**record, "candidate": report.version, "baseline": live.version})
+    return rollout
+
+
+def step(v: View, name: str, *, by: str | None = None) -> Rollout:
+    """Move the rollout to its next share (a shadow becomes a canary at the first step).
+
+    Raises:
+        CollectionNotFound: No such collection.
+        NotFound: It has no rollout.
+        Conflict: The rollout is not active, on its last step (promote it), or changed meanwhile.
+    """
+    v.ns.require_operator(name, "roll out")
+    rollout = _active(v, name)
+    synced = _sync(v, name, rollout)
+    try:
+        moved = stepped(rollout, time.time())
+    except ValueError as exc:
+        raise Conflict(str(exc)) from exc
+    record = _decision("step", moved, by, None, f"{rollout.percent:g} % -> {moved.percent:g} %")
+    moved = replace(moved, synced_seq=synced, decisions=(*rollout.decisions, record))
+    if not v.docstore.put_rollout(moved, expect=rollout):
+        raise Conflict(f"the rollout of collection {clip(name)} changed meanwhile; read it and try again")
+    _audit(v, "rollout.step", name, by, record)
+    return moved
+
+
+def promote(v: View, name: str, *, by: str | None = None) -> Rollout:
+    """Make the candidate the live version (the writes since its last sync replayed, then swapped).
+
+    Raises:
+        CollectionNotFound: No such collection.
+        NotFound: It has no rollout.
+        Conflict: The rollout is not active, or its baseline is no longer live.
+        ReindexRunning: A reindex of it holds the lease.
+    """
+    v.ns.require_operator(name, "roll out")
+    rollout = _active(v, name)
+    live = live_version(v, name)
+    if live.version != rollout.baseline:
+        raise Conflict(f"collection {clip(name)} serves version {live.version}, not the rollout's baseline "
+                       f"{rollout.baseline}: abort the rollout")
+    candidate = _version(v, name, rollout.candidate)
+    owner = new_owner()
+    v.space.reindexer.acquire(name, owner)
+    try:
+        synced = _sync(v, name, rollout)
+        embedder = v.engines.models.model_for(candidate)[0]
+        embedder.warm_up()
+        build = Build(live_config(_config(v, name), live), replace(live, built_from_seq=synced), embedder,
+                      candidate.model_name, False, None)
+        v.space.reindexer.rollback(build, candidate, lambda: _record_model(v, name, embedder, candidate))
+        v.space.monitor.serving(name, candidate.physical_name)
+        v.space.bm25.invalidate(name)
+    finally:
+        v.docstore.release_lease(f"reindex:{name}", owner)
+    now = time.time()
+    done = replace(rollout, state="live", percent=100.0, updated_at=now, step_started_at=now, synced_seq=synced)
+    record = _decision("promote", done, by, None, f"version {candidate.version} is live")
+    done = replace(done, decisions=(*rollout.decisions, record))
+    v.docstore.put_rollout(done)
+    _audit(v, "rollout.promote", name, by, record)
+    return done
+
+
+def abort(
+    v: View, name: str, *, by: str | None = None, reason: str = "asked", decision: Decision | None = None,
+    wait: bool = False,
+) -> Rollout:
+    """Roll the rollout back: the live version serves everything; the candidate is dropped.
+
+    ``decision``: the failing gate's (an automatic rollback), kept with its figures. The
+    candidate's store collection is dropped :data:`DROP_GRACE_S` later (searches in flight on it
+    end first): in a background timer, or before returning when ``wait`` (a process about to exit).
+
+    Raises:
+        CollectionNotFound: No such collection.
+        NotFound: It has no rollout.
+        Conflict: The rollout is not active (or another replica ended it meanwhile).
+    """
+    v.ns.require_operator(name, "roll out")
+    rollout = _active(v, name)
+    now = time.time()
+    action = "rollback" if decision is not None else "abort"
+    done = replace(rollout, state="rolled_back", percent=0.0, updated_at=now)
+    record = _decision(action, done, by, decision, reason)
+    done = replace(done, decisions=(*rollout.decisions, record))
+    if not v.docstore.put_rollout(done, expect=rollout):
+        raise Conflict(f"the rollout of collection {clip(name)} changed meanwhile; read it and try again")
+    _audit(v, f"rollout.{action}", name, by, record)
+    candidate = _version(v, name, rollout.candidate)
+    v.docstore.set_version_state(name, rollout.candidate, "failed")
+    if wait:
+        time.sleep(DROP_GRACE_S)
+        _drop(v, candidate.physical_name)
+    else:
+        timer = threading.Timer(DROP_GRACE_S, _drop, args=(v, candidate.physical_name))
+        timer.daemon = True
+        timer.start()
+    log.warning("collection %r: rollout of version %d rolled back (%s)", name, rollout.candidate, reason)
+    return done
+
+
+def _drop(v: View, physical: str) -> None:
+    try:
+        v.store.drop_collection(physical)
+    except Exception:  # the store was closed meanwhile, or is down: a later reindex drops it
+        log.warning("could not drop the aborted candidate %r", physical, exc_info=True)
+
+
+def _sync(v: View, name: str, rollout: Rollout) -> int:
+    """Replay the writes since ``rollout.synced_seq`` into the candidate; returns the seq it holds now."""
+    seq = rollout.synced_seq
+    if v.docstore.version(name) <= seq:
+        return seq
+    live = live_version(v, name)
+    candidate = _version(v, name, rollout.candidate)
+    embedder = v.engines.models.model_for(candidate)[0]
+    build = Build(live_config(_config(v, name), live), live, embedder, candidate.model_name, False, None,
+                  dict(candidate.chunking))
+    report = ReindexReport(version=candidate.version, previous=live.version)
+    while changes := v.docstore.change_log_since(name, seq, limit=1000):
+        v.space.reindexer.refresh(build, candidate.physical_name, sorted({c.document_id for c in changes}), report)
+        seq = changes[-1].seq
+    return seq
+
+
+def _decision(
+    action: str, rollout: Rollout, by: str | None, decision: Decision | None, reason: str,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"at": time.time(), "action": action, "by": by, "step": rollout.step,
+                           "percent": rollout.percent, "reason": reason}
+    if decision is not None:
+        out.update(passed=decision.passed, failed=list(decision.failed), pending=list(decision.pending),
+                   figures=decision.figures)
+    return out
+
+
+def _audit(v: View, action: str, name: str, by: str | None, detail: dict[str, Any]) -> None:
+    try:
+        v.docstore.append_audit(AuditEntry(action=action, key_id=by, tenant_id=v.tenant_id, target=name,
+                                           detail=detail))
+    except QuarryError:
+        log.exception("rollout of %r: could not write %s to the audit log", name, action)
+
+
+def describe(v: View, name: str) -> dict[str, Any] | None:
+    """The collection's rollout for ``describe``: the record, and this process's figures of the step."""
+    rollout = v.docstore.get_rollout(name)
+    if rollout is None:
+        return None
+    out = rollout.to_json()
+    tracker = _tracker(v.space)
+    with tracker.lock:
+        window = tracker.windows.get(name)
+        if window is not None and window.started == rollout.step_started_at:
+            out["window"] = {"candidate": window.candidate.summary(), "live": window.live.summary()}
+        out["shadow"] = {"run": tracker.shadowed, "skipped": tracker.skipped}
+    return out
