@@ -94,6 +94,10 @@ POLICY: dict[tuple[str, str], str | tuple[str, ...] | None] = {
     ("POST", "/v1/collections/{name}/search"): "read",
     ("POST", "/v1/collections/{name}/answer"): "read",
     ("POST", "/v1/chat/completions"): "read",
+    # OpenAI's models (the collections the key may read) and embeddings (with a collection's model)
+    ("GET", "/v1/models"): "read",
+    ("GET", "/v1/models/{model:whole}"): "read",
+    ("POST", "/v1/embeddings"): "read",
 }
 
 

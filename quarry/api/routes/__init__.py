@@ -7,10 +7,11 @@ access layer); a route's scope is in :data:`quarry.api.access.POLICY`.
 from fastapi import APIRouter
 
 from quarry.api import answer
-from quarry.api.routes import collections, documents, jobs, ops, search
+from quarry.api.routes import collections, documents, jobs, openai, ops, search
 
 ROUTERS: tuple[APIRouter, ...] = (
     ops.router, collections.router, jobs.router, documents.router, search.router, answer.router,
+    openai.router,
 )
 
 __all__ = ["ROUTERS"]
