@@ -303,10 +303,10 @@ async def chat_completions(
     config = await off_loop(collections.get, q.view, collection)  # 404 before any LLM call
     if opts.require_answer:
         answers.check_available()
-    quota = access.tokens(request)
+    quota, shed = access.tokens(request), access.shed(request)
     rewrite = await standalone_query(
         answers.generator, users[:-1], users[-1], settings=limits, language=config.language, quota=quota,
-        enabled=limits.rewrite and opts.rewrite,
+        enabled=limits.rewrite and opts.rewrite, shed=shed is not None,
     )
     answer_in = AnswerIn(
         query=rewrite.query, top_k=opts.top_k, mode=opts.mode, filters=opts.filters, rerank=opts.rerank,
@@ -316,7 +316,7 @@ async def chat_completions(
     )
     req = replace(answer_in.request(), stop=stops, response_format=body.response_format)
     events = await answers.events(
-        q.view, collection, req, cache=directives(request.headers), shed=access.shed(request), quota=quota,
+        q.view, collection, req, cache=directives(request.headers), shed=shed, quota=quota,
     )
     ident, created = f"chatcmpl-quarry-{uuid.uuid4().hex}", int(time.time())
     if body.stream:

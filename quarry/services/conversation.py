@@ -70,6 +70,7 @@ async def standalone_query(  # noqa: PLR0913 - the conversation and what the cal
     language: Language = "auto",
     quota: TokenQuota | None = None,
     enabled: bool = True,
+    shed: bool = False,
 ) -> Rewrite:
     """The query to search for ``question`` asked after the user questions ``earlier`` (oldest first).
 
@@ -81,6 +82,7 @@ async def standalone_query(  # noqa: PLR0913 - the conversation and what the cal
         language: The collection's analysis language (the check's and the rules' terms).
         quota: The caller's token quota (``None``: unlimited).
         enabled: ``False``: search ``question`` as it stands (``reason: "off"``).
+        shed: The saturated server sheds this request: the rules only (an LLM call is not cheap).
 
     Raises:
         RateLimited: ``quota`` has no room for the rewrite's prompt (the LLM is not asked).
@@ -91,8 +93,9 @@ async def standalone_query(  # noqa: PLR0913 - the conversation and what the cal
         return Rewrite(question, question, "none", "off")
     started = time.perf_counter()
     recent = list(earlier[-settings.rewrite_turns:])
-    if generator is None:
-        return _rules(recent, question, language, "llm: no LLM is configured", None, started)
+    if generator is None or shed:
+        why = "llm: not asked (the server is saturated)" if shed else "llm: no LLM is configured"
+        return _rules(recent, question, language, why, None, started)
     messages = rewrite_messages(recent, question)
     prompt_estimate = sum(generator.estimate_tokens(m["content"]) for m in messages)
     if quota is not None:
