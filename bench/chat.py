@@ -155,9 +155,11 @@ def main() -> None:  # noqa: PLR0915 - one linear run
                 phases = {"llm_alone": alone, "chat_first": first, "chat_follow_up": follow_up}
                 orders = (("chat_first", "llm_alone", "chat_follow_up"), ("llm_alone", "chat_follow_up", "chat_first"),
                           ("chat_follow_up", "chat_first", "llm_alone"))
+                console.print(f"warm-up done: retrieval p50 {statistics.median(retrieve):.1f} ms")
                 for r in range(args.rounds):
                     for phase in orders[r % len(orders)]:
                         times[phase] += [phases[phase](i) for i in range(len(questions))]
+                        console.print(f"round {r} {phase}: TTFT p50 so far {statistics.median(times[phase]):.1f} ms")
         finally:
             server.should_exit = True
             thread.join(30)

@@ -43,6 +43,7 @@ from indexing.collections import check_name_length
 from indexing.docstore import off_loop
 from indexing.sources import is_blank
 from quarry import errors as e
+from quarry import metrics
 from quarry.api import access, edge
 from quarry.api.cache import directives
 from quarry.api.edge import Checked, Identifier
@@ -308,6 +309,8 @@ async def chat_completions(
         answers.generator, users[:-1], users[-1], settings=limits, language=config.language, quota=quota,
         enabled=limits.rewrite and opts.rewrite, shed=shed is not None,
     )
+    if rewrite.method != "none" and q.settings.metrics.enabled:
+        metrics.CHAT_REWRITES.labels(rewrite.method, rewrite.outcome).inc()
     answer_in = AnswerIn(
         query=rewrite.query, top_k=opts.top_k, mode=opts.mode, filters=opts.filters, rerank=opts.rerank,
         stream=body.stream, max_tokens=body.max_completion_tokens or body.max_tokens,

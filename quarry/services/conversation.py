@@ -52,6 +52,22 @@ class Rewrite:
     usage: Usage | None = None
     ms: float = 0.0
 
+    @property
+    def outcome(self) -> str:
+        """A bounded label for :attr:`reason` (the metric's).
+
+        ``ok``, ``timeout``, ``llm_error``, ``no_llm``, ``shed``, ``off``, or the check's reason
+        (``dropped_follow_up``...).
+        """
+        reason = self.reason
+        if reason is None:
+            return "ok"
+        if reason.startswith("llm_reply: "):
+            return reason.removeprefix("llm_reply: ")
+        known = {"llm: timeout": "timeout", "llm: no LLM is configured": "no_llm", "off": "off",
+                 "llm: not asked (the server is saturated)": "shed"}
+        return known.get(reason, "llm_error")
+
     def to_json(self) -> dict[str, Any]:
         """The ``quarry.rewrite`` extension of a chat completion."""
         usage = None if self.usage is None else {

@@ -251,12 +251,16 @@ def test_a_junk_rewrite_falls_back_on_the_rules(oa: Any, stub: StubLLM, junk: st
 
 
 def test_an_llm_down_rewrite_falls_back_on_the_rules_and_streams(oa: Any, stub: StubLLM) -> None:
+    from quarry.metrics import CHAT_REWRITES
+
+    before = CHAT_REWRITES.labels("rules", "llm_error")._value.get()
     stub.replies.extend([Reply(status=500), Reply(pieces=["Yes", "."])])
     chunks = list(oa.chat.completions.create(model=MODEL, messages=TURNS, stream=True))
     first = chunks[0].model_extra["quarry"]["rewrite"]
     assert first["method"] == "rules" and first["reason"].startswith("llm: "), first
     assert "children" in first["query"] and "vitamin D" in first["query"]
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Yes."
+    assert CHAT_REWRITES.labels("rules", "llm_error")._value.get() == before + 1
 
 
 def test_a_first_question_costs_no_rewrite_and_rewriting_can_be_turned_off(oa: Any, stub: StubLLM) -> None:
