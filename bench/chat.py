@@ -9,6 +9,8 @@ One run, the same prompts, phases alternated:
    share a whole prompt: llama.cpp reuses the KV of a common prefix, which would flatter a
    repeat), in an order that alternates between rounds:
    * ``llm_alone``: the question's prompt streamed straight from the OpenAI-compatible server;
+   * ``answer_stream``: the question through ``/answer`` streamed (the path before chat: the baseline
+     of "the first question's TTFT is unchanged");
    * ``chat_first``: the question as a one-message chat, streamed (no rewrite: no LLM call added);
    * ``chat_follow_up``: the conversation [question, its answer, a follow-up such as "and in
      children?"], streamed: the rewrite (an LLM call, or the rules' fallback) comes first.
@@ -19,8 +21,12 @@ Target (the answer path's, ``bench/answer.py``): Quarry's added TTFT, p50(chat f
 p50(LLM alone TTFT), at most retrieval p50 + 30 ms. The follow-up's cost is reported apart: its
 TTFT over the LLM alone's, and the rewrite's own time (``quarry.rewrite.ms``) and method.
 
-    python bench/chat.py [--json FILE] [--llm-url openai+http://127.0.0.1:8090/v1?model=smollm2]
+    python bench/chat.py [--json FILE] [--llm-url openai+http://127.0.0.1:8090/v1?model=smollm2 | stub]
                          [--docs 200] [--queries 8] [--rounds 2] [--max-tokens 8]
+
+``--llm-url stub``: the scripted OpenAI-compatible server of the tests (``tests/generation/stub.py``,
+which answers at once), so Quarry's own added time is measured without a real model's noise (a
+loaded llama.cpp server's TTFT varies by seconds between two identical requests).
 """
 
 from __future__ import annotations
@@ -86,7 +92,7 @@ def streamed(client: httpx.Client, url: str, body: dict[str, Any], headers: dict
     return (ttft or float("nan")) * 1000, extension
 
 
-def main() -> None:  # noqa: PLR0915 - one linear run
+def main() -> None:  # noqa: C901, PLR0915 - one linear run
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scifact", type=Path, default=REPO.parent / "shared" / "data" / "scifact")
     parser.add_argument("--llm-url", default="openai+http://127.0.0.1:8090/v1?model=smollm2")
@@ -99,6 +105,12 @@ def main() -> None:  # noqa: PLR0915 - one linear run
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
+    stub = None
+    if args.llm_url == "stub":
+        from tests.generation.stub import StubLLM
+
+        stub = StubLLM().start()
+        args.llm_url = stub.url
     base, model = parse_url(args.llm_url)
     docs = [d for _, d in zip(range(args.docs), iter_jsonl(args.scifact / "corpus.jsonl"), strict=False)]
     questions = list(load_split(args.scifact, "test").queries.values())[: args.queries]
@@ -117,7 +129,7 @@ def main() -> None:  # noqa: PLR0915 - one linear run
             time.sleep(0.01)
         port = server.servers[0].sockets[0].getsockname()[1]
         no_store = {"Cache-Control": "no-store"}
-        times: dict[str, list[float]] = {"llm_alone": [], "chat_first": [], "chat_follow_up": []}
+        times: dict[str, list[float]] = {"llm_alone": [], "chat_first": [], "chat_follow_up": [], "answer_stream": []}
         rewrite_ms: list[float] = []
         methods: Counter[str] = Counter()
         retrieve: list[float] = []
@@ -152,9 +164,19 @@ def main() -> None:  # noqa: PLR0915 - one linear run
                     methods[f"{extension['rewrite']['method']}: {extension['rewrite']['reason']}"] += 1
                     return ttft
 
-                phases = {"llm_alone": alone, "chat_first": first, "chat_follow_up": follow_up}
-                orders = (("chat_first", "llm_alone", "chat_follow_up"), ("llm_alone", "chat_follow_up", "chat_first"),
-                          ("chat_follow_up", "chat_first", "llm_alone"))
+                def answer(i: int) -> float:
+                    started = time.perf_counter()
+                    with client.stream("POST", "/v1/collections/bench/answer", headers=no_store,
+                                       json={"query": questions[i], **knobs, **sampling, "stream": True}) as r:
+                        for line in r.iter_lines():
+                            if line.startswith("event:") and line[6:].strip() == "delta":
+                                return (time.perf_counter() - started) * 1000
+                    return float("nan")
+
+                phases = {"llm_alone": alone, "chat_first": first, "chat_follow_up": follow_up, "answer_stream": answer}
+                orders = (("chat_first", "llm_alone", "answer_stream", "chat_follow_up"),
+                          ("llm_alone", "chat_follow_up", "chat_first", "answer_stream"),
+                          ("answer_stream", "chat_follow_up", "llm_alone", "chat_first"))
                 console.print(f"warm-up done: retrieval p50 {statistics.median(retrieve):.1f} ms")
                 for r in range(args.rounds):
                     for phase in orders[r % len(orders)]:
@@ -164,6 +186,8 @@ def main() -> None:  # noqa: PLR0915 - one linear run
             server.should_exit = True
             thread.join(30)
             quarry.close()
+            if stub is not None:
+                stub.stop()
 
     results: dict[str, Any] = {k: summary(v) for k, v in times.items()}
     results["retrieve_ms"] = summary(retrieve)
@@ -183,7 +207,7 @@ def main() -> None:  # noqa: PLR0915 - one linear run
     table = Table(title=f"chat completions, {len(questions)} SciFact questions x {args.rounds} rounds (TTFT, client)")
     for col in ("measure", "p50 ms", "p95 ms", "n"):
         table.add_column(col, justify="right" if col != "measure" else "left")
-    for name in ("llm_alone", "chat_first", "chat_follow_up", "retrieve_ms", "rewrite_ms"):
+    for name in ("llm_alone", "answer_stream", "chat_first", "chat_follow_up", "retrieve_ms", "rewrite_ms"):
         s = results[name]
         table.add_row(name, f"{s['p50']:.1f}", f"{s['p95']:.1f}", str(s["n"]))
     console.print(table)

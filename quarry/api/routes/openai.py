@@ -26,9 +26,9 @@ passage or query prefix; ``quarry.truncated`` lists the inputs cut to the model'
 from __future__ import annotations
 
 import base64
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from generation.prompt import approx_tokens
@@ -96,7 +96,9 @@ def list_models(request: Request, q: Service) -> dict[str, Any]:
     "/v1/models/{model:whole}", tags=["openai"], response_model=ModelOut,
     responses=error_responses(e.InvalidRequest, e.Forbidden, e.CollectionNotFound, *STORE_ERRORS),
 )
-def retrieve_model(model: str, request: Request, q: Service) -> dict[str, Any]:
+def retrieve_model(
+    model: Annotated[str, Path(min_length=1, examples=["quarry/docs"])], request: Request, q: Service
+) -> dict[str, Any]:
     """One collection as an OpenAI model (``client.models.retrieve("quarry/<collection>")``).
 
     Raises:
