@@ -7,9 +7,9 @@ A backend owns its connection, its deadlines and its circuit breaker; callers se
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 Message = dict[str, str]
 
@@ -22,11 +22,16 @@ class GenerationParams:
         max_tokens: Cap on the completion's length, in tokens.
         temperature: Sampling temperature (0: greedy).
         seed: Sampling seed, where the server honours one.
+        stop: Sequences at which the server stops generating (OpenAI's ``stop``; empty: none).
+        response_format: OpenAI's ``response_format`` (``{"type": "json_object"}``, a
+            ``json_schema``...), passed to the server as given (``None``: not sent).
     """
 
     max_tokens: int
     temperature: float = 0.0
     seed: int | None = None
+    stop: tuple[str, ...] = ()
+    response_format: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

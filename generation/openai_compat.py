@@ -154,6 +154,10 @@ class OpenAICompatGenerator:
         first_at = min(started + cfg.first_token_timeout_s, total_at)
         model = await self._model()
         extra: dict[str, Any] = {"seed": params.seed} if params.seed is not None else {}
+        if params.stop:
+            extra["stop"] = list(params.stop)
+        if params.response_format is not None:
+            extra["response_format"] = dict(params.response_format)
         try:
             async with asyncio.timeout_at(first_at):
                 stream = await self._client.chat.completions.create(

@@ -67,6 +67,10 @@ RATE_LIMITED = Counter("quarry_rate_limited_total", "Requests refused by a rate 
 TOKEN_LIMITED = Counter(
     "quarry_token_limited_total", "Answer requests refused by a key's LLM token quota (429), before the LLM was asked"
 )
+CHAT_REWRITES = Counter(
+    "quarry_chat_rewrites_total", "Chat follow-ups rewritten before retrieval, by method and outcome",
+    ["method", "outcome"],
+)
 SHED = Counter("quarry_shed_total", "Requests shed under load, by the key's priority", ["priority"])
 AUTH_FAILURES = Counter("quarry_auth_failures_total", "Requests refused by authentication or authorisation", ["reason"])
 SLA = Gauge("quarry_sla_seconds", "Latency objective of a route (QUARRY_METRICS__*_SLA_S)", ["route"])

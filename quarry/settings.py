@@ -403,6 +403,32 @@ class CacheSettings(BaseModel):
     max_entries: int = Field(1000, ge=1, le=10_000_000)
 
 
+class OpenAISettings(BaseModel):
+    """The OpenAI-compatible routes (``/v1/chat/completions``, ``/v1/embeddings``, ``/v1/models``).
+
+    Attributes:
+        max_messages: Most messages in one chat completion's conversation (more: 400).
+        max_conversation_chars: Most characters in all of a conversation's messages (more: 400).
+        rewrite: Rewrite a follow-up (a conversation with an earlier user question) into a
+            standalone query before retrieval: by the LLM, checked, else by rules
+            (:mod:`generation.rewrite`). A request turns it off with ``quarry.rewrite: false``.
+        rewrite_turns: Earlier user questions the rewrite reads (the most recent ones).
+        rewrite_max_tokens: Cap on the rewrite's completion, in tokens.
+        rewrite_timeout_s: Longest wait for the LLM's whole rewrite, in seconds; later: the rules.
+        max_embedding_inputs: Most texts in one ``/v1/embeddings`` request (more: 400).
+        max_embedding_chars: Most characters in one embedded text (more: 400).
+    """
+
+    max_messages: int = Field(64, ge=1, le=10_000)
+    max_conversation_chars: int = Field(64_000, ge=1, le=10_000_000)
+    rewrite: bool = True
+    rewrite_turns: int = Field(3, ge=1, le=64)
+    rewrite_max_tokens: int = Field(48, ge=4, le=1024)
+    rewrite_timeout_s: float = Field(5.0, gt=0, le=600, allow_inf_nan=False)
+    max_embedding_inputs: int = Field(256, ge=1, le=100_000)
+    max_embedding_chars: int = Field(8192, ge=1, le=10_000_000)
+
+
 class ApiSettings(BaseModel):
     """REST server.
 
@@ -595,6 +621,7 @@ class Settings(BaseSettings):
     reindex: ReindexSettings = ReindexSettings()
     llm: LLMSettings = LLMSettings()
     cache: CacheSettings = CacheSettings()
+    openai: OpenAISettings = OpenAISettings()
     api: ApiSettings = ApiSettings()
     metrics: MetricsSettings = MetricsSettings()
     log: LogSettings = LogSettings()

@@ -103,6 +103,10 @@ POLICY: dict[tuple[str, str], str | tuple[str, ...] | None] = {
     ("GET", "/console/console.js"): None,
     ("GET", "/console/console.css"): None,
     ("GET", "/v1/audit"): "admin",  # the key's tenant's entries only
+    # OpenAI's models (the collections the key may read) and embeddings (with a collection's model)
+    ("GET", "/v1/models"): "read",
+    ("GET", "/v1/models/{model:whole}"): "read",
+    ("POST", "/v1/embeddings"): "read",
 }
 
 

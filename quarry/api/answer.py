@@ -28,6 +28,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -42,6 +43,7 @@ from indexing.collections import check_name_length
 from indexing.docstore import off_loop
 from indexing.document_rules import is_blank
 from quarry import errors as e
+from quarry import metrics
 from quarry.api import access, edge, shedding
 from quarry.api.cache import directives
 from quarry.api.edge import Checked, Identifier
@@ -49,7 +51,9 @@ from quarry.api.errors import error_responses
 from quarry.api.models import RerankIn, _Body
 from quarry.errors import InvalidRequest, clip
 from quarry.service import Quarry
+from quarry.services import collections
 from quarry.services.answer import AnswerRequest, AnswerService, RerankRequest
+from quarry.services.conversation import Rewrite, standalone_query
 
 
 @asynccontextmanager
@@ -194,14 +198,29 @@ class QuarryOptions(_Body):
     filters: dict[str, Any] | None = None
     rerank: RerankIn | None = None
     context_tokens: int | None = Field(None, ge=16, le=1_000_000)
-    require_answer: bool = False
+    require_answer: bool = Field(
+        True, description="With the LLM missing, down or late: an error in OpenAI's shape (503 / 504 / 502). "
+        'False: a 200 with the sources, `content: null` and `finish_reason: "error"`.',
+    )
     min_score: float | None = Field(None, allow_inf_nan=False)
+    rewrite: bool = Field(True, description="Rewrite a follow-up into a standalone query before retrieval.")
+
+
+class StreamOptionsIn(BaseModel):
+    """OpenAI's ``stream_options``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
 
 
 class ChatIn(Checked):
     """``POST /v1/chat/completions`` with ``model: "quarry/<collection>"``: RAG through an OpenAI client.
 
-    The last user message is the query. Other OpenAI fields are accepted and ignored.
+    The last user message is the question; with earlier user messages it is a follow-up,
+    rewritten into a standalone query before retrieval (``quarry.rewrite`` in the reply).
+    Parameters Quarry cannot honour are refused (:data:`UNSUPPORTED`); others OpenAI defines
+    (``user``, ``metadata``, ``store``...) are accepted and have no effect.
     """
 
     parsed_later = frozenset({"messages"})  # the query: the search's own checks (InvalidQuery)
@@ -209,13 +228,32 @@ class ChatIn(Checked):
     model_config = ConfigDict(extra="allow")
 
     model: Identifier = Field(description='"quarry/<collection>"')
-    messages: list[ChatMessageIn] = Field(min_length=1)
+    messages: list[ChatMessageIn] = Field(min_length=1, max_length=10_000)
     stream: bool = False
+    stream_options: StreamOptionsIn | None = None
     max_tokens: int | None = Field(None, ge=1, le=32_768)
     max_completion_tokens: int | None = Field(None, ge=1, le=32_768)
     temperature: float | None = Field(None, ge=0, le=2)
     seed: int | None = None
+    stop: str | list[str] | None = Field(None, description="Up to 4 stop sequences, passed to the LLM.")
+    response_format: dict[str, Any] | None = Field(None, description="Passed to the LLM as given.")
     quarry: QuarryOptions = QuarryOptions()
+
+    def stops(self) -> tuple[str, ...]:
+        """The stop sequences (OpenAI: at most 4, none empty).
+
+        Raises:
+            InvalidRequest: More than 4, an empty one, or one over 256 characters.
+        """
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > MAX_STOPS or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+            raise InvalidRequest(
+                f"stop: at most {MAX_STOPS} sequences of 1 to {MAX_STOP_CHARS} characters, got {len(stops)}"
+            )
+        return tuple(stops)
+
+
+MAX_STOPS, MAX_STOP_CHARS = 4, 256
 
 
 @router.post(
@@ -230,14 +268,24 @@ async def chat_completions(
     """The answer path behind OpenAI's chat-completions API: change an OpenAI client's ``base_url``.
 
     The reply is a ``chat.completion`` (or ``chat.completion.chunk`` frames ending ``[DONE]``)
-    with an extension field ``quarry``: on the first chunk the ``sources``; on a chunk with no
-    choices each ``citations`` entry as soon as it resolves; on the last chunk (and on the
-    non-streamed reply) ``citations``, ``dropped_citations``, ``sources``, ``degraded`` and
-    ``timings_ms``. A failure after the stream started is an ``{"error": {...}}`` frame, which
-    OpenAI's clients raise as ``APIError``.
+    with an extension field ``quarry``: on the first chunk the ``sources`` and the ``rewrite``
+    (the query searched, how it was made); on a chunk with no choices each ``citations`` entry
+    as soon as it resolves; on the last chunk (and on the non-streamed reply) ``citations``,
+    ``dropped_citations``, ``sources``, ``degraded``, ``rewrite`` and ``timings_ms``. ``usage``
+    counts every LLM token the request spent (the rewrite's and the answer's); streamed, it comes
+    in a last chunk with no choices when ``stream_options.include_usage`` is set. With the LLM
+    missing, down or late, the reply is an error in OpenAI's shape (503 / 504 / 502, before any
+    chunk when the LLM fails before its first token), unless ``quarry.require_answer`` is false:
+    then the sources with ``content: null`` and ``finish_reason: "error"``. A failure after text
+    was streamed is an ``{"error": {...}}`` frame, which OpenAI's clients raise as ``APIError``.
 
     Raises:
-        InvalidRequest: ``model`` is not ``quarry/<collection>``, or no user message.
+        InvalidRequest: ``model`` is not ``quarry/<collection>``, no user message, a conversation
+            over ``QUARRY_OPENAI__MAX_MESSAGES`` messages or ``__MAX_CONVERSATION_CHARS`` characters,
+            bad ``stop``.
+        UnsupportedParameter: ``n`` other than 1, or one of :data:`UNSUPPORTED`.
+        LLMNotConfigured, GenerationUnavailable, GenerationTimeout, GenerationError: The LLM
+            failed and ``quarry.require_answer`` is true (the default).
     """
     _refuse_unsupported(body)
     collection = body.model.removeprefix("quarry/")
@@ -246,35 +294,100 @@ async def chat_completions(
     edge.name(collection, "collection name of the model")
     access.check_collection(request, collection)
     q = await off_loop(q.for_collection, collection)  # a shared collection: scoped to the key's tenant
+    limits = q.settings.openai
+    _check_conversation(body.messages, limits.max_messages, limits.max_conversation_chars)
     users = [m.text() for m in body.messages if m.role == "user"]
     if not users or is_blank(users[-1]):
         raise InvalidRequest("no user message to answer")
     opts = body.quarry
+    stops = body.stops()
+    config = await off_loop(collections.get, q.view, collection)  # 404 before any LLM call
+    if opts.require_answer:
+        answers.check_available()
+    quota, shed = access.tokens(request), shedding.shed(request)
+    rewrite = await standalone_query(
+        answers.generator, users[:-1], users[-1], settings=limits, language=config.language, quota=quota,
+        enabled=limits.rewrite and opts.rewrite, shed=shed is not None,
+    )
+    if rewrite.method != "none" and q.settings.metrics.enabled:
+        metrics.CHAT_REWRITES.labels(rewrite.method, rewrite.outcome).inc()
     answer_in = AnswerIn(
-        query=users[-1], top_k=opts.top_k, mode=opts.mode, filters=opts.filters, rerank=opts.rerank,
+        query=rewrite.query, top_k=opts.top_k, mode=opts.mode, filters=opts.filters, rerank=opts.rerank,
         stream=body.stream, max_tokens=body.max_completion_tokens or body.max_tokens,
         temperature=body.temperature, seed=body.seed, context_tokens=opts.context_tokens,
         require_answer=opts.require_answer, min_score=opts.min_score,
     )
+    req = replace(answer_in.request(), stop=stops, response_format=body.response_format)
     events = await answers.events(
-        q.view, collection, answer_in.request(), cache=directives(request.headers), shed=shedding.shed(request),
-        quota=access.tokens(request),
+        q.view, collection, req, cache=directives(request.headers), shed=shed, quota=quota,
     )
     ident, created = f"chatcmpl-quarry-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
-        return EventSourceResponse(_chat_sse(events, ident, created, body.model), ping=15)
-    out = await answers.collect(events, answer_in.require_answer)
+        events = await _started(events, opts.require_answer)
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return EventSourceResponse(
+            _chat_sse(events, ident, created, body.model, rewrite, include_usage=include_usage,
+                      require_answer=opts.require_answer),
+            ping=15,
+        )
+    out = await answers.collect(events, opts.require_answer)
     usage = out.pop("usage")
+    answered = out.pop("answer")
+    finish = out.pop("finish_reason") or ("stop" if answered is not None or out.get("abstained") else "error")
     completion = {
         "id": ident, "object": "chat.completion", "created": created, "model": body.model,
         "choices": [{
-            "index": 0, "message": {"role": "assistant", "content": out.pop("answer")},
-            "finish_reason": out.pop("finish_reason") or "stop",
+            "index": 0, "message": {"role": "assistant", "content": answered}, "finish_reason": finish,
         }],
-        "usage": _usage(usage),
-        "quarry": out,
+        "usage": _usage(usage, rewrite),
+        "quarry": {**out, "rewrite": rewrite.to_json()},
     }
     return Response(orjson.dumps(completion), media_type="application/json")
+
+
+def _check_conversation(messages: list[ChatMessageIn], max_messages: int, max_chars: int) -> None:
+    """Refuse a conversation over the bounds (its rewrite and its body would grow without one).
+
+    Raises:
+        InvalidRequest: More than ``max_messages`` messages or ``max_chars`` characters in all.
+    """
+    if len(messages) > max_messages:
+        raise InvalidRequest(
+            f"messages: {len(messages)} messages, at most {max_messages} (QUARRY_OPENAI__MAX_MESSAGES)"
+        )
+    chars = sum(len(m.text()) for m in messages)
+    if chars > max_chars:
+        raise InvalidRequest(
+            f"messages: {chars} characters in all, at most {max_chars} (QUARRY_OPENAI__MAX_CONVERSATION_CHARS)"
+        )
+
+
+async def _started(events: AsyncIterator[Event], require_answer: bool) -> AsyncIterator[Event]:
+    """``events``, read up to the LLM's first text (or its end) before the response starts.
+
+    So an LLM that fails before its first token is an HTTP error in OpenAI's shape (with
+    ``require_answer``), not a stream that starts and then breaks.
+
+    Raises:
+        GenerationError: The LLM failed before its first token and ``require_answer`` is set.
+    """
+    held: list[Event] = []
+    async for event in events:
+        held.append(event)
+        if event.kind == "error" and require_answer:
+            await events.aclose()  # type: ignore[attr-defined]
+            assert event.error is not None
+            raise event.error
+        if event.kind in ("delta", "done", "error"):
+            break
+
+    async def replay() -> AsyncIterator[Event]:
+        for event in held:
+            yield event
+        async for event in events:
+            yield event
+
+    return replay()
 
 
 UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "logprobs", "top_logprobs", "logit_bias",
@@ -296,36 +409,53 @@ def _refuse_unsupported(body: ChatIn) -> None:
         if extra.get(name) not in (None, False, [], {}):
             raise e.UnsupportedParameter(f"{name} is not supported by Quarry's chat completions", param=name)
 
-
-def _usage(usage: dict[str, Any]) -> dict[str, int]:
-    prompt, completion = usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
+def _usage(usage: dict[str, Any], rewrite: Rewrite) -> dict[str, int]:
+    """OpenAI's ``usage``: the answer's tokens plus the rewrite's (every LLM token the request spent)."""
+    spent = rewrite.usage
+    prompt = (usage.get("prompt_tokens") or 0) + (spent.prompt_tokens or 0 if spent else 0)
+    completion = (usage.get("completion_tokens") or 0) + (spent.completion_tokens or 0 if spent else 0)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-async def _chat_sse(
-    events: AsyncIterator[Event], ident: str, created: int, model: str
+async def _chat_sse(  # noqa: PLR0913 - the frames' common fields
+    events: AsyncIterator[Event], ident: str, created: int, model: str, rewrite: Rewrite, *,
+    include_usage: bool, require_answer: bool,
 ) -> AsyncIterator[ServerSentEvent]:
     """Answer events as ``chat.completion.chunk`` frames (see :func:`chat_completions`)."""
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> ServerSentEvent:
         frame = {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model,
                  "choices": choices, **extra}
+        if include_usage:
+            frame.setdefault("usage", None)
         return ServerSentEvent(data=orjson.dumps(frame).decode())
 
+    sent_degraded: list[str] = []
     async for event in events:
         if event.kind == "sources":
+            sent_degraded = list(event.data.get("degraded", []))
             yield chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
-                        quarry=event.data)
+                        quarry={**event.data, "rewrite": rewrite.to_json()})
         elif event.kind == "delta":
             yield chunk([{"index": 0, "delta": {"content": event.data["text"]}, "finish_reason": None}])
         elif event.kind == "citation":
             yield chunk([], quarry={"citations": [event.data]})
         elif event.kind == "done":
             done = dict(event.data)
-            done.pop("answer")
-            finish = done.pop("finish_reason") or "stop"
-            usage = _usage(done.pop("usage"))
-            yield chunk([{"index": 0, "delta": {}, "finish_reason": finish}], usage=usage, quarry=done)
+            answered = done.pop("answer")
+            finish = done.pop("finish_reason") or ("stop" if answered is not None or done.get("abstained") else "error")
+            usage = _usage(done.pop("usage"), rewrite)
+            extension = {**done, "rewrite": rewrite.to_json()}
+            yield chunk([{"index": 0, "delta": {}, "finish_reason": finish}], quarry=extension)
+            if include_usage:
+                yield chunk([], usage=usage)
+            yield ServerSentEvent(data="[DONE]")
+        elif event.kind == "error" and not require_answer and event.error is not None:
+            degraded = [*sent_degraded, f"llm: {event.error.message}"]
+            extension = {"degraded": degraded, "timings_ms": event.data.get("timings_ms"), "rewrite": rewrite.to_json()}
+            yield chunk([{"index": 0, "delta": {}, "finish_reason": "error"}], quarry=extension)
+            if include_usage:
+                yield chunk([], usage=_usage({}, rewrite))
             yield ServerSentEvent(data="[DONE]")
         elif event.kind == "error":
             yield ServerSentEvent(data=orjson.dumps(event.data).decode())

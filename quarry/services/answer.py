@@ -95,6 +95,9 @@ class AnswerRequest:
         min_score: Abstain (answer :data:`ABSTAINED`, ``abstained: true``, the LLM not asked) when
             no retrieved chunk scores at least this, in the retrieval mode's own score (hybrid:
             the fused score; bm25: BM25; dense: the store's similarity). ``None``: always answer.
+        stop: Stop sequences passed to the LLM (OpenAI's ``stop``).
+        response_format: OpenAI's ``response_format``, passed to the LLM as given. With ``stop``
+            or this set, the answer cache is neither read nor written (its key does not hold them).
     """
 
     query: str
@@ -108,6 +111,8 @@ class AnswerRequest:
     context_tokens: int | None = None
     require_answer: bool = False
     min_score: float | None = None
+    stop: tuple[str, ...] = ()
+    response_format: Mapping[str, Any] | None = None
 
 
 ABSTAINED = "The sources do not answer this question."
@@ -177,7 +182,7 @@ class AnswerService:
         params = GenerationParams(
             max_tokens=req.max_tokens or cfg.max_tokens,
             temperature=cfg.temperature if req.temperature is None else req.temperature,
-            seed=req.seed,
+            seed=req.seed, stop=req.stop, response_format=req.response_format,
         )
         plan = await self._cache_plan(q, collection, req, params, budget, cache)
         plan.count()
@@ -239,7 +244,9 @@ class AnswerService:
         # a query the search refuses (blank, too long, a NUL or a lone surrogate) is refused there, uncached
         query_ok = not is_blank(req.query) and len(req.query) <= q.settings.search.max_query_chars
         query_ok = query_ok and _is_text(req.query)
-        if cache is None or generator is None or use is None or not query_ok or not (use.read or use.store):
+        passed_through = bool(req.stop) or req.response_format is not None  # not in the cache key
+        if cache is None or generator is None or use is None or not query_ok or not (use.read or use.store) \
+                or passed_through:
             return answer_cache.Plan("bypass")
         key = await off_loop(answer_cache.cache_key, q, collection, req, generator, params, budget)
         return await answer_cache.lookup(q, cache, key, req.query, collection, read=use.read)

@@ -54,7 +54,7 @@ def _documented() -> dict[tuple[str, str], tuple[str, ...] | None]:
 
 
 def _template(path: str) -> str:
-    return path.replace("{document_id}", "{document_id:whole}")
+    return path.replace("{document_id}", "{document_id:whole}").replace("{model}", "{model:whole}")
 
 
 def test_every_route_has_a_policy_entry_and_every_entry_a_route() -> None:
@@ -120,7 +120,9 @@ def _key(quarry: Quarry, tenant: str, scopes: list[str]) -> dict[str, str]:
 
 
 def _send(client: TestClient, method: str, path: str, headers: dict[str, str]) -> Any:
-    url = path.format(name="nope", document_id="x", job_id="0" * 32, report_id="nope", file="summary.json")
+    url = path.format(
+        name="nope", document_id="x", job_id="0" * 32, report_id="nope", file="summary.json", model="quarry/nope"
+    )
     body = {} if method == "POST" else None
     return client.request(method, url, json=body, headers=headers)
 
