@@ -64,6 +64,13 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, str], dict[str, str], Any]] = {
     ("GET", "/v1/collections/{name}/recall"): ({"name": NAME}, {}, None),
     ("POST", "/v1/collections/{name}/reindex"): ({"name": "gone"}, {}, {"model": "m", "index": "auto"}),
     ("POST", "/v1/collections/{name}/rollback"): ({"name": "gone"}, {}, None),
+    ("GET", "/v1/collections/{name}/rollout"): ({"name": NAME}, {}, None),
+    ("POST", "/v1/collections/{name}/rollout"): (
+        {"name": "gone"}, {}, {"model": "m", "index": "HNSW", "mode": "canary", "schedule": [5, 100]},
+    ),
+    ("POST", "/v1/collections/{name}/rollout/step"): ({"name": "gone"}, {}, None),
+    ("POST", "/v1/collections/{name}/rollout/promote"): ({"name": "gone"}, {}, None),
+    ("POST", "/v1/collections/{name}/rollout/abort"): ({"name": "gone"}, {}, None),
     ("GET", "/v1/jobs"): ({}, {"limit": "10"}, None),
     ("GET", "/v1/audit"): ({}, {"limit": "10", "cursor": "1"}, None),
     ("GET", "/v1/jobs/{job_id}"): ({"job_id": "0" * 32}, {}, None),
