@@ -7,9 +7,9 @@ A backend owns its connection, its deadlines and its circuit breaker; callers se
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 Message = dict[str, str]
 
@@ -22,11 +22,21 @@ class GenerationParams:
         max_tokens: Cap on the completion's length, in tokens.
         temperature: Sampling temperature (0: greedy).
         seed: Sampling seed, where the server honours one.
+        schema: A JSON schema the reply must follow (sent as OpenAI's ``response_format``, in
+            the form the server accepts: :data:`StructuredMode`); ``None``: free text.
     """
 
     max_tokens: int
     temperature: float = 0.0
     seed: int | None = None
+    schema: Mapping[str, Any] | None = None
+
+
+StructuredMode = Literal["auto", "json_schema", "json_object", "off"]
+"""How a JSON schema is asked of the server: ``json_schema`` (OpenAI, vLLM: ``{"type":
+"json_schema", "json_schema": {"name", "schema", "strict"}}``), ``json_object`` (llama.cpp,
+llama-cpp-python: ``{"type": "json_object", "schema": ...}``), ``off`` (free text), ``auto``
+(the first of these the server accepts, found on the first structured request)."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,11 @@ class Generator(Protocol):
     """
 
     model_id: str | None
+
+    @property
+    def structured(self) -> StructuredMode:
+        """How a schema is sent: ``auto`` until the server's support is known, then the form it takes."""
+        ...
 
     @property
     def tokenizer(self) -> str:

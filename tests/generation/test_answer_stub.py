@@ -36,7 +36,9 @@ def served(
     tmp_path_factory: pytest.TempPathFactory, minilm: SentenceTransformerEmbedder, stub: StubLLM,
     scifact_sample: list[SourceDocument],
 ) -> Iterator[Served]:
-    llm = LLMSettings(url=stub.url, first_token_timeout_s=FIRST_TOKEN_S, stall_timeout_s=STALL_S, retry_after_s=0)
+    # free text: these scripts test marker parsing and deadlines (structured replies: test_structured.py)
+    llm = LLMSettings(url=stub.url, first_token_timeout_s=FIRST_TOKEN_S, stall_timeout_s=STALL_S, retry_after_s=0,
+                      structured="off")
     settings = Settings(data_dir=tmp_path_factory.mktemp("stub-data"), llm=llm, cache=CacheSettings(enabled=False))
     quarry = Quarry(settings, embedder=minilm)  # scripted replies differ per request: no answer cache
     quarry.create_collection(COLLECTION, language="en")
