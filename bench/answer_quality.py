@@ -20,6 +20,8 @@ Three steps, each reproducible on its own (the SciFact collection is built once 
     python bench/answer_quality.py index
     python bench/answer_quality.py abstention [--json FILE]
     python bench/answer_quality.py answers --queries 50 [--llm-url URL] [--structured auto] [--json FILE]
+    python bench/answer_quality.py answers --offset 25 --queries 25 ...   # a slice (two servers at once)
+    python bench/answer_quality.py merge A.json B.json [--json FILE]       # the figures of slices together
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ def index(data_dir: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=["index", "abstention", "answers"])
+    parser.add_argument("step", choices=["index", "abstention", "answers", "merge"])
+    parser.add_argument("files", nargs="*", type=Path, help="merge: the answers JSON files of slices")
+    parser.add_argument("--offset", type=int, default=0)
     parser.add_argument("--data-dir", type=Path, default=Path("/tmp/quarry-answer-quality"))
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--llm-url", default=LOCAL_LLM)
@@ -80,8 +84,11 @@ def main() -> None:
     out: dict[str, Any]
     if args.step == "abstention":
         out = abstention(args.data_dir)
+    elif args.step == "merge":
+        parts = [json.loads(f.read_text()) for f in args.files]
+        out = summarize(parts[0]["llm_url"], parts[0]["structured"], [r for p in parts for r in p["per_query"]])
     else:
-        out = answers(args.data_dir, args.queries, args.llm_url, args.structured)
+        out = answers(args.data_dir, args.queries, args.llm_url, args.structured, args.offset)
     print(json.dumps({k: v for k, v in out.items() if k not in ("per_query", "scores")}, indent=2))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
@@ -148,12 +155,12 @@ def _quantiles(scores: list[float | None]) -> dict[str, float]:
     return {f"p{p}": round(known[min(len(known) - 1, int(p / 100 * len(known)))], 4) for p in (5, 50, 95)}
 
 
-def answers(data_dir: Path, limit: int, llm_url: str, structured: str) -> dict[str, Any]:
-    """Answer ``limit`` SciFact test queries through the answer service; the citation figures."""
-    return asyncio.run(_answers(data_dir, limit, llm_url, structured))
+def answers(data_dir: Path, limit: int, llm_url: str, structured: str, offset: int = 0) -> dict[str, Any]:
+    """Answer ``limit`` SciFact test queries (from the ``offset``-th) through the answer service; the figures."""
+    return summarize(llm_url, structured, asyncio.run(_answers(data_dir, limit, llm_url, structured, offset)))
 
 
-async def _answers(data_dir: Path, limit: int, llm_url: str, structured: str) -> dict[str, Any]:
+async def _answers(data_dir: Path, limit: int, llm_url: str, structured: str, offset: int) -> list[dict[str, Any]]:
     from generation.factory import open_generator
     from quarry.services.answer import AnswerRequest, AnswerService
 
@@ -161,7 +168,7 @@ async def _answers(data_dir: Path, limit: int, llm_url: str, structured: str) ->
                       total_timeout_s=600)
     q = open_quarry(data_dir, llm)
     split = load_split(SCIFACT, "test")
-    asked = list(split.queries.items())[:limit]
+    asked = list(split.queries.items())[offset : offset + limit]
     service = AnswerService(open_generator(llm), None)
     rows: list[dict[str, Any]] = []
     try:
@@ -192,6 +199,11 @@ async def _answers(data_dir: Path, limit: int, llm_url: str, structured: str) ->
     finally:
         await service.aclose()
         q.close()
+    return rows
+
+
+def summarize(llm_url: str, structured: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of answered queries' rows (see :func:`_answers`)."""
     answered = [r for r in rows if r["answer"] is not None]
     cited = sum(1 for r in answered if r["citations"])
     total = sum(r["citations"] for r in rows)
