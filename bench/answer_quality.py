@@ -76,6 +76,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--llm-url", default=LOCAL_LLM)
     parser.add_argument("--structured", default="auto", choices=["auto", "json_schema", "json_object", "off"])
+    parser.add_argument("--style", default="abstractive", choices=["abstractive", "extractive"])
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if args.step == "index":
@@ -87,8 +88,9 @@ def main() -> None:
     elif args.step == "merge":
         parts = [json.loads(f.read_text()) for f in args.files]
         out = summarize(parts[0]["llm_url"], parts[0]["structured"], [r for p in parts for r in p["per_query"]])
+        out["style"] = parts[0].get("style", "abstractive")
     else:
-        out = answers(args.data_dir, args.queries, args.llm_url, args.structured, args.offset)
+        out = answers(args.data_dir, args.queries, args.llm_url, args.structured, args.offset, args.style)
     print(json.dumps({k: v for k, v in out.items() if k not in ("per_query", "scores")}, indent=2))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
@@ -155,17 +157,22 @@ def _quantiles(scores: list[float | None]) -> dict[str, float]:
     return {f"p{p}": round(known[min(len(known) - 1, int(p / 100 * len(known)))], 4) for p in (5, 50, 95)}
 
 
-def answers(data_dir: Path, limit: int, llm_url: str, structured: str, offset: int = 0) -> dict[str, Any]:
+def answers(  # noqa: PLR0913 - the run's knobs
+    data_dir: Path, limit: int, llm_url: str, structured: str, offset: int = 0, style: str = "abstractive"
+) -> dict[str, Any]:
     """Answer ``limit`` SciFact test queries (from the ``offset``-th) through the answer service; the figures."""
-    return summarize(llm_url, structured, asyncio.run(_answers(data_dir, limit, llm_url, structured, offset)))
+    rows = asyncio.run(_answers(data_dir, limit, llm_url, structured, offset, style))
+    return {**summarize(llm_url, structured, rows), "style": style}
 
 
-async def _answers(data_dir: Path, limit: int, llm_url: str, structured: str, offset: int) -> list[dict[str, Any]]:
+async def _answers(  # noqa: PLR0913 - the run's knobs
+    data_dir: Path, limit: int, llm_url: str, structured: str, offset: int, style: str
+) -> list[dict[str, Any]]:
     from generation.factory import open_generator
     from quarry.services.answer import AnswerRequest, AnswerService
 
-    llm = LLMSettings(url=llm_url, structured=structured, first_token_timeout_s=300, stall_timeout_s=60,
-                      total_timeout_s=600)
+    llm = LLMSettings(url=llm_url, structured=structured, answer_style=style,
+                      first_token_timeout_s=300, stall_timeout_s=60, total_timeout_s=600)
     q = open_quarry(data_dir, llm)
     split = load_split(SCIFACT, "test")
     asked = list(split.queries.items())[offset : offset + limit]

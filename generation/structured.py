@@ -23,12 +23,13 @@ starts as JSON but does not parse to the schema at the end is rendered as what c
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jiter
 
 from generation.citations import MARKER, Citation, CitationScanner, SourceRef
+from generation.support import SENTENCE_END as _SENTENCES
 from generation.support import check
 from indexing.text import Language
 
@@ -41,17 +42,29 @@ SYSTEM = (
     "Each text is a sentence from a source; sources lists the numbers of the sources it comes from. "
     'If no source answers the question, reply {"not_answerable": true}.'
 )  # SmolLM2-135M copies a placeholder ("a sentence of the answer") verbatim: the example is a real sentence
+EXTRACTIVE_SYSTEM = (
+    "Answer the question with one or two sentences copied from the numbered sources. Reply with JSON: "
+    '{"sentences": [{"sources": [N], "text": "a sentence copied from source N"}]}. '
+    'If no source answers the question, reply {"not_answerable": true}.'
+)
+MIN_EXTRACT_CHARS = 20  # shorter pieces of a source (a heading, "Methods.") are not offered as sentences
 _CLOSING = re.compile(r"[\s.!?。！？;；:：,，]*$")
 
 
-def answer_schema(numbers: Sequence[int]) -> dict[str, Any]:
+def answer_schema(numbers: Sequence[int], extract: Mapping[int, str] | None = None) -> dict[str, Any]:
     """The JSON schema of an answer citing the sources ``numbers`` (the ones sent).
 
     One of two objects: ``{"sentences": [{"text", "sources"}, ...]}`` (1 to :data:`MAX_SENTENCES`
     sentences, each with 1 to :data:`MAX_SOURCES_PER_SENTENCE` numbers of ``numbers``), or
     ``{"not_answerable": true}``. (A flag beside the sentences let SmolLM2 answer
     ``{"answerable": true, "sentences": []}``: the ``anyOf`` leaves no such way out.)
+
+    ``extract`` (source number -> the text sent): an extractive answer. Each sentence is then one
+    source's number and one of that source's sentences word for word (``{"sources": [n],
+    "text": <enum of its sentences>}``), so a constrained model can only quote what it cites.
     """
+    if extract is not None:
+        return _extractive_schema(numbers, extract)
     sentence = {
         "type": "object",
         "properties": {
@@ -67,6 +80,46 @@ def answer_schema(numbers: Sequence[int]) -> dict[str, Any]:
     answered = {
         "type": "object",
         "properties": {"sentences": {"type": "array", "items": sentence, "minItems": 1, "maxItems": MAX_SENTENCES}},
+        "required": ["sentences"],
+        "additionalProperties": False,
+    }
+    declined = {
+        "type": "object",
+        "properties": {"not_answerable": {"type": "boolean", "const": True}},
+        "required": ["not_answerable"],
+        "additionalProperties": False,
+    }
+    return {"anyOf": [answered, declined]}
+
+
+def source_sentences(text: str) -> list[str]:
+    """The sentences of a source an extractive answer may quote (at least one: the whole text).
+
+    Double quotes become single ones and backslashes are dropped: llama-cpp-python 0.3 escapes
+    them twice when it turns an ``enum`` into a grammar, and the server then fails the request
+    (and closes the connection). The citation's ``quote`` is still read from the chunk itself.
+    """
+    text = text.replace('"', "'").replace("\\", "")
+    found = [p.strip() for p in _SENTENCES.split(text) if len(p.strip()) >= MIN_EXTRACT_CHARS]
+    return list(dict.fromkeys(found)) or [text.strip()]
+
+
+def _extractive_schema(numbers: Sequence[int], extract: Mapping[int, str]) -> dict[str, Any]:
+    options = [
+        {
+            "type": "object",
+            "properties": {
+                "sources": {"type": "array", "items": {"const": n}, "minItems": 1, "maxItems": 1},
+                "text": {"enum": source_sentences(extract[n])},
+            },
+            "required": ["sources", "text"],
+            "additionalProperties": False,
+        }
+        for n in numbers if n in extract
+    ]
+    answered = {
+        "type": "object",
+        "properties": {"sentences": {"type": "array", "items": {"anyOf": options}, "minItems": 1, "maxItems": 2}},
         "required": ["sentences"],
         "additionalProperties": False,
     }

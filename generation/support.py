@@ -61,7 +61,8 @@ _WORDS = re.compile(r"[^\W_]+", re.UNICODE)
 _NUMBER = re.compile(r"(?<![0-9A-Za-z.])\d+(?:[.,]\d+)*")
 _CJK_NUMBER = re.compile("[零〇一二两三四五六七八九十百千万亿]+")
 _CONTRACTION = re.compile(r"n['’]t\b")
-_SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|(?<=[。！？；])\s*|\n+")
+SENTENCE_END = re.compile(r"(?<=[.!?;])\s+|(?<=[。！？；])\s*|\n+")
+"""Where a text is split into sentences (an ASCII stop needs a space after it: ``0.25`` is one number)."""
 _NAMED = re.compile(r"(?<!^)(?<![.!?]\s)\b(?:[A-Z][\w-]*[A-Z0-9][\w-]*|[A-Z][a-z][\w-]*|[a-z]+\d[\w-]*)\b")
 _CJK = re.compile("[\u4e00-\u9fff]")
 
@@ -137,7 +138,7 @@ def negated(text: str) -> bool:
 def _quote(claim: str, terms: set[str], chunk: str, language: Language) -> str:
     """The chunk sentence with most of ``terms`` (ties: the earlier one)."""
     best, best_overlap = "", 0
-    for sentence in _SENTENCE_END.split(chunk):
+    for sentence in SENTENCE_END.split(chunk):
         overlap = len(terms & set(tokenize(sentence, language)))
         if overlap > best_overlap:
             best, best_overlap = sentence.strip(), overlap

@@ -32,8 +32,8 @@ from generation.answer import Event, answer_events, prompt_tokens
 from generation.base import GenerationParams, Generator
 from generation.cache import AnswerCache
 from generation.prompt import SYSTEM, Candidate, Prompt, approx_tokens, build_prompt
+from generation.structured import EXTRACTIVE_SYSTEM, answer_schema
 from generation.structured import SYSTEM as STRUCTURED_SYSTEM
-from generation.structured import answer_schema
 from indexing.collections import CollectionConfig
 from indexing.docstore import off_loop
 from indexing.sources import check_unicode, is_blank
@@ -200,11 +200,14 @@ class AnswerService:
             )
         generator = self.generator
         structured = generator is not None and generator.structured != "off"
+        extractive = structured and cfg.answer_style == "extractive"
+        system = (EXTRACTIVE_SYSTEM if extractive else STRUCTURED_SYSTEM) if structured else SYSTEM
         t = time.perf_counter()
-        prompt = await self._prompt(req.query, candidates, budget, STRUCTURED_SYSTEM if structured else SYSTEM)
+        prompt = await self._prompt(req.query, candidates, budget, system)
         timings["prompt"] = (time.perf_counter() - t) * 1000
         if structured and prompt.sent:
-            params = dataclasses.replace(params, schema=answer_schema([s.number for s in prompt.sent]))
+            extract = {s.number: s.text for s in prompt.sent} if extractive else None
+            params = dataclasses.replace(params, schema=answer_schema([s.number for s in prompt.sent], extract))
         if quota is not None and generator is not None and prompt.sent:  # the LLM will be asked
             quota.reserve(prompt_tokens(prompt, generator))
         events = answer_events(

@@ -70,3 +70,16 @@ def test_the_schema_allows_only_the_sent_numbers_and_at_least_one_per_sentence()
     sources = answered["properties"]["sentences"]["items"]["properties"]["sources"]
     assert sources["items"]["enum"] == [1, 2, 3] and sources["minItems"] == 1
     assert answered["properties"]["sentences"]["minItems"] == 1 and declined["required"] == ["not_answerable"]
+
+
+def test_an_extractive_schema_offers_each_source_its_own_sentences_word_for_word() -> None:
+    chunk = "Smoking causes lung cancer. Methods. Quitting lowers the risk within ten years."
+    answered, _ = answer_schema([1, 2], {1: SOURCES[0].text, 2: chunk})["anyOf"]
+    options = answered["properties"]["sentences"]["items"]["anyOf"]
+    assert [o["properties"]["sources"]["items"]["const"] for o in options] == [1, 2]
+    assert options[1]["properties"]["text"]["enum"] == [
+        "Smoking causes lung cancer.", "Quitting lowers the risk within ten years."  # "Methods." is too short
+    ]
+    reply = json.dumps({"sentences": [{"sources": [2], "text": SOURCES[1].text}]})  # key order as the schema's
+    scanner, _ = _run(reply, 3)
+    assert scanner.text == "Smoking causes lung cancer [2]." and scanner.citations[0].supported
