@@ -48,6 +48,7 @@ EXTRACTIVE_SYSTEM = (
     'If no source answers the question, reply {"not_answerable": true}.'
 )
 MIN_EXTRACT_CHARS = 20  # shorter pieces of a source (a heading, "Methods.") are not offered as sentences
+_CONTROL = re.compile("[\x00-\x1f]")
 _CLOSING = re.compile(r"[\s.!?。！？;；:：,，]*$")
 
 
@@ -95,11 +96,12 @@ def answer_schema(numbers: Sequence[int], extract: Mapping[int, str] | None = No
 def source_sentences(text: str) -> list[str]:
     """The sentences of a source an extractive answer may quote (at least one: the whole text).
 
-    Double quotes become single ones and backslashes are dropped: llama-cpp-python 0.3 escapes
-    them twice when it turns an ``enum`` into a grammar, and the server then fails the request
-    (and closes the connection). The citation's ``quote`` is still read from the chunk itself.
+    Double quotes become single ones, backslashes are dropped and control characters are
+    spaces: llama-cpp-python 0.3 escapes quotes twice when it turns an ``enum`` into a grammar,
+    and the server then fails the request (its process exits: every later request is refused).
+    The citation's ``quote`` is still read from the chunk itself.
     """
-    text = text.replace('"', "'").replace("\\", "")
+    text = _CONTROL.sub(" ", text.replace('"', "'").replace("\\", ""))
     found = [p.strip() for p in _SENTENCES.split(text) if len(p.strip()) >= MIN_EXTRACT_CHARS]
     return list(dict.fromkeys(found)) or [text.strip()]
 
