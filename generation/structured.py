@@ -35,6 +35,7 @@ from indexing.text import Language
 
 MAX_SENTENCES = 4
 MAX_SOURCES_PER_SENTENCE = 3
+MAX_SENTENCE_CHARS = 600  # a sentence must close: Gemma-3-270M wrote one until max_tokens, so none was cited
 NOT_ANSWERED = "The sources do not answer this question."
 SYSTEM = (
     "Answer the question with sentences copied from the numbered sources. Reply with JSON, for example: "
@@ -69,7 +70,7 @@ def answer_schema(numbers: Sequence[int], extract: Mapping[int, str] | None = No
     sentence = {
         "type": "object",
         "properties": {
-            "text": {"type": "string", "minLength": 1},
+            "text": {"type": "string", "minLength": 1, "maxLength": MAX_SENTENCE_CHARS},
             "sources": {
                 "type": "array", "items": {"type": "integer", "enum": list(numbers)},
                 "minItems": 1, "maxItems": MAX_SOURCES_PER_SENTENCE,

@@ -70,6 +70,7 @@ def test_the_schema_allows_only_the_sent_numbers_and_at_least_one_per_sentence()
     sources = answered["properties"]["sentences"]["items"]["properties"]["sources"]
     assert sources["items"]["enum"] == [1, 2, 3] and sources["minItems"] == 1
     assert answered["properties"]["sentences"]["minItems"] == 1 and declined["required"] == ["not_answerable"]
+    assert answered["properties"]["sentences"]["items"]["properties"]["text"]["maxLength"] == 600
 
 
 def test_an_extractive_schema_offers_each_source_its_own_sentences_word_for_word() -> None:
