@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from generation.base import GenerationParams, Generator, Usage
-from generation.citations import CitationScanner, SourceRef
+from generation.citations import SourceRef
 from generation.prompt import Prompt
+from generation.structured import StructuredScanner
 from indexing.text import Language
 from quarry import tracing
 from quarry.errors import GenerationError, QuarryError
@@ -76,7 +77,8 @@ async def answer_events(  # noqa: C901 - one linear pipeline, easiest read in on
     Args:
         generator: The LLM, or ``None`` (no LLM configured: sources, then ``done`` with no answer).
         prompt: The built prompt and what it holds.
-        params: Length, temperature, seed.
+        params: Length, temperature, seed; with a ``schema``, the reply is JSON
+            (:mod:`generation.structured`) and is sent as text with ``[n]`` markers.
         language: The collection's analysis language (for citations' ``supported``).
         threshold: Lexical support threshold.
         started: ``time.perf_counter()`` when the request arrived (for ``ttft`` and ``total``).
@@ -93,7 +95,7 @@ async def answer_events(  # noqa: C901 - one linear pipeline, easiest read in on
         SourceRef(s.number, s.candidate.document_id, s.candidate.chunk_id, s.text, s.candidate.title)
         for s in prompt.sent
     ]
-    scanner = CitationScanner(refs, language, threshold)
+    scanner = StructuredScanner(refs, language, threshold, json=params.schema is not None)
     if generator is None or not refs:
         why = "no LLM is configured (QUARRY_LLM__URL)" if generator is None else "not asked: no source was retrieved"
         timings_ms["total"] = (time.perf_counter() - started) * 1000
@@ -111,12 +113,22 @@ async def answer_events(  # noqa: C901 - one linear pipeline, easiest read in on
                 finish = piece.finish_reason or finish
                 if not piece.text:
                     continue
+                text, citations = scanner.feed(piece.text)
+                if text:
+                    if first is None:  # the first text the client reads (a JSON reply: its first words)
+                        first = time.perf_counter()
+                        timings_ms["ttft"] = (first - started) * 1000
+                    yield Event("delta", {"text": text})
+                for citation in citations:
+                    yield Event("citation", citation.to_json())
+            text, citations = scanner.finish()
+            if text:
                 if first is None:
                     first = time.perf_counter()
                     timings_ms["ttft"] = (first - started) * 1000
-                yield Event("delta", {"text": piece.text})
-                for citation in scanner.feed(piece.text):
-                    yield Event("citation", citation.to_json())
+                yield Event("delta", {"text": text})
+            for citation in citations:
+                yield Event("citation", citation.to_json())
     except (GeneratorExit, asyncio.CancelledError):  # the client left: the span ends, unfinished
         tracing.end_llm_span(span, ttft_s=None, usage=usage, finish="cancelled", error=None)
         raise
@@ -131,7 +143,7 @@ async def answer_events(  # noqa: C901 - one linear pipeline, easiest read in on
     timings_ms["generate"] = (now - asked) * 1000
     if usage is None or usage.completion_tokens is None:  # llama-cpp-python's stream reports none
         try:
-            counted = (await generator.count_tokens([scanner.text]))[0] if scanner.text else 0
+            counted = (await generator.count_tokens([scanner.raw]))[0] if scanner.raw else 0
         except GenerationError:
             counted = None
         usage = Usage(usage.prompt_tokens if usage else None, counted)
@@ -166,13 +178,13 @@ def _llm_ended(  # noqa: PLR0913 - what one LLM call reports
 
 def _done(
     answer: str | None,
-    scanner: CitationScanner,
+    scanner: StructuredScanner,
     usage: Usage | None,
     finish: str | None,
     degraded: list[str],
     timings_ms: dict[str, float],
 ) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "answer": answer,
         "citations": [c.to_json() for c in scanner.citations],
         "dropped_citations": scanner.dropped,
@@ -184,3 +196,9 @@ def _done(
         "degraded": degraded,
         "timings_ms": dict(timings_ms),
     }
+    if answer is not None:
+        out["format"] = scanner.format or "text"
+    if scanner.abstained:  # the LLM said the sources do not answer
+        out["abstained"] = True
+        out["abstention"] = {"reason": "llm_not_answerable"}
+    return out

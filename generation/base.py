@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 Message = dict[str, str]
 
@@ -25,6 +25,8 @@ class GenerationParams:
         stop: Sequences at which the server stops generating (OpenAI's ``stop``; empty: none).
         response_format: OpenAI's ``response_format`` (``{"type": "json_object"}``, a
             ``json_schema``...), passed to the server as given (``None``: not sent).
+        schema: A JSON schema the reply must follow (sent as OpenAI's ``response_format``, in
+            the form the server accepts: :data:`StructuredMode`); ``None``: free text.
     """
 
     max_tokens: int
@@ -32,6 +34,14 @@ class GenerationParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     response_format: Mapping[str, Any] | None = None
+    schema: Mapping[str, Any] | None = None
+
+
+StructuredMode = Literal["auto", "json_schema", "json_object", "off"]
+"""How a JSON schema is asked of the server: ``json_schema`` (OpenAI, vLLM: ``{"type":
+"json_schema", "json_schema": {"name", "schema", "strict"}}``), ``json_object`` (llama.cpp,
+llama-cpp-python: ``{"type": "json_object", "schema": ...}``), ``off`` (free text), ``auto``
+(the first of these the server accepts, found on the first structured request)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,11 @@ class Generator(Protocol):
     """
 
     model_id: str | None
+
+    @property
+    def structured(self) -> StructuredMode:
+        """How a schema is sent: ``auto`` until the server's support is known, then the form it takes."""
+        ...
 
     @property
     def tokenizer(self) -> str:

@@ -14,11 +14,13 @@ sources sent) is dropped and counted, never mapped to another chunk (Haystack's 
 drops out-of-range markers too; RAGFlow falls back to all sources, which we do not). A range
 spanning more than :data:`MAX_RANGE` numbers is not expanded: its two ends count alone.
 
-``supported`` is lexical: the share of the citing sentence's content terms (BM25's analysis of
-the collection's language: lower-cased, stop words dropped, Snowball-stemmed; CJK words and
-bigrams) that occur in the cited chunk, ``score`` in 0..1, against a threshold
-(``QUARRY_LLM__SUPPORT_THRESHOLD``, 0.5 by default). The citing sentence is the text from the
-previous sentence end to the marker (the sentence before it when the marker opens one).
+``supported`` is :func:`generation.support.check`: enough of the citing sentence's content terms
+in the cited chunk (its title included; ``score`` in 0..1 against ``QUARRY_LLM__SUPPORT_THRESHOLD``,
+0.5 by default), and no number, negation, opposite or named entity of the sentence that the chunk
+contradicts or lacks (``reason`` says which rule failed). The citing sentence is the text from the
+previous sentence end to the marker (the sentence before it when the marker opens one); a marker
+with nothing before it (``[1] Title. Copied text``) cites the text after it, up to the next marker
+or the end of the answer, and resolves when that text is complete.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from indexing.text import Language, tokenize
+from generation.support import check
+from indexing.text import Language
 
 MAX_RANGE = 50
 _NUMS = r"\d{1,4}(?:\s*(?:,|-|–|—|and|&)\s*\d{1,4})*"
@@ -72,6 +75,8 @@ class Citation:
         start, end: The marker's span in the answer (character offsets).
         quote: The sentence of the cited chunk that shares most content terms with the citing one.
         score: The lexical support score (0..1).
+        reason: Why it is not ``supported`` (the rule of :func:`generation.support.check` that
+            failed), ``None`` when it is.
     """
 
     marker: int
@@ -84,6 +89,7 @@ class Citation:
     quote: str
     score: float
     supported: bool
+    reason: str | None = None
 
     def to_json(self) -> dict[str, object]:
         """The citation as the API returns it."""
@@ -91,6 +97,7 @@ class Citation:
             "marker": self.marker, "text": self.text, "span": [self.start, self.end],
             "document_id": self.document_id, "chunk_id": self.chunk_id, "title": self.title,
             "quote": self.quote, "score": round(self.score, 4), "supported": self.supported,
+            "reason": self.reason,
         }
 
 
@@ -129,24 +136,16 @@ def claim_of(text: str, marker_start: int) -> str:
 
 def support(claim: str, chunk: str, language: Language) -> tuple[float, str]:
     """Lexical support of ``claim`` by ``chunk``: (share of the claim's terms in the chunk, best quote)."""
-    terms = set(tokenize(claim, language))
-    if not terms:
-        return 0.0, ""
-    chunk_terms = set(tokenize(chunk, language))
-    score = len(terms & chunk_terms) / len(terms)
-    best, best_overlap = "", -1
-    for sentence in _SENTENCE_END.split(chunk):
-        overlap = len(terms & set(tokenize(sentence, language)))
-        if overlap > best_overlap:
-            best, best_overlap = sentence.strip(), overlap
-    return score, best
+    got = check(claim, chunk, language)
+    return got.score, got.quote
 
 
 class CitationScanner:
     """Resolves an answer's markers as its text grows (streaming) or all at once.
 
-    Feeding the same text in any number of pieces yields the same citations (a marker is taken
-    once it is complete, i.e. closed), which keeps streamed and non-streamed answers identical.
+    Feeding the same text in any number of pieces, then :meth:`finish`, yields the same
+    citations (a marker is taken once it is complete, i.e. closed; one that opens the answer once
+    the text it cites is), which keeps streamed and non-streamed answers identical.
 
     Args:
         sources: The sources that were sent, numbered from 1.
@@ -160,6 +159,7 @@ class CitationScanner:
         self._threshold = threshold
         self.text = ""
         self._pos = 0
+        self._pending: list[Marker] = []  # markers with nothing before them: they cite what follows
         self.citations: list[Citation] = []
         self.dropped = 0
 
@@ -169,25 +169,51 @@ class CitationScanner:
         new: list[Citation] = []
         for marker in find_markers(self.text, self._pos):
             self._pos = marker.end
+            if self._pending:  # the text the opening markers cite ends at this marker
+                new += self._flush(marker.start)
             claim = claim_of(self.text, marker.start)
-            for n in marker.numbers:
-                source = self._sources.get(n)
-                if source is None:
-                    self.dropped += 1
-                    continue
-                score, quote = support(claim, source.text, self._language)
-                new.append(
-                    Citation(
-                        n, marker.text, marker.start, marker.end, source.document_id, source.chunk_id,
-                        source.title, quote, score, score >= self._threshold,
-                    )
-                )
+            if not claim:
+                self._pending.append(marker)
+                continue
+            new += self._cite(marker, claim)
         self.citations.extend(new)
         return new
+
+    def finish(self) -> list[Citation]:
+        """The answer is complete: the citations of markers still waiting for the text they cite."""
+        new = self._flush(len(self.text))
+        self.citations.extend(new)
+        return new
+
+    def _flush(self, end: int) -> list[Citation]:
+        pending, self._pending = self._pending, []
+        out: list[Citation] = []
+        for marker in pending:
+            claim = MARKER.sub(" ", self.text[marker.end : end]).strip()
+            out += self._cite(marker, claim)
+        return out
+
+    def _cite(self, marker: Marker, claim: str) -> list[Citation]:
+        out: list[Citation] = []
+        for n in marker.numbers:
+            source = self._sources.get(n)
+            if source is None:
+                self.dropped += 1
+                continue
+            chunk = f"{source.title}\n{source.text}" if source.title else source.text
+            got = check(claim, chunk, self._language, self._threshold)
+            out.append(
+                Citation(
+                    n, marker.text, marker.start, marker.end, source.document_id, source.chunk_id,
+                    source.title, got.quote, got.score, got.supported, got.reason,
+                )
+            )
+        return out
 
 
 def resolve(answer: str, sources: Sequence[SourceRef], language: Language, threshold: float) -> CitationScanner:
     """All of ``answer``'s citations at once (see :class:`CitationScanner`)."""
     scanner = CitationScanner(sources, language, threshold)
     scanner.feed(answer)
+    scanner.finish()
     return scanner

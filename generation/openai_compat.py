@@ -19,6 +19,13 @@ also calibrates :meth:`estimate_tokens`, the local estimate the prompt chooses a
 with: characters per token of :data:`CALIBRATION_TEXT` on this server, times
 :data:`CALIBRATION_MARGIN`, then fixed, so the same request builds the same prompt. A prompt
 costs one tokenizer round trip (more only when the estimate fell short).
+
+Structured replies (``params.schema``): the schema goes in ``response_format`` in the form of
+``QUARRY_LLM__STRUCTURED`` (:data:`generation.base.StructuredMode`). With ``auto``, the first
+structured request tries ``json_schema``, then ``json_object`` with the schema, then free text,
+stepping down when the server refuses the form before streaming (a 400, 404, 415, 422, 500 or
+501 to the request: llama-cpp-python answers 500 to ``json_schema``), and keeps the first it
+accepts; a refusal on the way is not an outage (the breaker does not count it).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import anyio
 import httpx2 as httpx  # openai 3's transport (the httpx API under a new name)
 import openai
 
-from generation.base import GenerationParams, Message, Piece, Usage
+from generation.base import GenerationParams, Message, Piece, StructuredMode, Usage
 from generation.prompt import CHARS_PER_TOKEN, approx_tokens
 from quarry.breaker import OutageBreaker
 from quarry.errors import (
@@ -95,6 +102,12 @@ class OpenAICompatGenerator:
         self._tokenize: str | None = None  # "llama-cpp-python" | "tokenize" | "approx"; None: not probed
         self._special = 0  # tokens the tokenizer endpoint adds to every text
         self._chars_per_token = CHARS_PER_TOKEN  # calibrated once the server's tokenizer is found
+        self._structured: StructuredMode = settings.structured
+
+    @property
+    def structured(self) -> StructuredMode:
+        """How a schema is sent (``auto``: not known yet; see the module docstring)."""
+        return self._structured
 
     @property
     def tokenizer(self) -> str:
@@ -160,11 +173,7 @@ class OpenAICompatGenerator:
             extra["response_format"] = dict(params.response_format)
         try:
             async with asyncio.timeout_at(first_at):
-                stream = await self._client.chat.completions.create(
-                    model=model, messages=list(messages), stream=True,  # type: ignore[call-overload]
-                    max_tokens=params.max_tokens, temperature=params.temperature,
-                    stream_options={"include_usage": True}, **extra,
-                )
+                stream = await self._open(model, messages, params, extra)
         except TimeoutError as exc:
             raise self._late("first token", cfg.first_token_timeout_s, loop.time() - started) from exc
         except self._openai.OpenAIError as exc:
@@ -193,6 +202,29 @@ class OpenAICompatGenerator:
         finally:
             with anyio.CancelScope(shield=True):  # close the response even while being cancelled
                 await stream.close()
+
+    async def _open(
+        self, model: str, messages: Sequence[Message], params: GenerationParams, extra: dict[str, Any]
+    ) -> Any:
+        """The streamed completion, its ``response_format`` the first form the server takes (see the module)."""
+        forms: list[StructuredMode] = ["off"]
+        if params.schema is not None and params.response_format is None and self._structured != "off":
+            forms = ["json_schema", "json_object", "off"] if self._structured == "auto" else [self._structured]
+        for i, form in enumerate(forms):
+            try:
+                stream = await self._client.chat.completions.create(
+                    model=model, messages=list(messages), stream=True,  # type: ignore[call-overload]
+                    max_tokens=params.max_tokens, temperature=params.temperature,
+                    stream_options={"include_usage": True}, **extra, **_response_format(form, params.schema),
+                )
+            except self._openai.APIStatusError as exc:
+                if i + 1 < len(forms) and exc.status_code in _FORM_REFUSED:
+                    continue  # auto: the server does not take this form; try the next
+                raise
+            if self._structured == "auto" and params.schema is not None:
+                self._structured = form
+            return stream
+        raise AssertionError("unreachable: the last form returns or raises")
 
     async def _model(self) -> str:
         """The model to ask for: the URL's ``model=``, else the server's first listed model."""
@@ -299,6 +331,19 @@ class OpenAICompatGenerator:
             r = await self._http.post(f"{root}/tokenize", json=body, timeout=timeout)
         r.raise_for_status()
         return max(0, len(r.json()["tokens"]) - self._special)
+
+
+_FORM_REFUSED = frozenset({400, 404, 415, 422, 500, 501})
+
+
+def _response_format(form: StructuredMode, schema: Any) -> dict[str, Any]:
+    """The ``response_format`` argument of ``form`` for ``schema`` (none for ``off``)."""
+    if schema is None or form in ("off", "auto"):
+        return {}
+    if form == "json_object":  # llama.cpp's grammar-constrained JSON
+        return {"response_format": {"type": "json_object", "schema": dict(schema)}}
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": dict(schema),
+                                                                         "strict": True}}}
 
 
 def _piece(chunk: Any) -> Piece:

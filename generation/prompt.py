@@ -93,12 +93,13 @@ def source_text(number: int, text: str) -> str:
     return f"[{number}] {text}"
 
 
-def messages_for(query: str, context: str) -> list[Message]:
-    """The chat messages: instructions, then the sources block and the question."""
+def messages_for(query: str, context: str, system: str = SYSTEM) -> list[Message]:
+    """The chat messages: instructions (``system``), then the sources block and the question."""
     if not context:
-        return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Question: {query}"}]
-    user = f"Sources:\n\n{context}\n\nQuestion: {query}\nAnswer, citing sources like [1]:"
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+        return [{"role": "system", "content": system}, {"role": "user", "content": f"Question: {query}"}]
+    ask = "Answer, citing sources like [1]:" if system == SYSTEM else "Answer in JSON:"
+    user = f"Sources:\n\n{context}\n\nQuestion: {query}\n{ask}"
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
 
 async def build_prompt(
@@ -108,6 +109,7 @@ async def build_prompt(
     count: Counter,
     tokenizer: str,
     estimate: Estimate = approx_tokens,
+    system: str = SYSTEM,
 ) -> Prompt:
     """Fit ``candidates`` into ``budget`` tokens of sources and build the messages.
 
@@ -119,6 +121,8 @@ async def build_prompt(
             called once on the joined block, again only when ``estimate`` fell short.
         tokenizer: ``"server"`` or ``"approx"``: what ``count`` is, reported with the prompt.
         estimate: Local tokens of one text, used to choose and cut chunks (no I/O).
+        system: The instructions (:data:`SYSTEM`: free text with ``[n]`` markers;
+            :data:`generation.structured.SYSTEM`: a JSON answer).
 
     Raises:
         GenerationUnavailable: ``count`` could not ask the server.
@@ -126,7 +130,7 @@ async def build_prompt(
     sent = _select(candidates, budget, estimate)
     context, tokens, calls = await _fit(sent, budget, count, estimate)
     left_out = list(candidates[len(sent) :])
-    prompt = Prompt(messages_for(query, context), sent, left_out, context, tokens, budget, tokenizer)
+    prompt = Prompt(messages_for(query, context, system), sent, left_out, context, tokens, budget, tokenizer)
     prompt.counts = calls
     return prompt
 

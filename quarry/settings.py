@@ -359,7 +359,18 @@ class LLMSettings(BaseModel):
         temperature: Default sampling temperature (0: greedy).
         support_threshold: A citation is ``supported`` when the lexical overlap of its sentence
             with the cited chunk (share of the sentence's content terms found in the chunk, 0-1)
-            reaches this.
+            reaches this (and no number, negation or entity differs: :mod:`generation.support`).
+        structured: How the answer's JSON schema (sentences with their source numbers) is asked of
+            the server: ``json_schema`` (vLLM, OpenAI), ``json_object`` with a ``schema``
+            (llama.cpp, llama-cpp-python), ``off`` (free text, ``[n]`` markers parsed), or
+            ``auto`` (the first the server accepts, found on the first answer and kept).
+        answer_style: With a schema: ``abstractive`` (the model writes each sentence and names its
+            sources) or ``extractive`` (each sentence must be one of its source's sentences word
+            for word: the schema enumerates them; for small local models, whose own sentences
+            the sources rarely support).
+        min_scores: Abstention thresholds per collection (``{"scifact": 0.3}``): an answer whose
+            evidence score (:mod:`quarry.services.abstention`) is below its collection's is
+            "not in the corpus", without an LLM call; a request's ``min_score`` overrides it.
     """
 
     url: str = ""
@@ -373,6 +384,9 @@ class LLMSettings(BaseModel):
     max_tokens: int = Field(256, ge=1, le=32_768)
     temperature: float = Field(0.0, ge=0, le=2)
     support_threshold: float = Field(0.5, ge=0, le=1)
+    structured: Literal["auto", "json_schema", "json_object", "off"] = "auto"
+    answer_style: Literal["abstractive", "extractive"] = "abstractive"
+    min_scores: dict[str, float] = Field(default_factory=dict)
 
 
 class CacheSettings(BaseModel):

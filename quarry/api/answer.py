@@ -92,8 +92,8 @@ class AnswerIn(_Body):
     require_answer: bool = Field(False, description="Fail (503/502) instead of answering null when the LLM fails.")
     min_score: float | None = Field(
         None, allow_inf_nan=False,
-        description="Abstain without asking the LLM (`abstained: true`) when no retrieved chunk scores at least "
-        "this (the mode's own score: fused for hybrid, BM25 for bm25, similarity for dense).",
+        description="Abstain without asking the LLM (`abstained: true`) when the evidence score is below this "
+        "(the best dense similarity of the hits; BM25 in bm25 mode). Default: the collection's QUARRY_LLM__MIN_SCORES.",
     )
 
     def request(self) -> AnswerRequest:

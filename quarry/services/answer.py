@@ -22,6 +22,7 @@ cache hit costs nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,13 +31,15 @@ from typing import Any, Literal, Protocol
 from generation.answer import Event, answer_events, prompt_tokens
 from generation.base import GenerationParams, Generator
 from generation.cache import AnswerCache
-from generation.prompt import Candidate, Prompt, approx_tokens, build_prompt
+from generation.prompt import SYSTEM, Candidate, Prompt, approx_tokens, build_prompt
+from generation.structured import EXTRACTIVE_SYSTEM, answer_schema
+from generation.structured import SYSTEM as STRUCTURED_SYSTEM
 from indexing.collections import CollectionConfig
 from indexing.docstore import off_loop
 from indexing.document_rules import check_unicode, is_blank
 from quarry import metrics
 from quarry.errors import GenerationError, InvalidQuery, LLMNotConfigured, QuarryError
-from quarry.services import answer_cache, collections, query
+from quarry.services import abstention, answer_cache, collections, query
 from quarry.services.answer_cache import CacheUse
 from quarry.services.view import View
 from retrieval.rerank_options import rerank_options
@@ -93,11 +96,13 @@ class AnswerRequest:
         context_tokens: Budget of the sources in tokens; ``None``: ``QUARRY_LLM__CONTEXT_TOKENS``.
         require_answer: Raise the LLM's error instead of answering ``None``.
         min_score: Abstain (answer :data:`ABSTAINED`, ``abstained: true``, the LLM not asked) when
-            no retrieved chunk scores at least this, in the retrieval mode's own score (hybrid:
-            the fused score; bm25: BM25; dense: the store's similarity). ``None``: always answer.
+            the evidence score (:func:`quarry.services.abstention.evidence_score`: the best dense
+            similarity of the hits; bm25 mode: the best BM25 score) is below this. ``None``: the
+            collection's calibrated threshold (``QUARRY_LLM__MIN_SCORES``), else always answer.
         stop: Stop sequences passed to the LLM (OpenAI's ``stop``).
-        response_format: OpenAI's ``response_format``, passed to the LLM as given. With ``stop``
-            or this set, the answer cache is neither read nor written (its key does not hold them).
+        response_format: OpenAI's ``response_format``, passed to the LLM as given (the answer is
+            then not asked as structured citations: free-text markers are read). With ``stop`` or
+            this set, the answer cache is neither read nor written (its key does not hold them).
     """
 
     query: str
@@ -190,19 +195,26 @@ class AnswerService:
             return answer_cache.replay(plan, started)
         if shed is not None:
             raise await shed.refused()
-        candidates, degraded, timings = await self._retrieve(q, name, req, plan)
+        candidates, degraded, timings, evidence = await self._retrieve(q, name, req, plan)
         if plan.lookup_ms:
             timings["cache"] = plan.lookup_ms
-        best = max((c.score for c in candidates), default=None)
-        if req.min_score is not None and (best is None or best < req.min_score):
+        floor = abstention.threshold(cfg.min_scores, name, req.min_score)
+        if floor is not None and (not candidates or (evidence is not None and evidence < floor)):
             return answer_cache.recording(
-                _abstained(candidates, degraded, timings, started, best, req.min_score), plan,
+                _abstained(candidates, degraded, timings, started, evidence, floor), plan,
                 cache is not None and cache.store,
             )
-        t = time.perf_counter()
-        prompt = await self._prompt(req.query, candidates, budget)
-        timings["prompt"] = (time.perf_counter() - t) * 1000
         generator = self.generator
+        # a client's own response_format wins: then free-text markers are read
+        structured = generator is not None and generator.structured != "off" and req.response_format is None
+        extractive = structured and cfg.answer_style == "extractive"
+        system = (EXTRACTIVE_SYSTEM if extractive else STRUCTURED_SYSTEM) if structured else SYSTEM
+        t = time.perf_counter()
+        prompt = await self._prompt(req.query, candidates, budget, system)
+        timings["prompt"] = (time.perf_counter() - t) * 1000
+        if structured and prompt.sent:
+            extract = {s.number: s.text for s in prompt.sent} if extractive else None
+            params = dataclasses.replace(params, schema=answer_schema([s.number for s in prompt.sent], extract))
         if quota is not None and generator is not None and prompt.sent:  # the LLM will be asked
             quota.reserve(prompt_tokens(prompt, generator))
         events = answer_events(
@@ -253,8 +265,12 @@ class AnswerService:
 
     async def _retrieve(
         self, q: View, name: str, req: AnswerRequest, plan: answer_cache.Plan
-    ) -> tuple[list[Candidate], list[str], dict[str, float]]:
-        """The search's hits as prompt candidates (the cache lookup's query vector reused)."""
+    ) -> tuple[list[Candidate], list[str], dict[str, float], float | None]:
+        """The search's hits as prompt candidates (the cache lookup's query vector reused), and their evidence score.
+
+        Each candidate carries its document's title (read from the state of record: hits hold
+        chunk metadata only).
+        """
         loaded = q.engines.reranker.model_id if q.engines.reranker is not None else None
         rerank = rerank_options(q.settings.rerank, loaded, req.rerank)
         t = time.perf_counter()
@@ -262,13 +278,15 @@ class AnswerService:
             q, name, req.query, top_k=req.top_k, mode=req.mode, filters=req.filters, rerank=rerank,
             embedded=plan.embedded,
         )
+        titles = await off_loop(_titles, q, name, [h.document_id for h in result.hits]) if result.hits else {}
         timings = {"retrieve": (time.perf_counter() - t) * 1000}
         candidates = [
-            Candidate(h.document_id, h.chunk_id, h.text, h.score, _title(h.metadata)) for h in result.hits
+            Candidate(h.document_id, h.chunk_id, h.text, h.score, _title(h.metadata) or titles.get(h.document_id))
+            for h in result.hits
         ]
-        return candidates, list(result.degraded), timings
+        return candidates, list(result.degraded), timings, abstention.evidence_score(result.hits, req.mode)
 
-    async def _prompt(self, query: str, candidates: list[Candidate], budget: int) -> Prompt:
+    async def _prompt(self, query: str, candidates: list[Candidate], budget: int, system: str) -> Prompt:
         """The prompt, counted with the LLM's tokenizer (or the approximation when there is no LLM).
 
         Chunks are chosen with the generator's local estimate; the block is counted once by the
@@ -280,10 +298,11 @@ class AnswerService:
             async def approx(texts: Sequence[str]) -> list[int]:
                 return [approx_tokens(t) for t in texts]
 
-            return await build_prompt(query, candidates, budget, approx, "approx")
+            return await build_prompt(query, candidates, budget, approx, "approx", system=system)
         await generator.count_tokens([])  # on first use: find the tokenizer, calibrate the estimate
         prompt = await build_prompt(
-            query, candidates, budget, generator.count_tokens, "approx", estimate=generator.estimate_tokens
+            query, candidates, budget, generator.count_tokens, "approx", estimate=generator.estimate_tokens,
+            system=system,
         )
         prompt.tokenizer = generator.tokenizer  # known once the first count probed the server
         return prompt
@@ -317,7 +336,11 @@ async def _abstained(  # noqa: PLR0913 - what the answer reports
     candidates: list[Candidate], degraded: list[str], timings: dict[str, float], started: float,
     best: float | None, min_score: float,
 ) -> AsyncIterator[Event]:
-    """An abstention's events: no source sent, the retrieved chunks left out, ``done`` without an LLM call."""
+    """An abstention's events: no source sent, the retrieved chunks left out, ``done`` without an LLM call.
+
+    ``best`` is the evidence score (:func:`quarry.services.abstention.evidence_score`; ``None``:
+    nothing was retrieved), ``min_score`` the threshold it missed.
+    """
     yield Event("sources", {
         "sources": [],
         "left_out": [{"document_id": c.document_id, "chunk_id": c.chunk_id, "score": c.score} for c in candidates],
@@ -330,6 +353,18 @@ async def _abstained(  # noqa: PLR0913 - what the answer reports
         "citations": [], "dropped_citations": 0, "finish_reason": "stop",
         "usage": {"prompt_tokens": 0, "completion_tokens": 0}, "degraded": list(degraded), "timings_ms": dict(timings),
     })
+
+
+def _titles(q: View, name: str, document_ids: Sequence[str]) -> dict[str, str]:
+    """The non-empty titles of ``document_ids`` (the caller's names) from the state of record."""
+    wanted = list(dict.fromkeys(document_ids))
+    stored = q.docstore.get_documents(name, [q.ns.qualify(d) for d in wanted])
+    out = {}
+    for shown in wanted:
+        doc = stored.get(q.ns.qualify(shown))
+        if doc is not None and doc.title and doc.title.strip():
+            out[shown] = doc.title
+    return out
 
 
 def _title(metadata: Mapping[str, Any]) -> str | None:

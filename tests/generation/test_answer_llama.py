@@ -205,3 +205,73 @@ def test_chat_completions_with_the_official_openai_client(
     assert final is not None and final["citations"] == expected["citations"] == streamed_citations
     with pytest.raises(openai.BadRequestError):
         oa.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_auto_structured_mode_settles_on_the_form_llama_cpp_takes(llama_root: str) -> None:
+    """llama-cpp-python refuses ``json_schema`` (500) and takes ``json_object`` with a schema: auto steps down once.
+
+    The refusal on the way is no outage (the breaker stays closed), and the grammar-constrained
+    reply is JSON whose every source number is one that was sent.
+    """
+    from generation.base import GenerationParams
+    from generation.openai_compat import OpenAICompatGenerator
+    from generation.prompt import messages_for
+    from generation.structured import SYSTEM, StructuredScanner, answer_schema
+    from tests.llama import LLM_URL
+
+    gen = OpenAICompatGenerator(LLM_URL, llama_settings())
+    before = gen.structured
+    context = "[1] Smoking causes lung cancer.\n\n[2] Vitamin C deficiency causes scurvy."
+    messages = messages_for("Does smoking cause lung cancer?", context, SYSTEM)
+    params = GenerationParams(max_tokens=64, temperature=0, seed=7, schema=answer_schema([1, 2]))
+
+    async def run() -> str:
+        try:
+            return "".join([p.text async for p in gen.stream(messages, params)])
+        finally:
+            await gen.aclose()
+
+    import asyncio
+
+    from generation.citations import SourceRef
+
+    raw = asyncio.run(run())
+    assert (before, gen.structured) == ("auto", "json_object") and gen.outage is None
+    assert raw.lstrip().startswith("{"), raw
+    scanner = StructuredScanner([SourceRef(1, "a", "a#0", "Smoking causes lung cancer."),
+                                 SourceRef(2, "b", "b#0", "Vitamin C deficiency causes scurvy.")], "en", 0.5)
+    scanner.feed(raw)
+    scanner.finish()
+    assert scanner.dropped == 0 and (scanner.citations or scanner.abstained), raw
+
+
+def test_an_extractive_answer_quotes_a_source_sentence_even_one_with_double_quotes(llama_root: str) -> None:
+    """The schema enumerates each source's sentences; a ``"`` in one broke llama-cpp-python's grammar (the
+    server failed the request and closed the connection), so offered sentences use single quotes."""
+    import asyncio
+
+    from generation.base import GenerationParams
+    from generation.citations import SourceRef
+    from generation.openai_compat import OpenAICompatGenerator
+    from generation.prompt import messages_for, source_text
+    from generation.structured import EXTRACTIVE_SYSTEM, StructuredScanner, answer_schema
+    from tests.llama import LLM_URL
+
+    text = ('Mammary cells that spontaneously generate mesenchymal-like cells ("Fibros," EpCAM negative) '
+            "show invasive behavior. Smoking causes lung cancer in most patients.")
+    gen = OpenAICompatGenerator(LLM_URL, llama_settings(structured="json_object"))
+    messages = messages_for("Does smoking cause lung cancer?", source_text(1, text), EXTRACTIVE_SYSTEM)
+    params = GenerationParams(max_tokens=96, temperature=0, seed=7, schema=answer_schema([1], {1: text}))
+
+    async def run() -> str:
+        try:
+            return "".join([p.text async for p in gen.stream(messages, params)])
+        finally:
+            await gen.aclose()
+
+    raw = asyncio.run(run())
+    scanner = StructuredScanner([SourceRef(1, "a", "a#0", text)], "en", 0.5)
+    scanner.feed(raw)
+    scanner.finish()
+    assert scanner.format == "json" and (scanner.abstained or scanner.citations), raw
+    assert all(c.supported and c.quote for c in scanner.citations), scanner.citations

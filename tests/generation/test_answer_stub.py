@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -36,7 +37,9 @@ def served(
     tmp_path_factory: pytest.TempPathFactory, minilm: SentenceTransformerEmbedder, stub: StubLLM,
     scifact_sample: list[SourceDocument],
 ) -> Iterator[Served]:
-    llm = LLMSettings(url=stub.url, first_token_timeout_s=FIRST_TOKEN_S, stall_timeout_s=STALL_S, retry_after_s=0)
+    # free text: these scripts test marker parsing and deadlines (structured replies: test_structured.py)
+    llm = LLMSettings(url=stub.url, first_token_timeout_s=FIRST_TOKEN_S, stall_timeout_s=STALL_S, retry_after_s=0,
+                      structured="off")
     settings = Settings(data_dir=tmp_path_factory.mktemp("stub-data"), llm=llm, cache=CacheSettings(enabled=False))
     quarry = Quarry(settings, embedder=minilm)  # scripted replies differ per request: no answer cache
     quarry.create_collection(COLLECTION, language="en")
@@ -276,3 +279,44 @@ def test_unsupported_openai_parameters_are_a_400_in_openai_shape(
     assert isinstance(error, dict), error
     assert error["param"] == param and error["code"] == "unsupported_parameter" and error["type"], error
     assert caught.value.status_code == 400 and len(stub.requests) == asked
+
+
+def test_sources_and_citations_carry_their_documents_titles(
+    client: httpx.Client, stub: StubLLM, scifact_sample: list[SourceDocument]
+) -> None:
+    """Hits hold chunk metadata only; the answer reads each document's title from the state of record."""
+    stub.replies.append(Reply(pieces=["Vitamin D matters [1]. So does bone [2]."]))
+    body = client.post(URL, json=QUERY).json()
+    titles = {d.id: d.title for d in scifact_sample[:10]}
+    assert body["sources"] and all(s["title"] == titles[s["document_id"]] for s in body["sources"]), body["sources"]
+    assert [c["title"] for c in body["citations"]] == [titles[c["document_id"]] for c in body["citations"]]
+    assert body["citations"] and all(c["title"] for c in body["citations"])
+
+
+def test_a_collections_calibrated_threshold_abstains_without_an_llm_call(
+    tmp_path: Path, minilm: SentenceTransformerEmbedder, stub: StubLLM, scifact_sample: list[SourceDocument]
+) -> None:
+    """``QUARRY_LLM__MIN_SCORES`` applies per collection when the request names no ``min_score``."""
+    llm = LLMSettings(url=stub.url, structured="off", min_scores={"strict": 0.99})
+    quarry = Quarry(Settings(data_dir=tmp_path, llm=llm, cache=CacheSettings(enabled=False)), embedder=minilm)
+    for name in ("strict", "open"):
+        quarry.create_collection(name, language="en")
+        quarry.upsert(name, scifact_sample[:5])
+    stub.replies.clear()
+    asked = len(stub.requests)
+    try:
+        with Served(create_app(quarry)) as served, httpx.Client(base_url=served.url, timeout=30) as c:
+            r = c.post("/v1/collections/strict/answer", json={"query": "What is the capital of Mongolia?"})
+            body = r.json()
+            assert body["abstained"] is True and body["abstention"]["min_score"] == 0.99, body
+            assert body["abstention"]["best_score"] < 0.99 and len(stub.requests) == asked
+            chat = c.post("/v1/chat/completions", json={
+                "model": "quarry/strict", "messages": [{"role": "user", "content": "What is the capital of Mongolia?"}],
+            }).json()
+            assert chat["choices"][0]["finish_reason"] == "stop" and chat["quarry"]["abstained"] is True, chat
+            assert chat["choices"][0]["message"]["content"] == body["answer"] and len(stub.requests) == asked
+            stub.replies.append(Reply(pieces=["An answer [1]."]))
+            other = c.post("/v1/collections/open/answer", json={"query": "What is the capital of Mongolia?"}).json()
+            assert "abstained" not in other and len(stub.requests) == asked + 1  # no threshold there: asked
+    finally:
+        quarry.close()
