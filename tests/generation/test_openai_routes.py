@@ -44,7 +44,8 @@ def setup(
     tmp_path_factory: pytest.TempPathFactory, minilm: SentenceTransformerEmbedder, stub: StubLLM,
     scifact_sample: list[SourceDocument],
 ) -> Iterator[tuple[Served, dict[str, str], Quarry]]:
-    llm = LLMSettings(url=stub.url, first_token_timeout_s=2, stall_timeout_s=2, retry_after_s=0)
+    # free text: the stub scripts plain replies and failures (structured replies: test_structured.py)
+    llm = LLMSettings(url=stub.url, first_token_timeout_s=2, stall_timeout_s=2, retry_after_s=0, structured="off")
     limits = OpenAISettings(max_embedding_inputs=MAX_INPUTS, max_embedding_chars=MAX_CHARS, max_messages=MAX_MESSAGES)
     settings = Settings(data_dir=tmp_path_factory.mktemp("oa-data"), llm=llm, cache=CacheSettings(enabled=False),
                         openai=limits)
