@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from eval.beir import iter_corpus, load_split  # noqa: E402
-from indexing.sources import SourceDocument  # noqa: E402
+from indexing.document_rules import SourceDocument  # noqa: E402
 from quarry.service import Quarry  # noqa: E402
 from quarry.settings import CacheSettings, LLMSettings, Settings  # noqa: E402
 

@@ -14,8 +14,6 @@ Chunk ids are deterministic: ``<document_id>:<position>:<sha256(indexed text)[:1
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, MutableMapping, Sequence
@@ -27,14 +25,13 @@ import numpy.typing as npt
 
 from embedding.base import Embedder
 from indexing.bm25_registry import BM25Registry
-from indexing.chunking import chunk_sections, make_chunk_id
 from indexing.collections import CollectionConfig, model_mismatch
 from indexing.docstore import DocStore, StoredChunk, StoredDocument
+from indexing.document_plan import document_hash, merge_schema, plan_chunks
 from indexing.document_rules import SourceDocument, check_sizes
-from indexing.text import tokenize
-from quarry.errors import InvalidDocument, ModelDimensionMismatch
+from quarry.errors import ModelDimensionMismatch
 from stores.base import VectorRecord, VectorStore
-from stores.filters import FieldType, field_type
+from stores.filters import FieldType
 
 log = logging.getLogger(__name__)
 FloatVector = npt.NDArray[np.float32]
@@ -75,71 +72,6 @@ class IngestReport:
     truncated: int = 0
     elapsed_s: float = 0.0
     extra: dict[str, object] = field(default_factory=dict)
-
-
-def document_hash(doc: SourceDocument, cfg: CollectionConfig) -> str:
-    """Content hash of a document under a collection's chunking and model."""
-    key: list[object] = [
-        doc.title, doc.text, doc.metadata, cfg.chunk_size, cfg.chunk_overlap, cfg.language, cfg.embedding_model
-    ]
-    if doc.sections:  # appended only when there are some: the hashes of documents without stay the same
-        key.append([[s.start, s.metadata] for s in doc.sections])
-    return hashlib.sha256(json.dumps(key, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
-
-
-def indexed_text(title: str, chunk: str) -> str:
-    """The text a chunk is embedded and BM25-indexed as: its document title, then the chunk."""
-    return f"{title}\n{chunk}" if title else chunk
-
-
-def merge_schema(cfg: CollectionConfig, docs: Sequence[SourceDocument]) -> dict[str, FieldType] | None:
-    """Widen the collection's metadata schema with the fields of ``docs``.
-
-    Returns:
-        The new schema, or ``None`` when nothing changed.
-
-    Raises:
-        InvalidDocument: A field's value type conflicts with the schema (int widens to float).
-    """
-    schema = dict(cfg.schema_)
-    for doc in docs:
-        fields = [*doc.metadata.items(), *(kv for s in doc.sections for kv in s.metadata.items())]
-        for key, value in fields:
-            kind = field_type(value)
-            known = schema.get(key)
-            if known is None:
-                schema[key] = kind
-            elif known != kind and not (known == "float" and kind == "int"):
-                if known == "int" and kind == "float":
-                    schema[key] = "float"
-                    continue
-                raise InvalidDocument(
-                    f"document {doc.id!r}: field {key!r} holds {known} values in collection "
-                    f"{cfg.name!r}, got {kind} {value!r}"
-                )
-    return None if schema == cfg.schema_ else schema
-
-
-def plan_chunks(cfg: CollectionConfig, doc: SourceDocument) -> list[tuple[StoredChunk, str]]:
-    """A document's chunks under a collection's chunking, each with the text it is embedded as.
-
-    Pure (no store, no model): the local pipeline and the Ray engine's chunk stage
-    (:mod:`indexing.ray_engine`) both call it, so both make the same chunk ids.
-
-    Returns:
-        ``(chunk, indexed text)`` per chunk, in position order.
-    """
-    out = []
-    starts = [s.start for s in doc.sections] if doc.text else []
-    for section, piece in chunk_sections(doc.text or doc.title, starts, cfg.chunk_size, cfg.chunk_overlap):
-        text = indexed_text(doc.title if doc.text else "", piece.text)
-        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-        chunk_id = make_chunk_id(doc.id, piece.position, digest)
-        extra = doc.sections[section].metadata if starts else {}
-        payload = {"document_id": doc.id, **doc.metadata, **extra}
-        tokens = tokenize(text, cfg.language)
-        out.append((StoredChunk(chunk_id, doc.id, piece.position, piece.text, tokens, payload), text))
-    return out
 
 
 @dataclass(frozen=True)

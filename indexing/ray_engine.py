@@ -38,8 +38,9 @@ import numpy as np
 from embedding.factory import open_embedder
 from indexing.collections import CollectionConfig
 from indexing.docstore import DocStore, StoredChunk
+from indexing.document_plan import document_hash, plan_chunks
 from indexing.document_rules import check_sizes, parse_document
-from indexing.pipeline import FloatVector, Precomputed, document_hash, plan_chunks
+from indexing.pipeline import FloatVector, Precomputed
 from indexing.sources import READ_SUFFIXES, Source, read_file
 from indexing.versions import live_config
 from quarry.errors import ConfigError, InvalidDocument, InvalidRequest, PayloadTooLarge, QuarryError, missing_extra

@@ -40,8 +40,8 @@ from dataclasses import replace
 from typing import Any, NoReturn
 
 from indexing.docstore import CollectionVersion, StateStore, StoredChunk, StoredDocument, chunking_id_of
+from indexing.document_plan import indexed_text, plan_chunks
 from indexing.document_rules import SourceDocument
-from indexing.pipeline import indexed_text, plan_chunks
 from indexing.planner import IndexPlan
 from indexing.reindex_build import Build, ReindexReport, clip_id, estimate_chunks, lease_name, sections_of
 from indexing.versions import SUFFIX, chunking_of, new_chunking, same_chunking

@@ -4,7 +4,7 @@ Used by :class:`indexing.reindex.Reindexer` and the services that start and desc
 
 With the chunking unchanged the new version shares the live version's chunks rows (and its BM25
 index). A reindex that re-chunks (another ``chunk_size``/``chunk_overlap``) re-cuts every
-document's stored text (:func:`~indexing.pipeline.plan_chunks`, sections recovered from the live
+document's stored text (:func:`~indexing.document_plan.plan_chunks`, sections recovered from the live
 chunks' payloads: :func:`indexing.reindex_build.sections_of`) into chunks rows of a new chunking id
 (:func:`indexing.versions.new_chunking`), written beside the live ones; vectors are copied for
 chunks whose id (hence text) the live version has, the others embedded; the replay re-cuts each

@@ -1,5 +1,8 @@
 """The queries of collections, documents, chunks and the change log (SQLAlchemy Core, both dialects).
 
+Over 500 lines by design: every statement of the state of record's collections, documents,
+chunks and change log, built once at import, in one module for both dialects.
+
 Every method is one transaction (:mod:`indexing.state_db`); JSON columns are text, times Unix
 seconds. Statements are built once, at import, with bound parameters: SQLAlchemy renders each
 for the dialect and caches its compiled form; ``IN`` lists are expanding parameters.

@@ -287,7 +287,7 @@ class Run:
         """Read the source, compare with the collection's hashes; nothing is written."""
         from itertools import islice
 
-        from indexing.pipeline import document_hash
+        from indexing.document_plan import document_hash
 
         exists = self.name in self.quarry.docstore.list_collections()
         cfg = self.quarry.get_collection(self.name) if exists else None

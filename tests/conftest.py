@@ -10,7 +10,7 @@ import pytest
 
 from embedding import sentence_transformers as st
 from indexing.chunking import chunk_text
-from indexing.pipeline import indexed_text
+from indexing.document_plan import indexed_text
 from indexing.sources import read_documents
 from quarry.settings import IngestSettings
 from tests.embedding_cache import MODEL_CACHE_ENV, CachedEmbedder, shared_model_cache, torch_vectors

@@ -1,4 +1,9 @@
-"""Request and response bodies of the REST API (they are also its OpenAPI schema)."""
+"""Request and response bodies of the REST API (they are also its OpenAPI schema).
+
+Over 500 lines by design: every request and response schema of the REST API in one module, the
+source of the OpenAPI document (quarry_client mirrors it; the answer routes' own are in
+:mod:`quarry.api.answer`).
+"""
 
 from __future__ import annotations
 

@@ -198,7 +198,7 @@ def compare(
 
 def _print_comparison(comparison: Any) -> None:
     """The comparison's tables: the deltas, the flipped queries, the config difference."""
-    from eval.compare import comparison_table, diff_table, flips_table
+    from eval.compare_tables import comparison_table, diff_table, flips_table
 
     out.print(comparison_table(comparison))
     out.print(flips_table(comparison) if comparison.flips else "no query flipped")

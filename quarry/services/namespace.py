@@ -274,7 +274,7 @@ class SharedNamespace(Namespace):
         """
         if TENANT_FIELD in doc.metadata or any(TENANT_FIELD in s.metadata for s in doc.sections):
             # a section's metadata overrides the document's in its chunks' payloads
-            # (indexing.pipeline.plan_chunks): in a collection of one schema its tenant_id was B's scope
+            # (indexing.document_plan.plan_chunks): in a collection of one schema its tenant_id was B's scope
             raise InvalidDocument(
                 f"document {clip(doc.id)}: metadata field {TENANT_FIELD!r} is set by the server in a shared "
                 "collection (from the API key's tenant); leave it out"

@@ -1,5 +1,8 @@
 """Gray release of a collection's next version: start, step, promote, abort; route and gate the queries.
 
+Over 500 lines by design: a gray release's lifecycle (start, step, promote, abort) and the
+live-traffic figures its gates read share one per-process window and lock per collection.
+
 The policy (states, sticky routing, the ramp, the gates) is :mod:`indexing.rollout`'s, pure; this
 module runs it over the state of record, the store and the searcher:
 

@@ -259,8 +259,8 @@ def test_sigterm_finishes_the_batch_in_flight_and_says_what_was_kept(tmp_path: P
 
 def test_source_document_sections_change_the_hash() -> None:
     from indexing.collections import CollectionConfig
+    from indexing.document_plan import document_hash
     from indexing.formats import Section
-    from indexing.pipeline import document_hash
 
     cfg = CollectionConfig(name="c", dim=384, embedding_model="m", chunk_size=256, chunk_overlap=32)
     plain = SourceDocument("a", "x y", "t")
