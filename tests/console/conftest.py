@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Browser, BrowserType, Page, Playwright, expect, sync_playwright
 
 from tests.llama import LLM_URL
 from tests.serve import QuarryServer
@@ -56,6 +56,38 @@ def _chromium() -> str:
         if found:
             return found
     pytest.skip("no chromium on PATH: `apt-get install -y chromium` (scripts/test.sh installs it for CI)")
+
+
+# pytest-playwright's Playwright, browser type and browser are session-scoped: its sync API keeps an
+# event loop running in the worker's main thread until the session ends, and every later test file
+# of that worker that calls asyncio.run() fails ("cannot be called from a running event loop").
+# Here they live for this module only and are stopped after it.
+@pytest.fixture(scope="module")
+def playwright() -> Iterator[Playwright]:
+    """Playwright for this module's tests; stopped (its event loop closed) after them."""
+    pw = sync_playwright().start()
+    yield pw
+    pw.stop()
+
+
+@pytest.fixture(scope="module")
+def browser_type(playwright: Playwright, browser_name: str) -> BrowserType:
+    """The browser type pytest-playwright names (chromium)."""
+    return getattr(playwright, browser_name)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def browser_context_args() -> dict[str, Any]:
+    """New pages' options: none (no device emulation, base URL or video in these tests)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def browser(browser_type: BrowserType, browser_type_launch_args: dict[str, Any]) -> Iterator[Browser]:
+    """One Chromium for this module's tests."""
+    launched = browser_type.launch(**browser_type_launch_args)
+    yield launched
+    launched.close()
 
 
 @pytest.fixture(scope="session")

@@ -373,7 +373,7 @@ def answering(
 ) -> Iterator[tuple[TestClient, dict[str, str], str]]:
     """Milvus Lite and the real llama.cpp server: the semantic cache is in-process, whatever the store."""
     require_llama()
-    llm = llama_settings()
+    llm = llama_settings(structured="off")  # free text: a few tokens of answer (JSON would spend them on its keys)
     quarry = Quarry(Settings(data_dir=tmp_path_factory.mktemp("tenants-llm"), llm=llm), embedder=counting)
     suffix = secrets.token_hex(3)
     keys = {t: _admin(quarry.docstore, f"{t}{suffix}") for t in ("ta", "tb")}
