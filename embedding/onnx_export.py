@@ -10,7 +10,7 @@ Cache layout (``cache_dir/onnx/<model>-<sha256 of the weights, 16 hex>-<EXPORT_V
                              (the others wait on it, then open the file the first one wrote)
 
 The first use prints one line on stderr when the export starts and one when it ends. The
-packaged MiniLM, fp32 + int8 on the shared 2-core machine (2026-12-03, load average ~3): 11 s in
+packaged MiniLM, fp32 + int8 on the shared 2-core machine (load average ~3): 11 s in
 scripts/smoke_core.sh's fresh venv, 17 s for three processes started together on one empty cache
 (one exported, two waited); the int8 quantisation alone, from a cached fp32 file, ~2 s.
 

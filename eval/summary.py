@@ -1,6 +1,6 @@
 """Result types of an evaluation run and their ``summary.json`` form.
 
-``summary.json`` (the interface of issue 2; extra keys may be added, none removed)::
+``summary.json`` (a stable interface; extra keys may be added, none removed)::
 
     {"config": {...},
      "modes": {"<mode>": {"ndcg@10": float, "recall@10": float, "recall@100": float,

@@ -7,7 +7,7 @@ characters-per-token, else :func:`approx_tokens`); then the joined sources block
 with the exact counter (the LLM's own tokenizer where the server exposes one,
 :meth:`generation.base.Generator.count_tokens`) and, only when the estimate fell short, the last
 chunk is trimmed and the block recounted until it fits. So what the model reads stays within
-the budget, and a request costs one tokenizer round trip in the usual case (issue 21: counting
+the budget, and a request costs one tokenizer round trip in the usual case (counting
 each chunk, the separator and every cut on the server cost 5-10 round trips before the first
 token, +1.1 s on a 1-thread llama.cpp server).
 """

@@ -1,7 +1,7 @@
-"""An incremental BM25 index that follows the docstore's change log (issue 25, option a).
+"""An incremental BM25 index that follows the docstore's change log.
 
 Why this and not the alternatives (bench/bm25_live.py, SciFact 5,183 docs, 300 test queries, 2
-cores shared with other runs, 2026-12-03):
+cores shared with other runs):
 
 * (a) **this module**: an inverted index of per-row term frequencies and row lengths, scored at
   query time with the live N, avgdl and df (Robertson & Zaragoza, 2009; the same variants, k1, b

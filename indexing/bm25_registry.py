@@ -1,4 +1,4 @@
-"""Keeps one live BM25 index per collection that follows the docstore's change log (issue 25).
+"""Keeps one live BM25 index per collection that follows the docstore's change log.
 
 Every replica (process) holds a :class:`~indexing.bm25_live.LiveBM25` per collection. A search
 reads its current immutable view; at most once per ``bm25.max_staleness_s`` (default 1 s) the

@@ -114,7 +114,7 @@ class Change:
 
 @dataclass(frozen=True)
 class CollectionVersion:
-    """One physical version of a collection (issue 22's reindex builds ``v+1`` beside ``v``)."""
+    """One physical version of a collection (a reindex builds ``v+1`` beside ``v``)."""
 
     version: int
     physical_name: str
@@ -221,7 +221,7 @@ class StateStore(Protocol):
     def for_tenant(self, tenant_id: str) -> StateStore:
         """A view whose collections, jobs and write locks are ``tenant_id``'s (shares the connections)."""
 
-    # --- collections (tenant ``default`` until issue 27 adds scopes) ---------------------
+    # --- collections (tenant ``default`` unless scoped) ---------------------
     def collection_config(self, name: str) -> dict[str, Any] | None:
         """The stored configuration of a collection, or ``None``."""
 
@@ -317,7 +317,7 @@ class StateStore(Protocol):
     def change_log_since(self, name: str, seq: int, *, limit: int = 10_000) -> list[Change]:
         """Change-log rows after ``seq`` in (seq, document_id) order, whole seqs only, about ``limit`` rows."""
 
-    # --- physical versions (issue 22) ----------------------------------------------------
+    # --- physical versions ----------------------------------------------------
     def create_version(self, name: str, version: CollectionVersion) -> None:
         """Record a new physical version (``Conflict`` if that number exists)."""
 
@@ -373,7 +373,7 @@ class StateStore(Protocol):
     def release_job(self, job_id: str, owner: str) -> bool:
         """Drop ``owner``'s lease on the job."""
 
-    # --- tenants, API keys, audit (issue 27) -------------------------------------------------
+    # --- tenants, API keys, audit -------------------------------------------------
     def create_tenant(self, tenant_id: str, name: str) -> None:
         """Insert a tenant (``Conflict`` if it exists)."""
 

@@ -1,4 +1,4 @@
-"""Physical versions behind a collection name (issue 22).
+"""Physical versions behind a collection name.
 
 A collection's vectors live in one physical store collection per *version*; the docstore's
 ``collections.live_version`` names the one that serves it and ``collection_versions`` records,

@@ -144,6 +144,6 @@ class TenantStore:
 def _conforms(store: TenantStore) -> VectorStore:
     """Never called: mypy checks here that :class:`TenantStore` has every method of the Protocol.
 
-    (``search_exact`` was missing: every tenant's recall-monitor re-run failed, found 2026-12-03.)
+    (A missing method fails here, not in a tenant's recall-monitor re-run at run time.)
     """
     return store

@@ -25,7 +25,7 @@ parameters in a ``quarry_search`` index parameter. Milvus Lite 2.5.1 builds only
 DiskANN build stalls (bounded by ``timeout_s``, then rolled back). A rebuild releases the
 collection, so searches fail until it ends: use an alias swap for zero-downtime reindexing.
 
-Filtered searches (issue 20): routed by the rows the filter matches, whatever its form
+Filtered searches: routed by the rows the filter matches, whatever its form
 (:class:`stores.routing.FilterRouter`: a ``count(*)`` with the filter read ``Eventually``, cached
 per filter). At most the limit (``StoreSettings.exact_filter_rows``, by default
 ``max(1000, sqrt(13 * top_k * n))``): the built index searched exhaustively over the rows the
@@ -317,7 +317,7 @@ class MilvusStore:
         A collection of fewer than ``_BATCH`` records is read by one ``query`` (one round trip,
         ~3 ms; a Strong one waits for one time tick); a larger one by ``query_iterator``, whose
         three or more round trips each wait for a tick on the 2.3 server (0.6-1.0 s per scan of
-        150 records, measured 2026-12-03), so a filter's id-set route costs a quarter of that.
+        150 records), so a filter's id-set route costs a quarter of that.
         """
         level = self._level(info.name)
         with wrapped("query", info.name):

@@ -16,7 +16,7 @@ Indexes (pgvector >= 0.8): HNSW and IVFFlat on ``embedding``, or on ``embedding:
 with ``params={"halfvec": True}`` (half the memory, up to 4000 dims); FLAT means no index (an
 exact scan).
 
-Filtered searches (issue 20): every filter is routed by the number of rows it matches, whatever
+Filtered searches: every filter is routed by the number of rows it matches, whatever
 its form (:class:`stores.routing.FilterRouter`): a ``count(*)`` of the matching rows, capped
 with ``LIMIT`` at the exact-scan limit plus one and kept per ``(collection, filter)`` for a few
 seconds, through the payload GIN index when it serves the filter (``$eq``/``$in``) and a scan

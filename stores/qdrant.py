@@ -28,7 +28,7 @@ index); the build sets the indexing threshold to the same value, so no graph is 
 would never be walked. Pass a smaller ``full_scan_threshold_kb`` (>= 10) to walk the graph on
 small collections.
 
-Filtered searches (issue 20): Qdrant plans a filtered search from its own cardinality estimate,
+Filtered searches: Qdrant plans a filtered search from its own cardinality estimate,
 which depends on the filter's form (a ``$in`` on numbers is a ``should`` of ranges, a range is
 estimated from a histogram). The store routes by an exact count of the matching points instead
 (the payload indexes answer it; :class:`stores.routing.FilterRouter`, cached per filter), the

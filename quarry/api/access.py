@@ -25,7 +25,7 @@ token windows are :mod:`quarry.api.quotas`; the shed decision :mod:`quarry.api.s
 take a collection name from the body call :func:`check_collection`; admin actions call
 :func:`audit`.
 
-Counters (their names and labels are shared with the metrics work of issue 27):
+Counters (names and labels shared with :mod:`quarry.metrics`):
 ``quarry_auth_failures_total{reason}``, ``quarry_rate_limited_total``, ``quarry_shed_total{priority}``,
 ``quarry_token_limited_total``.
 """
@@ -180,10 +180,10 @@ class Access:
 
         A verification that is not a memo hit reads the key's record and may run scrypt (~50-95 ms
         of CPU, by design): on the event loop, each new wrong secret for a known key id held
-        every other request for that long (h-attack, 2026-12-03). Concurrent requests presenting
+        every other request for that long. Concurrent requests presenting
         the same key (keyed by its SHA-256, never the key) wait on one verification in flight and
         share its outcome, success or failure: 32 clients arriving at once with a new key cost one
-        scrypt, not 32 (h-keys, 2026-12-03). A request that joined a successful verification takes
+        scrypt, not 32. A request that joined a successful verification takes
         its principal only while nothing was committed since (else the record is read again, from
         the memo, without scrypt): a revoke committed before the request came still counts.
 

@@ -52,7 +52,7 @@ SCOPES = ("read", "write", "admin", "metrics")  # metrics: GET /metrics only (a 
 PRIORITIES = {"low": -1, "normal": 0, "high": 1}
 # no "__": a tenant's vector-store names are t_<tenant>__<collection>, and collection names may hold
 # "__", so tenant "acme" collection "corp__docs" and tenant "acme__corp" collection "docs" were one
-# physical collection (the second 409, and listed as the other's); found 2026-12-03 (h-attack)
+# physical collection (the second 409, and listed as the other's)
 TENANT = re.compile(r"(?!.*__)[a-z][a-z0-9_]{0,31}")
 _KEY = re.compile(r"qk_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
 _SCRYPT = {"n": 2**14, "r": 8, "p": 1}

@@ -46,7 +46,7 @@ def share_cores(workers: int, environ: MutableMapping[str, str], cores: int | No
     by default), and the sentence-transformers encoder gives a lone query that whole pool. N
     workers with all cores each put N x cores spinning OpenMP threads on the cores: on 2 cores,
     a query embedding cost 326-354 ms of CPU with 2 threads against 27-31 ms with 1 while the
-    machine was busy (2026-12-03, bench/workers.py's docs in docs/performance.md#workers).
+    machine was busy (bench/workers.py; docs/performance.md#workers).
 
     Args:
         workers: Worker processes about to start (they inherit ``environ``).
