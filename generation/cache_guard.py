@@ -181,7 +181,7 @@ def terms(text: str, language: Language, model_languages: frozenset[str] | None 
             declare (CJK: ``zh``; Latin letters: ``en``) is compared strictly.
     """
     lowered = _uncontract(text.casefold())
-    numbers = [_number(m.group()) for m in _NUMBER.finditer(lowered)]
+    numbers = [number_form(m.group()) for m in _NUMBER.finditer(lowered)]
     negations = [c for c in lowered if c in CJK_NEGATIONS and not _in_privative(lowered, c)]
     words, names = _words(_uncontract(text), language)
     for word in words:
@@ -313,7 +313,7 @@ def _uncontract(text: str) -> str:
     return text
 
 
-def _number(raw: str) -> str:
+def number_form(raw: str) -> str:
     """``"1,000"`` -> ``"1000"``, ``"5.0"`` -> ``"5"``; a decimal comma (``"2,5"``) stays apart from 25."""
     if re.fullmatch(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?", raw):
         raw = raw.replace(",", "")

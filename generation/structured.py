@@ -79,19 +79,7 @@ def answer_schema(numbers: Sequence[int], extract: Mapping[int, str] | None = No
         "required": ["text", "sources"],
         "additionalProperties": False,
     }
-    answered = {
-        "type": "object",
-        "properties": {"sentences": {"type": "array", "items": sentence, "minItems": 1, "maxItems": MAX_SENTENCES}},
-        "required": ["sentences"],
-        "additionalProperties": False,
-    }
-    declined = {
-        "type": "object",
-        "properties": {"not_answerable": {"type": "boolean", "const": True}},
-        "required": ["not_answerable"],
-        "additionalProperties": False,
-    }
-    return {"anyOf": [answered, declined]}
+    return _answered_or_declined(sentence, MAX_SENTENCES)
 
 
 def source_sentences(text: str) -> list[str]:
@@ -120,9 +108,14 @@ def _extractive_schema(numbers: Sequence[int], extract: Mapping[int, str]) -> di
         }
         for n in numbers if n in extract
     ]
+    return _answered_or_declined({"anyOf": options}, 2)
+
+
+def _answered_or_declined(sentence: dict[str, Any], max_sentences: int) -> dict[str, Any]:
+    """The reply's schema: 1 to ``max_sentences`` sentences of the ``sentence`` schema, or a refusal."""
     answered = {
         "type": "object",
-        "properties": {"sentences": {"type": "array", "items": {"anyOf": options}, "minItems": 1, "maxItems": 2}},
+        "properties": {"sentences": {"type": "array", "items": sentence, "minItems": 1, "maxItems": max_sentences}},
         "required": ["sentences"],
         "additionalProperties": False,
     }

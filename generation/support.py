@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from generation.cache_guard import number_form
 from indexing.text import Language, tokenize
 
 NEGATIONS = frozenset({
@@ -111,7 +112,7 @@ def check(claim: str, chunk: str, language: Language, threshold: float = 0.5) ->
 
 def numbers(text: str) -> set[str]:
     """The numbers of ``text``, normalised (``"1,000"`` and ``"1000"`` -> ``"1000"``; ``"五"`` -> ``"5"``)."""
-    out = {_normal(m.group()) for m in _NUMBER.finditer(text)}
+    out = {number_form(m.group()) for m in _NUMBER.finditer(text)}
     for word in _WORDS.findall(text.casefold()):
         if word in NUMBER_WORDS:
             out.add(NUMBER_WORDS[word])
@@ -120,7 +121,7 @@ def numbers(text: str) -> set[str]:
         if not any(c in CJK_DIGITS or c == "十" for c in m.group()):
             continue  # a lone 百, 千, 万 is a word (百分, 千克, 万一), not a number
         if value is not None and (value != 1 or len(m.group()) > 1 or _cjk_counted(text, m.end())):
-            out.add(_normal(str(value)))
+            out.add(number_form(str(value)))
     return out
 
 
@@ -190,17 +191,6 @@ def _antonym_stems(language: Language) -> tuple[tuple[str, str], ...]:
         a, b = tokenize(left, language) or [left], tokenize(right, language) or [right]
         pairs.append((a[0], b[0]))
     return tuple(pairs)
-
-
-def _normal(raw: str) -> str:
-    """``"1,000"`` -> ``"1000"``, ``"5.0"`` -> ``"5"``; a decimal comma (``"2,5"``) stays 2.5."""
-    if re.fullmatch(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?", raw):
-        raw = raw.replace(",", "")
-    try:
-        value = float(raw.replace(",", "."))
-    except ValueError:
-        return raw
-    return f"{value:g}"
 
 
 def _cjk_value(word: str) -> int | None:

@@ -64,9 +64,21 @@ def _search_target(
     return cfg, flt, dense, chosen
 
 
-def _fallback(chosen: Route | None, exc: QuarryError) -> bool:
-    """Whether a search the candidate failed by a backend error is served again by the live version."""
-    return chosen is not None and chosen.candidate and isinstance(exc, (StoreError, EmbeddingError))
+def _failed_over(  # noqa: PLR0913 - the failed search's parts
+    v: View, name: str, filters: Mapping[str, Any] | None, mode: Mode, chosen: Route | None, started: float,
+    exc: QuarryError,
+) -> tuple[CollectionConfig, DenseTarget | None]:
+    """A failed search, counted for a gray release; where to serve it again: the live version.
+
+    Only a search the candidate failed by a backend error is served again by the live version.
+
+    Raises:
+        QuarryError: ``exc``, for any other failure.
+    """
+    rollout.observe(v, name, chosen, time.perf_counter() - started, None, None)
+    if not (chosen is not None and chosen.candidate and isinstance(exc, (StoreError, EmbeddingError))):
+        raise exc
+    return versions.dense_target(v, target(v, name, filters)[0], mode)
 
 
 def search(  # noqa: PLR0913 - mirrors the request body
@@ -102,17 +114,14 @@ def search(  # noqa: PLR0913 - mirrors the request body
                 within=v.ns.bm25_within(),
             )
         except QuarryError as exc:
-            rollout.observe(v, name, chosen, time.perf_counter() - started, None, None)
-            if not _fallback(chosen, exc):
-                raise
-            cfg, dense = versions.dense_target(v, target(v, name, filters)[0], mode)  # the live version
+            cfg, dense = _failed_over(v, name, filters, mode, chosen, started, exc)
             result = v.space.searcher.search(
                 cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank,
                 dense_timeout_s=dense_timeout_s, fusion=fusion, min_score=min_score, target=dense,
                 within=v.ns.bm25_within(),
             )
             return v.ns.result(name, result)
-    if chosen is not None:
+    if chosen is not None:  # a gray release counts it
         asked = rollout.Asked(cfg, query, top_k, mode, flt, fusion, v.ns.bm25_within())
         rollout.observe(v, name, chosen, time.perf_counter() - started, result, asked)
     return v.ns.result(name, result)
@@ -147,16 +156,13 @@ async def search_async(  # noqa: PLR0913 - mirrors the request body
                 fusion=fusion, min_score=min_score, target=dense, within=v.ns.bm25_within(), embedded=embedded,
             )
         except QuarryError as exc:
-            rollout.observe(v, name, chosen, time.perf_counter() - started, None, None)
-            if not _fallback(chosen, exc):
-                raise
-            cfg, dense = versions.dense_target(v, target(v, name, filters)[0], mode)  # the live version
+            cfg, dense = _failed_over(v, name, filters, mode, chosen, started, exc)
             result = await v.space.searcher.search_async(
                 cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank,
                 fusion=fusion, min_score=min_score, target=dense, within=v.ns.bm25_within(), embedded=embedded,
             )
             return v.ns.result(name, result)
-    if chosen is not None:
+    if chosen is not None:  # a gray release counts it
         asked = rollout.Asked(cfg, query, top_k, mode, flt, fusion, v.ns.bm25_within())
         rollout.observe(v, name, chosen, time.perf_counter() - started, result, asked)
     return v.ns.result(name, result)
