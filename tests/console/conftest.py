@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, BrowserType, Page, Playwright, expect, sync_playwright
 
+from tests.chromium import chromium_path
 from tests.llama import LLM_URL
 from tests.serve import QuarryServer
 
@@ -48,14 +48,6 @@ class Live:
     url: str
     key: str
     reports: Path
-
-
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    pytest.skip("no chromium on PATH: `apt-get install -y chromium` (scripts/test.sh installs it for CI)")
 
 
 # pytest-playwright's Playwright, browser type and browser are session-scoped: its sync API keeps an
@@ -93,7 +85,7 @@ def browser(browser_type: BrowserType, browser_type_launch_args: dict[str, Any])
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args: dict[str, Any]) -> dict[str, Any]:
     """pytest-playwright's launch arguments with the Debian Chromium (Playwright downloads no browser)."""
-    return {**browser_type_launch_args, "executable_path": _chromium(), "args": ["--no-sandbox"]}
+    return {**browser_type_launch_args, "executable_path": chromium_path(), "args": ["--no-sandbox"]}
 
 
 def _report(reports: Path) -> None:

@@ -29,6 +29,7 @@ from indexing.sources import read_documents
 from quarry.service import Quarry
 from quarry.settings import Settings
 from stores.base import IndexSpec
+from tests.chromium import chromium_path
 from tests.core.conftest import CountingEmbedder
 
 NAME = "scifact_sub"
@@ -136,14 +137,6 @@ def test_html_report_is_self_contained(report: tuple[Summary, Path]) -> None:
     assert html.count('src="data:image/png;base64,') == 2
 
 
-def _chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    pytest.skip("no chromium on PATH: `apt-get install -y chromium` (scripts/test.sh installs it for CI)")
-
-
 def _render(browser: str, page: Path, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
     command = [
         browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={profile}",
@@ -161,7 +154,7 @@ def _text(dom: str, element_id: str) -> str:
 
 def test_html_report_renders_offline_in_headless_chromium(report: tuple[Summary, Path], tmp_path: Path) -> None:
     summary, out = report
-    browser = _chromium()
+    browser = chromium_path()
     page = tmp_path / "offline" / "report.html"  # alone in its folder: nothing beside it to load
     page.parent.mkdir()
     shutil.copy(out / "report.html", page)
