@@ -91,6 +91,10 @@ class SearchResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     # (start, end) of each stage in time.perf_counter() seconds: embed, bm25, ann, fusion, rerank, hydrate
     stage_times: dict[str, tuple[float, float]] = field(default_factory=dict, repr=False, compare=False)
+    # the collection version that served it (set by the query service; None: the searcher's default target)
+    version: int | None = None
+    # under a gray release, the served version's role: "candidate" or "live"; None: no rollout active
+    rollout: str | None = None
 
 
 @dataclass(frozen=True)

@@ -364,3 +364,73 @@ def test_rest_searches_route_by_the_presented_key_id(
     assert set(spy.served) == {f"k:{i:012x}" for i in range(20)}  # routed by the key's id, not the query
     assert all(len(seen) == 1 for seen in spy.served.values())
     assert set(spy.counts) == {1, 2}
+
+
+def test_answers_and_chat_name_the_version_that_served_them(
+    engine: str, counting: CountingEmbedder, scifact_docs: list[SourceDocument], tmp_path: Path,
+) -> None:
+    """A canary at 100 % then 0 %: ``/answer`` (JSON and SSE), chat (JSON and chunks) and ``/search`` name the
+    candidate, then the live version (body and headers); the answer cache never replays across versions."""
+    from quarry.settings import LLMSettings
+    from tests.generation.stub import Reply, StubLLM
+
+    stub = StubLLM().start()
+    settings = _settings(tmp_path, engine).model_copy(
+        update={"llm": LLMSettings(url=stub.url, structured="off", retry_after_s=0)})
+    quarry = Quarry(settings, embedder=counting)
+    name = f"gr{RUN}_{next(_names)}"
+    quarry.create_collection(name, language="en")
+    quarry.upsert(name, scifact_docs[:20])
+    started = rollout.start(quarry.view, name, mode="canary", schedule=[100], step_samples=10**6, shadow_rate=0.0)
+    answer, chat = f"/v1/collections/{name}/answer", "/v1/chat/completions"
+    ask = {"query": "vitamin D and bone density", "top_k": 2, "max_tokens": 16}
+    chat_body = {"model": f"quarry/{name}", "messages": [{"role": "user", "content": ask["query"]}],
+                 "quarry": {"top_k": 2}, "max_tokens": 16}
+    try:
+        with TestClient(create_app(quarry)) as client:
+            for percent, version, role in ((100.0, 2, "candidate"), (0.0, 1, "live")):
+                current = quarry.docstore.get_rollout(name)
+                assert current is not None
+                assert quarry.docstore.put_rollout(replace(current, percent=percent, updated_at=time.time()))
+                stub.replies.extend(Reply(pieces=["Bone density [1]."]) for _ in range(2))
+                heads = {"X-Quarry-Collection-Version": str(version), "X-Quarry-Rollout": role}
+                r = client.post(answer, json=ask)  # a miss: the other version's stored answer is not served
+                assert r.status_code == 200, r.text
+                body = r.json()
+                assert (body["version"], body["rollout"], body["cache"]) == (version, role, "miss")
+                assert {k: r.headers.get(k) for k in heads} == heads
+                r = client.post(answer, json=ask)  # a hit: the same version's answer
+                assert (r.json()["version"], r.json()["cache"]) == (version, "hit")
+                assert r.headers["X-Quarry-Collection-Version"] == str(version)
+                with client.stream("POST", answer, json={**ask, "stream": True},
+                                   headers={"Cache-Control": "no-cache"}) as streamed:
+                    assert {k: streamed.headers.get(k) for k in heads} == heads
+                    lines = [line for line in streamed.iter_lines() if line.startswith("data:")]
+                    first = json.loads(lines[0].removeprefix("data:"))
+                    assert (first["version"], first["rollout"]) == (version, role)
+                stub.replies.extend(Reply(pieces=["Bone density [1]."]) for _ in range(2))
+                r = client.post(chat, json=chat_body, headers={"Cache-Control": "no-cache"})
+                assert r.status_code == 200, r.text
+                assert (r.json()["quarry"]["version"], r.json()["quarry"]["rollout"]) == (version, role)
+                assert {k: r.headers.get(k) for k in heads} == heads
+                with client.stream("POST", chat, json={**chat_body, "stream": True},
+                                   headers={"Cache-Control": "no-cache"}) as streamed:
+                    assert {k: streamed.headers.get(k) for k in heads} == heads
+                    frames = [json.loads(line.removeprefix("data:")) for line in streamed.iter_lines()
+                              if line.startswith("data:") and "[DONE]" not in line]
+                    assert (frames[0]["quarry"]["version"], frames[0]["quarry"]["rollout"]) == (version, role)
+                r = client.post(f"/v1/collections/{name}/search", json={"query": ask["query"], "top_k": 2})
+                assert {k: r.headers.get(k) for k in heads} == heads
+        assert not stub.replies
+        rollout.abort(quarry.view, name, wait=True)  # the candidate dropped before the store closes
+        with TestClient(create_app(quarry)) as client:  # no rollout: the live version, no role
+            r = client.post(f"/v1/collections/{name}/search", json={"query": ask["query"], "top_k": 2})
+            assert r.headers["X-Quarry-Collection-Version"] == "1" and "X-Quarry-Rollout" not in r.headers
+        assert started.candidate == 2
+    finally:
+        current = quarry.docstore.get_rollout(name)
+        if current is not None and current.active:
+            rollout.abort(quarry.view, name)
+        quarry.drop_collection(name)
+        quarry.close()
+        stub.stop()
