@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from embedding.base import QueryEncoder
+from embedding.base import Embeddings, QueryEncoder
 from indexing.chunking import document_id_of
 
 Mode = Literal["bm25", "dense", "hybrid"]
@@ -95,6 +96,9 @@ class SearchResult:
     version: int | None = None
     # under a gray release, the served version's role: "candidate" or "live"; None: no rollout active
     rollout: str | None = None
+    # the query's vector as the searcher's own encoder computed it (None: BM25 only, or another encoder's),
+    # for a second search of the same query (a gray release's shadow run) to reuse
+    embedded: Future[Embeddings] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

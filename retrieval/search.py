@@ -349,6 +349,7 @@ class Searcher:
         # The model runs while BM25 scores; submit never blocks (errors come through the future).
         physical, encoder = (cfg.name, self._embedder) if target is None else (target.physical, target.encoder)
         pending = self._query_vector(query, encoder, embedded) if mode != "bm25" else None
+        result.embedded = pending if encoder is self._embedder else None  # for a shadow run of it to reuse
         if mode in ("bm25", "hybrid"):
             channels["bm25"] = self._timed(result, "bm25", lambda: self._bm25_channel(cfg, query, flt, group, within))
         if pending is not None:

@@ -77,23 +77,6 @@ def _served(result: SearchResult, version: CollectionVersion, chosen: Route | No
     return result
 
 
-def _shared_vector(
-    v: View, query: str, dense: DenseTarget | None, chosen: Route | None, embedded: Future[Embeddings] | None,
-) -> Future[Embeddings] | None:
-    """The query's vector, asked once for a search and its shadow run on the other version.
-
-    Only when the search is sampled for a shadow run and the served version's model is the
-    searcher's own: the shadow run then reuses it when its version's model is the same one
-    (:meth:`~retrieval.search.Searcher.search` checks), instead of embedding the query again.
-    Otherwise ``embedded`` as given.
-    """
-    if embedded is not None or chosen is None or chosen.shadow is None or dense is None:
-        return embedded
-    if dense.encoder is not v.engines.query_embedder:
-        return None
-    return v.space.searcher.submit_query(query)
-
-
 def _failed_over(  # noqa: PLR0913 - the failed search's parts
     v: View, name: str, filters: Mapping[str, Any] | None, mode: Mode, chosen: Route | None, started: float,
     exc: QuarryError,
@@ -135,14 +118,13 @@ def search(  # noqa: PLR0913 - mirrors the request body
         InvalidQuery: Blank or over-long query, or bad paging.
     """
     cfg, flt, dense, version, chosen = _search_target(v, name, filters, mode, query)
-    embedded = _shared_vector(v, query, dense, chosen, None)
     started = time.perf_counter()
     with v.ns.messages():  # a store's filter errors name the stored keys
         try:
             result = v.space.searcher.search(
                 cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank,
                 dense_timeout_s=dense_timeout_s, fusion=fusion, min_score=min_score, target=dense,
-                within=v.ns.bm25_within(), embedded=embedded,
+                within=v.ns.bm25_within(),
             )
         except QuarryError as exc:
             cfg, dense, version = _failed_over(v, name, filters, mode, chosen, started, exc)
@@ -153,7 +135,7 @@ def search(  # noqa: PLR0913 - mirrors the request body
             )
             return v.ns.result(name, _served(result, version, chosen))
     if chosen is not None:  # a gray release counts it
-        asked = rollout.Asked(cfg, query, top_k, mode, flt, fusion, v.ns.bm25_within(), embedded)
+        asked = rollout.Asked(cfg, query, top_k, mode, flt, fusion, v.ns.bm25_within(), result.embedded)
         rollout.observe(v, name, chosen, time.perf_counter() - started, result, asked)
     return v.ns.result(name, _served(result, version, chosen))
 
@@ -179,7 +161,6 @@ async def search_async(  # noqa: PLR0913 - mirrors the request body
     loop; after a commit they are read again in a worker thread (``off_loop``).
     """
     cfg, flt, dense, version, chosen = await off_loop(_search_target, v, name, filters, mode, query)
-    embedded = _shared_vector(v, query, dense, chosen, embedded)
     started = time.perf_counter()
     with v.ns.messages():
         try:
@@ -195,7 +176,7 @@ async def search_async(  # noqa: PLR0913 - mirrors the request body
             )
             return v.ns.result(name, _served(result, version, chosen))
     if chosen is not None:  # a gray release counts it
-        asked = rollout.Asked(cfg, query, top_k, mode, flt, fusion, v.ns.bm25_within(), embedded)
+        asked = rollout.Asked(cfg, query, top_k, mode, flt, fusion, v.ns.bm25_within(), result.embedded)
         rollout.observe(v, name, chosen, time.perf_counter() - started, result, asked)
     return v.ns.result(name, _served(result, version, chosen))
 

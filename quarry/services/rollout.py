@@ -73,7 +73,7 @@ ROUTE_KEY: ContextVar[str | None] = ContextVar("quarry_route_key", default=None)
 
 DROP_GRACE_S = 5.0  # an aborted candidate's store collection is dropped this long after (searches in flight)
 SHADOW_QUEUE = 16  # shadow searches waiting at most; more are skipped (never the request path)
-SHADOW_BATCH, SHADOW_WAIT_S = 8, 0.1  # shadow searches run together: as many as gathered within 0.1 s, or 8
+SHADOW_BATCH, SHADOW_WAIT_S = 8, 0.25  # shadow searches run together: as many as gathered within 0.25 s, or 8
 MAX_WINDOW = 20_000  # latencies kept per version and step
 
 

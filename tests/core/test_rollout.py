@@ -434,3 +434,35 @@ def test_answers_and_chat_name_the_version_that_served_them(
         quarry.drop_collection(name)
         quarry.close()
         stub.stop()
+
+
+def test_shadow_runs_reuse_the_served_vector_and_run_together(
+    gray: Quarry, filled: str, counting: CountingEmbedder, scifact_docs: list[SourceDocument],
+) -> None:
+    """Shadow mode at 100 %: every search runs again on the candidate (same model, same results), each query
+    embedded once (the shadow run reuses the served vector), the waiting runs run together."""
+    queries = [d.title for d in scifact_docs[:DOCS:3]][:48]  # 12 clients x 4 distinct titles
+    rollout.start(gray.view, filled, mode="shadow", step_samples=10**6, shadow_rate=1.0)
+    try:
+        texts = counting.texts
+        failures: list[BaseException] = []
+
+        def client(mine: list[str]) -> None:
+            for query in mine:
+                try:
+                    assert gray.search(filled, query, top_k=10).hits
+                except BaseException as exc:  # noqa: BLE001 - reported by the test
+                    failures.append(exc)
+
+        _run([threading.Thread(target=client, args=(queries[i::12],)) for i in range(12)])
+        assert not failures, failures[:3]
+        deadline = time.monotonic() + 30
+        while (shadow := (rollout.describe(gray.view, filled) or {})["shadow"])["run"] + shadow["skipped"] < 48:
+            assert time.monotonic() < deadline, shadow
+            time.sleep(0.05)
+        assert counting.texts - texts == 48  # one vector per search, not two
+        window = (rollout.describe(gray.view, filled) or {})["window"]["candidate"]
+        assert window["queries"] == shadow["run"] >= 16  # in shadow mode its runs are the candidate's figures
+        assert window["overlap"] == 1.0 and window["p95_ms"] is not None  # the same model and index: the same top 10
+    finally:
+        rollout.abort(gray.view, filled)
