@@ -40,7 +40,7 @@ VERSION_HEADER, ROLLOUT_HEADER = "X-Quarry-Collection-Version", "X-Quarry-Rollou
 SERVED_HEADERS: dict[str, Any] = {
     VERSION_HEADER: {
         "description": "The collection version that served the request (its number, as `describe` lists them).",
-        "schema": {"type": "integer", "minimum": 1},
+        "schema": {"type": "string", "pattern": "^[1-9][0-9]*$"},  # an integer, as a header carries it
     },
     ROLLOUT_HEADER: {
         "description": "While a gray release routes the collection: the serving version's role, `candidate` "

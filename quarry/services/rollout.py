@@ -120,6 +120,7 @@ class _Tracker:
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="rollout"))
     waiting: list[_Shadowed] = field(default_factory=list)
     draining: bool = False
+    full: threading.Event = field(default_factory=threading.Event)  # SHADOW_BATCH runs wait: no more gathering
     queued: int = 0
     shadowed: int = 0
     skipped: int = 0
@@ -273,6 +274,8 @@ def _observe(  # noqa: PLR0913
         with tracker.lock:
             tracker.waiting.append(_Shadowed(v, name, chosen, result, asked, window))
             start, tracker.draining = not tracker.draining, True
+            if len(tracker.waiting) >= SHADOW_BATCH:
+                tracker.full.set()
         if start:
             tracker.pool.submit(_drain, tracker)
     if due:
@@ -291,9 +294,10 @@ def _drain(tracker: _Tracker) -> None:
     together, their ANN searches share store calls (a lone one costs ~3x the CPU per query).
     """
     while True:
-        time.sleep(SHADOW_WAIT_S if len(tracker.waiting) < SHADOW_BATCH else 0.0)
+        tracker.full.wait(SHADOW_WAIT_S)
         with tracker.lock:
             batch, tracker.waiting = tracker.waiting, []
+            tracker.full.clear()
             if not batch:
                 tracker.draining = False
                 return
