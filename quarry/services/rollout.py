@@ -44,6 +44,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from embedding.base import Embedder
 from indexing.collections import CollectionConfig, FusionConfig
 from indexing.docstore import AuditEntry, CollectionVersion
 from indexing.reindex_build import Build, ReindexReport, new_owner
@@ -504,7 +505,7 @@ def start(  # noqa: PLR0913 - the rollout's parameters
     return rollout
 
 
-def _candidate_model(v: View, live: CollectionVersion, model: str | None) -> tuple[Any, str | None]:
+def _candidate_model(v: View, live: CollectionVersion, model: str | None) -> tuple[Embedder, str | None]:
     """The candidate's embedder (warmed up) and URL; a model URL the server cannot open is the caller's error.
 
     Raises:
