@@ -249,7 +249,7 @@ def test_no_rollout_is_a_404_and_a_model_url_the_server_cannot_open_a_400(gray: 
             gone = client.get("/v1/collections/nosuch/rollout/report", params={"format": "json"})
             assert gone.status_code == 404 and gone.json()["error"]["type"] == "CollectionNotFound"
             assert client.get(f"/v1/collections/{name}/rollout/report", params={"format": "pdf"}).status_code == 422
-            for model in ("", "   ", "nope://some-model"):
+            for model in ("", "   ", "torch://no-such-org/no-such-model", "nope://some-model"):
                 bad = client.post(f"/v1/collections/{name}/rollout", json={"model": model})
                 assert bad.status_code == 400, (model, bad.status_code, bad.text)
                 error = bad.json()["error"]
