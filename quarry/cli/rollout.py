@@ -152,6 +152,6 @@ def report(
     found = found if "paired" in found else with_paired(found)
     if out_file is not None:
         write_rollout_report(found, out_file, as_json=as_json)
-        out.print(f"{name}: A/B report written to {escape(str(out_file))}")
+        out.print(escape(f"{name}: A/B report written to {out_file}"))
         return
     out.file.write(json.dumps(found, indent=2, default=str) + "\n" if as_json else render_rollout_html(found))
