@@ -330,10 +330,7 @@ def _shadow(  # noqa: PLR0913 - the served search and its window
         with tracker.lock:
             window.candidate.overlap.append(share)
             tracker.shadowed += 1
-            kept = tracker.pairs.get(name)
-            if kept is None or (kept and kept[-1].candidate != pair.candidate):
-                kept = tracker.pairs[name] = deque(maxlen=PAIRS_KEPT)
-            kept.append(pair)
+            _keep(tracker, name, pair)
             if timed:  # in shadow mode the candidate serves nobody: its shadow runs are its figures
                 window.candidate.queries += 1
                 window.candidate.degraded += bool(again.degraded)
@@ -361,6 +358,14 @@ def _pair(  # noqa: PLR0913 - both sides of one shadowed query
     cand_ms, live_ms = (served_ms, shadow_ms) if chosen.candidate else (shadow_ms, served_ms)
     return Pair(chosen.rollout.candidate, chosen.rollout.step, chosen.candidate, live_ms, cand_ms, len(live.hits),
                 len(cand.hits), bool(live.degraded), bool(cand.degraded), share, top1_same)
+
+
+def _keep(tracker: _Tracker, name: str, pair: Pair) -> None:
+    """Keep ``pair`` among the newest :data:`PAIRS_KEPT` of ``name`` (a new candidate starts afresh); under the lock."""
+    kept = tracker.pairs.get(name)
+    if kept is None or (kept and kept[-1].candidate != pair.candidate):
+        kept = tracker.pairs[name] = deque(maxlen=PAIRS_KEPT)
+    kept.append(pair)
 
 
 def _gate(v: View, name: str, seen: Rollout, window: _Window) -> None:
