@@ -19,7 +19,10 @@ module runs it over the state of record, the store and the searcher:
   are evaluated in a background thread against the live version's figures of the same window
   (recall per version from the recall monitor); a failing gate aborts the rollout;
 * :func:`step`, :func:`promote`, :func:`abort` move it by hand; each decision is appended to
-  the rollout's ``decisions`` (with its figures) and to the audit log.
+  the rollout's ``decisions`` (with its figures) and to the audit log;
+* :func:`snapshot` copies the record, the step's figures and the shadowed pairs (each shadowed
+  query's latency, hits and degraded flag on both versions, the newest :data:`PAIRS_KEPT`) for
+  the A/B report (:mod:`quarry.services.rollout_report`).
 
 The candidate holds the writes up to ``synced_seq``; each step and the promote replay the
 change log since into it (the promote under the write lock, then the swap, as a rollback does).
@@ -34,12 +37,14 @@ import threading
 import time
 import uuid
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from embedding.base import Embedder
 from indexing.collections import CollectionConfig, FusionConfig
 from indexing.docstore import AuditEntry, CollectionVersion
 from indexing.reindex_build import Build, ReindexReport, new_owner
@@ -57,7 +62,7 @@ from indexing.rollout import (
     stepped,
 )
 from indexing.versions import live_config
-from quarry.errors import CollectionNotFound, Conflict, InvalidRequest, NotFound, QuarryError, clip
+from quarry.errors import CollectionNotFound, ConfigError, Conflict, InvalidRequest, NotFound, QuarryError, clip
 from quarry.services.versions import _record_model, live_version
 from quarry.services.view import TenantSpace, View
 from retrieval.results import DenseTarget, Mode, SearchResult
@@ -72,6 +77,7 @@ ROUTE_KEY: ContextVar[str | None] = ContextVar("quarry_route_key", default=None)
 DROP_GRACE_S = 5.0  # an aborted candidate's store collection is dropped this long after (searches in flight)
 SHADOW_QUEUE = 16  # shadow searches waiting at most; more are skipped (never the request path)
 MAX_WINDOW = 20_000  # latencies kept per version and step
+PAIRS_KEPT = 1_000  # shadowed queries kept per collection for the A/B report's paired test (the newest)
 
 
 @dataclass(frozen=True)
@@ -96,12 +102,44 @@ class _Window:
     passed: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """One shadowed query, as both versions ran it (the A/B report's paired test).
+
+    Attributes:
+        candidate: The rollout's candidate version number (pairs of an earlier rollout are left out).
+        step: The rollout's step when it was served (``-1``: shadow).
+        served_by_candidate: Which version served it (the other ran it in the background).
+        live_ms: The live version's search latency, milliseconds (``Searcher.search``, both sides).
+        candidate_ms: The candidate's.
+        live_hits: Hits the live version returned.
+        candidate_hits: Hits the candidate returned.
+        live_degraded: Whether the live version's answer was degraded.
+        candidate_degraded: Whether the candidate's was.
+        overlap: Top-10 overlap of the two answers (0..1).
+        top1_same: Whether both answers have the same first document.
+    """
+
+    candidate: int
+    step: int
+    served_by_candidate: bool
+    live_ms: float
+    candidate_ms: float
+    live_hits: int
+    candidate_hits: int
+    live_degraded: bool
+    candidate_degraded: bool
+    overlap: float
+    top1_same: bool
+
+
 @dataclass(eq=False)
 class _Tracker:
-    """Per tenant space: the step windows, the shadow runner."""
+    """Per tenant space: the step windows, the shadowed pairs, the shadow runner."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     windows: dict[str, _Window] = field(default_factory=dict)
+    pairs: dict[str, deque[Pair]] = field(default_factory=dict)
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="rollout"))
     queued: int = 0
     shadowed: int = 0
@@ -248,7 +286,7 @@ def _observe(  # noqa: PLR0913
         if shadow:
             tracker.queued += 1
     if shadow and chosen.shadow is not None and result is not None and asked is not None:
-        tracker.pool.submit(_shadow, v, name, chosen, result, asked, window)
+        tracker.pool.submit(_shadow, v, name, chosen, result, asked, window, elapsed_s)
     if due:
         threading.Thread(target=_gate, args=(v, name, rollout, window), name=f"rollout-gate-{name}",
                          daemon=True).start()
@@ -258,8 +296,14 @@ def _ids(result: SearchResult) -> list[str]:
     return [h.document_id for h in result.hits]
 
 
-def _shadow(v: View, name: str, chosen: Route, result: SearchResult, asked: Asked, window: _Window) -> None:
-    """Run the search again on the other version; note the top-10 overlap on the candidate's side."""
+def _shadow(  # noqa: PLR0913 - the served search and its window
+    v: View, name: str, chosen: Route, result: SearchResult, asked: Asked, window: _Window, served_s: float,
+) -> None:
+    """Run the search again on the other version; note the top-10 overlap on the candidate's side.
+
+    The pair (both latencies, hit counts, degraded flags, the overlap) is kept for the A/B
+    report, the newest :data:`PAIRS_KEPT` per collection.
+    """
     tracker = _tracker(v.space)
     try:
         other = chosen.shadow
@@ -278,15 +322,20 @@ def _shadow(v: View, name: str, chosen: Route, result: SearchResult, asked: Aske
                     window.candidate.queries += 1
                     window.candidate.errors += 1
             raise
-        share = overlap(_ids(result), _ids(again))
+        shadow_ms = (time.perf_counter() - started) * 1000.0
+        served_ids, other_ids = _ids(result), _ids(again)
+        share = overlap(served_ids, other_ids)
+        pair = _pair(chosen, served_s * 1000.0, result, shadow_ms, again, share,
+                     served_ids[:1] == other_ids[:1])
         with tracker.lock:
             window.candidate.overlap.append(share)
             tracker.shadowed += 1
+            _keep(tracker, name, pair)
             if timed:  # in shadow mode the candidate serves nobody: its shadow runs are its figures
                 window.candidate.queries += 1
                 window.candidate.degraded += bool(again.degraded)
                 if len(window.candidate.latencies_ms) < MAX_WINDOW:
-                    window.candidate.latencies_ms.append((time.perf_counter() - started) * 1000.0)
+                    window.candidate.latencies_ms.append(shadow_ms)
         if chosen.rollout.state == "shadow":  # shadow mode: the pairs are what the step is held for
             due = False
             with tracker.lock:
@@ -299,6 +348,24 @@ def _shadow(v: View, name: str, chosen: Route, result: SearchResult, asked: Aske
     finally:
         with tracker.lock:
             tracker.queued -= 1
+
+
+def _pair(  # noqa: PLR0913 - both sides of one shadowed query
+    chosen: Route, served_ms: float, served: SearchResult, shadow_ms: float, shadow: SearchResult, share: float,
+    top1_same: bool,
+) -> Pair:
+    cand, live = (served, shadow) if chosen.candidate else (shadow, served)
+    cand_ms, live_ms = (served_ms, shadow_ms) if chosen.candidate else (shadow_ms, served_ms)
+    return Pair(chosen.rollout.candidate, chosen.rollout.step, chosen.candidate, live_ms, cand_ms, len(live.hits),
+                len(cand.hits), bool(live.degraded), bool(cand.degraded), share, top1_same)
+
+
+def _keep(tracker: _Tracker, name: str, pair: Pair) -> None:
+    """Keep ``pair`` among the newest :data:`PAIRS_KEPT` of ``name`` (a new candidate starts afresh); under the lock."""
+    kept = tracker.pairs.get(name)
+    if kept is None or (kept and kept[-1].candidate != pair.candidate):
+        kept = tracker.pairs[name] = deque(maxlen=PAIRS_KEPT)
+    kept.append(pair)
 
 
 def _gate(v: View, name: str, seen: Rollout, window: _Window) -> None:
@@ -388,7 +455,8 @@ def start(  # noqa: PLR0913 - the rollout's parameters
     Raises:
         CollectionNotFound: No such collection.
         Forbidden: A shared collection, asked by another tenant than the operator's.
-        InvalidRequest: A bad mode, schedule, sample count, rate or gate.
+        InvalidRequest: A bad mode, schedule, sample count, rate or gate, or a ``model`` URL this
+            server cannot open (empty, an unknown scheme or model, a missing extra).
         Conflict: A rollout of it is active already.
         ReindexRunning: A reindex of it holds the lease.
         ReindexFailed: The candidate failed its offline recall check (nothing is routed).
@@ -405,6 +473,8 @@ def start(  # noqa: PLR0913 - the rollout's parameters
     if step_samples < 1 or not 0.0 <= shadow_rate <= 1.0:
         raise InvalidRequest(f"step_samples must be >= 1 and shadow_rate in [0, 1], got {step_samples}, "
                              f"{shadow_rate:g}")
+    if model is not None and not model.strip():
+        raise InvalidRequest("model must be an embedding model's URL (or left out: the live one's), got ''")
     current = v.docstore.get_rollout(name)
     if current is not None and current.active:
         raise Conflict(f"a rollout of collection {clip(name)} is {current.state} (version {current.candidate}): "
@@ -414,8 +484,7 @@ def start(  # noqa: PLR0913 - the rollout's parameters
     space.reindexer.acquire(name, owner)
     try:
         live = live_version(v, name)
-        embedder, url = v.engines.models.for_reindex(live, model)
-        embedder.warm_up()
+        embedder, url = _candidate_model(v, live, model)
         same = bool(embedder.fingerprint) and embedder.fingerprint == live.model_fingerprint
         vectors = v.docstore.counts(name)[1]
         spec = index if isinstance(index, IndexSpec) else space.index_spec(index, vectors, embedder.dim, cfg.metric)
@@ -439,6 +508,22 @@ def start(  # noqa: PLR0913 - the rollout's parameters
     v.docstore.put_rollout(rollout)
     _audit(v, "rollout.start", name, by, {**record, "candidate": report.version, "baseline": live.version})
     return rollout
+
+
+def _candidate_model(v: View, live: CollectionVersion, model: str | None) -> tuple[Embedder, str | None]:
+    """The candidate's embedder (warmed up) and URL; a model URL the server cannot open is the caller's error.
+
+    Raises:
+        InvalidRequest: ``model`` names an unknown scheme or model, or one whose extra is not installed.
+    """
+    try:
+        embedder, url = v.engines.models.for_reindex(live, model)
+        embedder.warm_up()
+    except ConfigError as exc:
+        if model is None:  # the live version's own model: the server's configuration, not the request
+            raise
+        raise InvalidRequest(f"model {clip(model)}: {exc}") from exc
+    return embedder, url
 
 
 def step(v: View, name: str, *, by: str | None = None) -> Rollout:
@@ -596,3 +681,54 @@ def describe(v: View, name: str) -> dict[str, Any] | None:
             out["window"] = {"candidate": window.candidate.summary(), "live": window.live.summary()}
         out["shadow"] = {"run": tracker.shadowed, "skipped": tracker.skipped}
     return out
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the A/B report (:mod:`quarry.services.rollout_report`) reads of a rollout in this process.
+
+    Attributes:
+        rollout: The record (state, versions, ramp, decisions with their figures).
+        live: The live version's figures of the current step's window (``None``: this process has none),
+            with its sampled recall since the step started.
+        candidate: The candidate's.
+        pairs: The shadowed queries of this rollout (the newest :data:`PAIRS_KEPT`), oldest first.
+        shadow_run: Shadow searches run by this process (every rollout of its tenant space).
+        shadow_skipped: Shadow searches skipped on a full queue.
+    """
+
+    rollout: Rollout
+    live: Figures | None
+    candidate: Figures | None
+    pairs: tuple[Pair, ...]
+    shadow_run: int
+    shadow_skipped: int
+
+
+def snapshot(v: View, name: str) -> Snapshot:
+    """A copy of the rollout's record and of this process's figures and pairs (see :class:`Snapshot`).
+
+    Raises:
+        CollectionNotFound: No such collection.
+        NotFound: It never had a rollout.
+    """
+    rollout = get(v, name)
+    tracker = _tracker(v.space)
+    with tracker.lock:
+        window = tracker.windows.get(name)
+        if window is not None and window.started != rollout.step_started_at:
+            window = None
+        figures = None if window is None else tuple(
+            replace(f, latencies_ms=list(f.latencies_ms), overlap=list(f.overlap), recall=list(f.recall))
+            for f in (window.live, window.candidate))
+        pairs = tuple(p for p in tracker.pairs.get(name, ()) if p.candidate == rollout.candidate)
+        run, skipped = tracker.shadowed, tracker.skipped
+    if figures is None:
+        return Snapshot(rollout, None, None, pairs, run, skipped)
+    live, cand = figures
+    for fig, number in ((live, rollout.baseline), (cand, rollout.candidate)):
+        try:
+            fig.recall = _recall(v, name, _version(v, name, number), rollout.step_started_at)
+        except QuarryError:  # a version gone meanwhile: no recall figures
+            fig.recall = []
+    return Snapshot(rollout, live, cand, pairs, run, skipped)
