@@ -24,14 +24,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from indexing.document_rules import SourceDocument
 from monitoring.drift import QueryDrift, centroid_drift, oov_drift, oov_share, spread
+from monitoring.exact import Sample
 from quarry.api import create_app
-from quarry.scheduler import ReindexScheduler
+from quarry.scheduler import ReindexScheduler, recall_reason
 from quarry.service import Quarry
 from quarry.settings import MonitorSettings, Settings
 from tests.core.conftest import CountingEmbedder
 
 NAME = "drift_en"
-DRIFT = MonitorSettings(sample_rate=0.0)  # the drift's defaults: 200 reference queries, a window of 500
+# the drift's defaults (200 reference queries, a window of 500); the recall trigger on 5 samples
+DRIFT = MonitorSettings(sample_rate=0.0, trigger_min_samples=5)
 REFERENCE, WINDOW = DRIFT.drift_reference_queries, DRIFT.drift_window_queries
 
 
@@ -166,4 +168,23 @@ def test_scifact_queries_keep_the_drift_low_and_cmrc_queries_move_it(
     assert chinese[("quarry_query_drift", "centroid")] == _drift("centroid")  # the registry agrees
     due = scheduler.due(NAME)
     assert due is not None and due.trigger == "drift", due
+    with capsys.disabled():
+        print(f"drift trigger: {due.reason}")
     assert "query drift" in due.reason and "centroid" in due.reason and "OOV share" in due.reason, due.reason
+
+
+def test_the_recall_trigger_names_the_drift_as_the_probable_cause(service: Quarry, counting: CountingEmbedder) -> None:
+    """Recall below the floor while the drift holds (after the test above): the reason says both.
+
+    The ANN answers stand in for a weak index with the store's farthest vectors (those of the
+    negated query), as ``tests/core/test_reindex_schedule.py`` does.
+    """
+    assert service.drift.trigger(NAME).fired  # the CMRC window of the test above
+    live = service.live_version(NAME).physical_name
+    vectors = counting.embed(["vitamin D and bone density", "statins and muscle pain", "sleep and memory",
+                              "smoking and lung cancer", "aspirin and stroke", "exercise and blood pressure"]).vectors
+    for vector in vectors:
+        far = service.store.search(live, -vector[None, :], 10, with_payload=False)[0]
+        service.monitor.measure(Sample(NAME, "cosine", vector, None, 10, tuple(h.id for h in far), live))
+    reason = recall_reason(service, NAME)
+    assert reason is not None and "below 0.9" in reason and "probable cause, query drift" in reason, reason
