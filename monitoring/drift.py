@@ -25,7 +25,7 @@ re-baselines the drift. The last :data:`KEPT_VERSIONS` versions of a collection 
 are those of the version that served the newest dense search (:meth:`QueryDrift.serving`). A
 BM25-only search adds its OOV share to that version's profile. Everything is in this process's
 memory: a restart starts every reference again, and each worker or replica has its own (the alert
-rule takes the largest).
+fires per instance).
 
 Series (:mod:`monitoring.metrics`): ``quarry_query_drift{tenant, collection, signal}`` and
 ``quarry_query_drift_queries{tenant, collection, signal}``, read at scrape time.
