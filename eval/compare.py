@@ -237,6 +237,7 @@ def paired_stats(
     confidence: float = 0.95,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
+    batch: int | None = None,
 ) -> PairedStats:
     """Delta, randomisation-test and t-test p-values, bootstrap interval and W/L/T of B vs A.
 
@@ -246,6 +247,9 @@ def paired_stats(
         confidence: Confidence level of the interval, in (0, 1).
         resamples: Resamples of the randomisation test and the bootstrap.
         seed: Seed of both (a :func:`numpy.random.default_rng` each).
+        batch: Resamples computed at once (``None``: all of them; the memory is about
+            ``8 * n * batch`` bytes per array): a server bounds it; the draws, and so the results, are
+            the same (scipy draws the resamples in order, batch after batch).
 
     Returns:
         The statistics (see :class:`PairedStats`); with all differences 0: p 1.0, interval [0, 0].
@@ -284,11 +288,11 @@ def paired_stats(
     stats = _scipy_stats()
     perm = stats.permutation_test(
         (y, x), _mean_difference, permutation_type="samples", vectorized=True,
-        n_resamples=resamples, alternative="two-sided", rng=np.random.default_rng(seed),
+        n_resamples=resamples, alternative="two-sided", rng=np.random.default_rng(seed), batch=batch,
     )
     boot = stats.bootstrap(
         (diff,), np.mean, n_resamples=resamples, confidence_level=confidence, method="percentile",
-        vectorized=True, rng=np.random.default_rng(seed),
+        vectorized=True, rng=np.random.default_rng(seed), batch=batch,
     )
     p_t = float(stats.ttest_rel(y, x).pvalue) if np.ptp(diff) > TIE_TOLERANCE else None  # constant: no t
     return replace(

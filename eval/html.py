@@ -1,4 +1,4 @@
-"""Self-contained HTML of an evaluation run and of a comparison, rendered with Jinja2.
+"""Self-contained HTML of an evaluation run and of a comparison (and the templates), rendered with Jinja2.
 
 The templates live in ``eval/templates`` (autoescaped). A page needs nothing but itself: the CSS is
 inline, the plots are ``data:image/png;base64`` URIs, and no script, font or stylesheet is fetched,
@@ -36,6 +36,15 @@ def _environment() -> Any:
         trim_blocks=True,
         lstrip_blocks=True,
     )
+
+
+def template(name: str) -> Any:
+    """The autoescaped Jinja2 template ``name`` of ``eval/templates``.
+
+    Raises:
+        ConfigError: jinja2 is not installed (the ``eval`` extra).
+    """
+    return _environment().get_template(name)
 
 
 def png_data_uri(path: Path) -> str:
@@ -115,4 +124,4 @@ class _Defaulted(dict[str, Any]):
         return self.get(key, "?")
 
 
-__all__ = ["per_query_view", "png_data_uri", "render_compare_html", "render_report_html"]
+__all__ = ["per_query_view", "png_data_uri", "render_compare_html", "render_report_html", "template"]

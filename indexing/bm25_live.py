@@ -115,6 +115,11 @@ class LiveView:
         """Row -> a small integer per distinct document id, ``(n_rows,) int64``."""
         return self.codes[: self.n_rows]
 
+    def holds(self, term: str) -> bool:
+        """Whether some live row holds ``term`` (its df is positive)."""
+        i = self.vocab.get(term, len(self.df))
+        return i < len(self.df) and bool(self.df[i] > 0)
+
     def statistics(self, terms: Iterable[str] = ()) -> tuple[int, float, dict[str, int]]:
         """``(N, avgdl, {term: df})``: what two replicas at one version agree on."""
         dfs = {t: int(self.df[self.vocab[t]]) if self.vocab.get(t, len(self.df)) < len(self.df) else 0 for t in terms}

@@ -1,14 +1,15 @@
-"""The recall monitor's Prometheus series (the default registry, served by ``GET /metrics``).
+"""The recall monitor's and the query drift's Prometheus series (the default registry, ``GET /metrics``).
 
 Counters and the histogram are updated by :class:`monitoring.monitor.RecallMonitor`; the window
-gauges are read from every live monitor (:data:`MONITORS`) at scrape time.
+gauges are read from every live monitor (:data:`MONITORS`) at scrape time, the drift gauges from
+every :class:`monitoring.drift.QueryDrift` (:data:`DRIFTS`).
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from prometheus_client import REGISTRY, Counter, Histogram
@@ -16,6 +17,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from monitoring.recall import Bucket
+
+if TYPE_CHECKING:
+    from monitoring.drift import DriftFigures
 
 RECALL = Histogram(
     "quarry_recall", "Tie-aware recall@k of sampled ANN answers against exact search",
@@ -87,3 +91,66 @@ class _Windows(Collector):
 
 
 REGISTRY.register(_Windows())
+
+
+class DriftSource(Protocol):
+    """What the drift gauges read of a :class:`monitoring.drift.QueryDrift`."""
+
+    tenant: str
+
+    def collections(self) -> list[str]:
+        """The collections with a profile."""
+        ...
+
+    def figures(self, collection: str) -> DriftFigures | None:
+        """The serving version's drift figures."""
+        ...
+
+
+DRIFTS: weakref.WeakSet[DriftSource] = weakref.WeakSet()
+
+
+class _Drifts(Collector):
+    """``quarry_query_drift`` / ``_queries``: every tracker's serving versions, read at each scrape.
+
+    Per ``(tenant, collection, signal)``; a signal's drift is exported once its reference is
+    complete, its window count always. Two trackers of one tenant with a same-named collection
+    (two service handles in one process) give one series, the larger drift.
+    """
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        drifts: dict[tuple[str, str, str], float] = {}
+        counts: dict[tuple[str, str, str], int] = {}
+        for source in list(DRIFTS):
+            for collection in source.collections():
+                figures = source.figures(collection)
+                if figures is None:
+                    continue
+                for signal, n in figures.queries.items():
+                    key = (source.tenant, collection, signal)
+                    counts[key] = max(n, counts.get(key, 0))
+                    value = figures.value(signal)
+                    if value is not None and value >= drifts.get(key, value):
+                        drifts[key] = value
+        family, queries = self.describe()
+        for labels, value in sorted(drifts.items()):
+            family.add_metric(list(labels), value)
+        for labels, n in sorted(counts.items()):
+            queries.add_metric(list(labels), n)
+        yield family
+        yield queries
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        labels = ["tenant", "collection", "signal"]
+        return [
+            GaugeMetricFamily(
+                "quarry_query_drift",
+                "Query drift against the collection's reference queries: centroid (cosine distance of the query "
+                "centroids over the reference spread) or oov (change of the out-of-vocabulary term share)",
+                labels=labels,
+            ),
+            GaugeMetricFamily("quarry_query_drift_queries", "Queries in the current drift window", labels=labels),
+        ]
+
+
+REGISTRY.register(_Drifts())

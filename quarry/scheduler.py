@@ -3,7 +3,7 @@
 A :class:`ReindexScheduler` runs in each server process (every worker and replica may run
 one) and starts the same reindex jobs as ``POST /v1/collections/{name}/reindex`` (the jobs
 table, ``GET /v1/jobs/{id}``), their ``params`` saying who and why: ``trigger`` (``schedule``,
-``recall``, ``growth`` or ``churn``), ``reason`` and ``by`` (``host:pid:random``).
+``recall``, ``growth``, ``churn`` or ``drift``), ``reason`` and ``by`` (``host:pid:random``).
 
 ==========  ===============================================================================
 trigger     fires when (``QUARRY_REINDEX__*``, all off by default)
@@ -15,7 +15,15 @@ growth      ``ON_GROWTH``: the planner, for the current vector count, picks anot
             or build parameters than the live version's (an index asked for by hand is kept)
 churn       ``CHURN_FRACTION``: documents deleted since the live version was built exceed that
             share of the documents stored now plus those deleted
+drift       ``ON_DRIFT``: the live version's queries drifted from its reference (the alert
+            ``QuarryQueryDrift``'s condition, :meth:`monitoring.drift.QueryDrift.trigger`)
 ==========  ===============================================================================
+
+A drifted workload is also named as a probable cause in the recall trigger's reason when both
+hold. A drift reindex rebuilds the live version with its own model and index plan: it does not
+make the model fit the new queries; its record (``trigger`` ``drift``, the figures in ``reason``)
+is what tells the operator to re-tune fusion or reindex with another model. The new version's
+reference starts from the drifted workload, so the trigger fires once per change of workload.
 
 At most one reindex per collection, across processes: a start takes the collection's reindex
 lease first (another holder: skipped), then checks again, under the lease, that the reindex is
@@ -48,7 +56,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TRIGGERS = ("schedule", "recall", "growth", "churn")
+TRIGGERS = ("schedule", "recall", "growth", "churn", "drift")
 
 
 # --- the triggers: each returns why a reindex is due, or None ------------------------------------
@@ -109,7 +117,21 @@ def recall_reason(service: Quarry, name: str) -> str | None:
     """
     live = service.live_version(name)
     fired = service.monitor.trigger(name, live.physical_name, live.swapped_at)
-    return fired.reason if fired.fired else None
+    if not fired.fired:
+        return None
+    drifted = service.drift.trigger(name, live.physical_name)
+    return f"{fired.reason}; probable cause, {drifted.reason}" if drifted.fired else fired.reason
+
+
+def drift_reason(service: Quarry, name: str) -> str | None:
+    """The live version's query drift (the alert ``QuarryQueryDrift``'s condition), or ``None``.
+
+    Read from this process's searches of the live version only (``QueryDrift`` keeps a profile
+    per version): a swap starts the new version's reference, so one change fires once.
+    """
+    live = service.live_version(name)
+    drifted = service.drift.trigger(name, live.physical_name)
+    return drifted.reason if drifted.fired else None
 
 
 @dataclass(frozen=True)
@@ -218,12 +240,13 @@ class ReindexScheduler:
         return started
 
     def due(self, name: str) -> Due | None:
-        """The first trigger that fires for ``name`` (recall, growth, churn), or ``None``."""
+        """The first trigger that fires for ``name`` (recall, growth, churn, drift), or ``None``."""
         s = self._settings
         checks: list[tuple[str, bool, Callable[[], str | None]]] = [
             ("recall", s.on_recall, lambda: recall_reason(self._service, name)),
             ("growth", s.on_growth, lambda: growth_reason(self._service, name)),
             ("churn", s.churn_fraction > 0, lambda: churn_reason(self._service, name, s.churn_fraction)),
+            ("drift", s.on_drift, lambda: drift_reason(self._service, name)),
         ]
         for trigger, on, check in checks:
             reason = check() if on else None

@@ -25,6 +25,7 @@ from indexing.planner import IndexPlan
 from indexing.reindex import Reindexer
 from indexing.reindex_build import ReindexReport
 from indexing.text import Language
+from monitoring.drift import QueryDrift
 from monitoring.monitor import RecallMonitor
 from quarry.metrics import SearchTelemetry
 from quarry.services import collections, documents, versions
@@ -87,6 +88,7 @@ class Quarry:
         self.bm25: BM25Registry = space.bm25
         self.ingestor: Ingestor = space.ingestor
         self.monitor: RecallMonitor = space.monitor
+        self.drift: QueryDrift = space.drift
         self.telemetry: SearchTelemetry = space.telemetry
         self.searcher: Searcher = space.searcher
         self.reindexer: Reindexer = space.reindexer

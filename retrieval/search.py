@@ -38,6 +38,7 @@ from indexing.bm25_registry import BM25Registry
 from indexing.collections import CollectionConfig, FusionConfig, model_mismatch
 from indexing.docstore import DocStore, cache_only
 from indexing.text import tokenize
+from monitoring.drift import oov_share
 from quarry.breaker import OutageBreaker, failed
 from quarry.errors import (
     EmbeddingError,
@@ -75,6 +76,10 @@ LOOP_QUERY_CHARS = 256
 # the store collection searched);
 # must return at once (the recall monitor's RecallMonitor.offer queues a sample or does nothing).
 DenseSampler = Callable[[str, Any, Any, Filter | None, int, Sequence[ScoredId], str], object]
+# Told of each search's query once its channels ran: (collection, the store collection of the dense
+# channel or None, the query vector (dim,) or None, the share of its BM25 terms the collection does
+# not hold or None); must return at once (monitoring.drift.QueryDrift.observe: O(dim), never waits).
+QueryObserver = Callable[[str, str | None, Any, float | None], object]
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,8 @@ class Searcher:
         observe: Called with ``(collection, mode, result)`` as each search ends (metrics and
             spans, :class:`quarry.metrics.SearchTelemetry`).
         sample_dense: Told of every dense channel's ANN answer (the recall monitor's sampler).
+        observe_query: Told of each search's query vector and out-of-vocabulary share (the
+            query drift, :data:`QueryObserver`).
     """
 
     def __init__(
@@ -122,9 +129,11 @@ class Searcher:
         clock: Callable[[], float] = time.monotonic,
         observe: Callable[[str, str, SearchResult], None] | None = None,
         sample_dense: DenseSampler | None = None,
+        observe_query: QueryObserver | None = None,
     ) -> None:
         self._observe = observe or _unobserved
         self._sample_dense: DenseSampler = sample_dense or _no_sample
+        self._observe_query: QueryObserver = observe_query or _no_sample
         self._ann = BatchingSearch(
             store, max_batch=settings.ann_max_batch, retry_after_s=settings.retry_after_s, clock=clock
         )
@@ -350,8 +359,12 @@ class Searcher:
         physical, encoder = (cfg.name, self._embedder) if target is None else (target.physical, target.encoder)
         pending = self._query_vector(query, encoder, embedded) if mode != "bm25" else None
         result.embedded = pending if encoder is self._embedder else None  # for a shadow run of it to reuse
+        oov: list[float | None] = [None]  # the BM25 channel's out-of-vocabulary share (query drift)
         if mode in ("bm25", "hybrid"):
-            channels["bm25"] = self._timed(result, "bm25", lambda: self._bm25_channel(cfg, query, flt, group, within))
+            channels["bm25"] = self._timed(
+                result, "bm25", lambda: self._bm25_channel(cfg, query, flt, group, within, oov)
+            )
+        vector = None
         if pending is not None:
             dense_started = time.perf_counter()
             embeddings: Embeddings | None = None
@@ -392,6 +405,8 @@ class Searcher:
                     channels["dense"] = ranked([h.id for h in found], [h.score for h in found], group, self.window)
                     self._sample_dense(cfg.name, cfg.metric, embeddings.vectors[0], flt, top_k, found, physical)
                     result.timings_ms["dense"] = (time.perf_counter() - dense_started) * 1000
+                    vector = embeddings.vectors[0]
+        self._note_query(cfg.name, physical, vector, oov[0])
         needed = offset + top_k if rerank is None else max(offset + top_k, rerank.top_n)
         fused, result.total = self._timed_fuse(channels, needed, request, result)
         if rerank is not None:
@@ -406,6 +421,11 @@ class Searcher:
         result.stage_times["hydrate"] = (started_hydrate, ended)
         self._observe(cfg.name, mode, result)
         return result
+
+    def _note_query(self, collection: str, physical: str, vector: Any, oov: float | None) -> None:
+        """Tell the query drift of the query's vector (``None``: none) and its OOV share, if either is known."""
+        if vector is not None or oov is not None:
+            self._observe_query(collection, physical if vector is not None else None, vector, oov)
 
     def _query_vector(
         self, query: str, encoder: QueryEncoder, embedded: Future[Embeddings] | None
@@ -434,12 +454,16 @@ class Searcher:
     def _late(self) -> str:
         return f"{self._settings.dense_timeout_s:g} s (QUARRY_SEARCH__DENSE_TIMEOUT_S)"
 
-    def _bm25_channel(
+    def _bm25_channel(  # noqa: PLR0913 - the request's fields
         self, cfg: CollectionConfig, query: str, flt: Filter | None, group: bool, within: str | None = None,
+        oov: list[float | None] | None = None,
     ) -> Channel:
+        """The BM25 channel; ``oov[0]`` is set to the share of the query's terms the collection does not hold."""
         index = self._bm25.get(cfg.name)
         keep = None if flt is None else predicate(flt)
         tokens = tokenize(query, cfg.language)
+        if oov is not None:
+            oov[0] = oov_share(tokens, index.holds)
         rows, scores = index.top(tokens, self.depth, keep, self._settings.max_query_terms, within)
         if group:  # each document's best row, in rank order
             _, first = np.unique(index.document_codes[rows], return_index=True)
@@ -520,7 +544,7 @@ def _unobserved(collection: str, mode: str, result: SearchResult) -> None:
 
 
 def _no_sample(*_: Any) -> None:
-    """The default :data:`DenseSampler`: no recall monitor."""
+    """The default :data:`DenseSampler` and :data:`QueryObserver`: no recall monitor, no query drift."""
 
 
 def _skip_dense(result: SearchResult, error: QuarryError) -> None:

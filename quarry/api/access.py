@@ -83,6 +83,7 @@ POLICY: dict[tuple[str, str], str | tuple[str, ...] | None] = {
     ("POST", "/v1/collections/{name}/rollout/step"): "admin",
     ("POST", "/v1/collections/{name}/rollout/promote"): "admin",
     ("POST", "/v1/collections/{name}/rollout/abort"): "admin",
+    ("GET", "/v1/collections/{name}/rollout/report"): "admin",
     # submitting an ingest job writes documents, as an upsert does: write. Reading or cancelling a
     # job: a reindex job's needs admin, an ingest job's write or admin (the handler's check_job);
     # the tenant is checked in Quarry.get_job, the key's collections in ingest_jobs.job_or_404

@@ -1,21 +1,25 @@
-"""``quarry rollout start|step|promote|abort|show NAME``: a collection's gray release on local data.
+"""``quarry rollout start|step|promote|abort|show|report NAME``: a collection's gray release on local data.
 
 Acts on the state of record as the REST routes do (:mod:`quarry.services.rollout`); a running
 server sees each change on its next search (the state's change token). The decisions go to the
-audit log without a key (the CLI is the operator's).
+audit log without a key (the CLI is the operator's). ``report`` writes the A/B report (HTML, or
+JSON); the live-traffic figures are a serving process's, so ``--server`` asks a running server for
+them (``GET …/rollout/report?format=json``, rendered here); without it only the record and its
+decisions (each gate evaluation's figures) are in it.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
 
 from indexing.rollout import DEFAULT_SCHEDULE, Rollout
-from quarry.cli.root import _quarry, app, out
-from quarry.errors import InvalidRequest
+from quarry.cli.root import ApiKey, ServerUrl, _quarry, _remote_error, app, out
+from quarry.errors import ConfigError, InvalidRequest
 
 rollout_app = typer.Typer(help="Gray release of a collection's next version: shadow, canary %, gates, rollback.",
                           no_args_is_help=True)
@@ -103,3 +107,51 @@ def abort(name: Name) -> None:
 def show(name: Name) -> None:
     """The collection's newest rollout, one line."""
     _act(name, "show")
+
+
+def _remote_report(server: str, api_key: str | None, name: str) -> dict[str, Any]:
+    """The JSON report of a running server (the figures of the queries it served)."""
+    try:
+        import httpx
+
+        from quarry_client._core import headers_for, seg
+        from quarry_client.errors import error_from_response
+    except ImportError:
+        raise ConfigError("--server needs the client: pip install 'quarry[client]'") from None
+    try:
+        resp = httpx.get(f"{server.rstrip('/')}/v1/collections/{seg(name)}/rollout/report",
+                         params={"format": "json"}, headers=headers_for(api_key), timeout=120.0)
+    except httpx.HTTPError as exc:
+        raise ConfigError(f"could not reach {server}: {exc}") from exc
+    if resp.status_code != 200:
+        _remote_error(error_from_response(resp))
+    found: dict[str, Any] = resp.json()
+    return found
+
+
+@rollout_app.command("report")
+def report(
+    name: Name,
+    out_file: Annotated[Path | None, typer.Option("--out", help="Write it to this file (default: print it).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The JSON object instead of the HTML page.")] = False,
+    server: ServerUrl = None,
+    api_key: ApiKey = None,
+) -> None:
+    """The A/B report: live vs candidate side by side, and a paired test of the shadowed queries."""
+    from eval.rollout_report import render_rollout_html, with_paired, write_rollout_report
+    from quarry.services import rollout_report
+
+    if server is not None:
+        found = _remote_report(server, api_key, name)
+    else:
+        quarry = _quarry()
+        try:
+            found = rollout_report.report(quarry.view, name)
+        finally:
+            quarry.close()
+    found = found if "paired" in found else with_paired(found)
+    if out_file is not None:
+        write_rollout_report(found, out_file, as_json=as_json)
+        out.print(escape(f"{name}: A/B report written to {out_file}"))
+        return
+    out.file.write(json.dumps(found, indent=2, default=str) + "\n" if as_json else render_rollout_html(found))

@@ -252,6 +252,7 @@ def drop(v: View, name: str) -> None:
         v.space.bm25.drop(name)
         v.docstore.drop_collection(name)
         v.space.monitor.forget(name)
+        v.space.drift.forget(name)
 
 
 def replan_index(v: View, name: str) -> IndexPlan | None:

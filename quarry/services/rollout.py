@@ -19,7 +19,10 @@ module runs it over the state of record, the store and the searcher:
   are evaluated in a background thread against the live version's figures of the same window
   (recall per version from the recall monitor); a failing gate aborts the rollout;
 * :func:`step`, :func:`promote`, :func:`abort` move it by hand; each decision is appended to
-  the rollout's ``decisions`` (with its figures) and to the audit log.
+  the rollout's ``decisions`` (with its figures) and to the audit log;
+* :func:`snapshot` copies the record, the step's figures and the shadowed pairs (each shadowed
+  query's latency, hits and degraded flag on both versions, the newest :data:`PAIRS_KEPT`) for
+  the A/B report (:mod:`quarry.services.rollout_report`).
 
 The candidate holds the writes up to ``synced_seq``; each step and the promote replay the
 change log since into it (the promote under the write lock, then the swap, as a rollback does).
@@ -34,13 +37,14 @@ import threading
 import time
 import uuid
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from embedding.base import Embeddings
+from embedding.base import Embedder, Embeddings
 from indexing.collections import CollectionConfig, FusionConfig
 from indexing.docstore import AuditEntry, CollectionVersion
 from indexing.reindex_build import Build, ReindexReport, new_owner
@@ -58,7 +62,7 @@ from indexing.rollout import (
     stepped,
 )
 from indexing.versions import live_config
-from quarry.errors import CollectionNotFound, Conflict, InvalidRequest, NotFound, QuarryError, clip
+from quarry.errors import CollectionNotFound, ConfigError, Conflict, InvalidRequest, NotFound, QuarryError, clip
 from quarry.services.versions import _record_model, live_version
 from quarry.services.view import TenantSpace, View
 from retrieval.results import DenseTarget, Mode, SearchResult
@@ -75,6 +79,7 @@ DROP_GRACE_S = 5.0  # an aborted candidate's store collection is dropped this lo
 SHADOW_QUEUE = 16  # shadow searches waiting at most; more are skipped (never the request path)
 SHADOW_BATCH, SHADOW_WAIT_S = 8, 0.25  # shadow searches run together: as many as gathered within 0.25 s, or 8
 MAX_WINDOW = 20_000  # latencies kept per version and step
+PAIRS_KEPT = 1_000  # shadowed queries kept per collection for the A/B report's paired test (the newest)
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,37 @@ class _Window:
     passed: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Pair:
+    """One shadowed query, as both versions ran it (the A/B report's paired test).
+
+    Attributes:
+        candidate: The rollout's candidate version number (pairs of an earlier rollout are left out).
+        step: The rollout's step when it was served (``-1``: shadow).
+        served_by_candidate: Which version served it (the other ran it in the background).
+        live_ms: The live version's search latency, milliseconds (``Searcher.search``, both sides).
+        candidate_ms: The candidate's.
+        live_hits: Hits the live version returned.
+        candidate_hits: Hits the candidate returned.
+        live_degraded: Whether the live version's answer was degraded.
+        candidate_degraded: Whether the candidate's was.
+        overlap: Top-10 overlap of the two answers (0..1).
+        top1_same: Whether both answers have the same first document.
+    """
+
+    candidate: int
+    step: int
+    served_by_candidate: bool
+    live_ms: float
+    candidate_ms: float
+    live_hits: int
+    candidate_hits: int
+    live_degraded: bool
+    candidate_degraded: bool
+    overlap: float
+    top1_same: bool
+
+
 @dataclass(frozen=True)
 class _Shadowed:
     """One served search waiting for its shadow run on the other version."""
@@ -109,14 +145,16 @@ class _Shadowed:
     result: SearchResult
     asked: Asked
     window: _Window
+    served_s: float  # the served search's latency, seconds (the A/B report's pair)
 
 
 @dataclass(eq=False)
 class _Tracker:
-    """Per tenant space: the step windows, the shadow runner (one thread, started when runs are waiting)."""
+    """Per tenant space: the step windows, the shadowed pairs, the shadow runner (one thread, while runs wait)."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     windows: dict[str, _Window] = field(default_factory=dict)
+    pairs: dict[str, deque[Pair]] = field(default_factory=dict)
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="rollout"))
     waiting: list[_Shadowed] = field(default_factory=list)
     draining: bool = False
@@ -272,7 +310,7 @@ def _observe(  # noqa: PLR0913
             tracker.queued += 1
     if shadow and chosen.shadow is not None and result is not None and asked is not None:
         with tracker.lock:
-            tracker.waiting.append(_Shadowed(v, name, chosen, result, asked, window))
+            tracker.waiting.append(_Shadowed(v, name, chosen, result, asked, window, elapsed_s))
             start, tracker.draining = not tracker.draining, True
             if len(tracker.waiting) >= SHADOW_BATCH:
                 tracker.full.set()
@@ -354,10 +392,13 @@ def _compared(job: _Shadowed, call: SearchCall, again: SearchResult | Exception,
     if call.embedded is not None and call.target is not None and call.target.encoder is v.engines.query_embedder:
         # the served search's vector was reused: count the wait for it, as a search of its own would
         took_ms += max(0.0, job.result.timings_ms.get("embed", 0.0) - again.timings_ms.get("embed", 0.0))
-    share = overlap(_ids(job.result), _ids(again))
+    served_ids, other_ids = _ids(job.result), _ids(again)
+    share = overlap(served_ids, other_ids)
+    pair = _pair(chosen, job.served_s * 1000.0, job.result, took_ms, again, share, served_ids[:1] == other_ids[:1])
     with tracker.lock:
         window.candidate.overlap.append(share)
         tracker.shadowed += 1
+        _keep(tracker, job.name, pair)
         if timed:  # in shadow mode the candidate serves nobody: its shadow runs are its figures
             window.candidate.queries += 1
             window.candidate.degraded += bool(again.degraded)
@@ -370,6 +411,24 @@ def _compared(job: _Shadowed, call: SearchCall, again: SearchResult | Exception,
                 window.evaluating, due = True, True
         if due:
             _gate(v, job.name, chosen.rollout, window)
+
+
+def _pair(  # noqa: PLR0913 - both sides of one shadowed query
+    chosen: Route, served_ms: float, served: SearchResult, shadow_ms: float, shadow: SearchResult, share: float,
+    top1_same: bool,
+) -> Pair:
+    cand, live = (served, shadow) if chosen.candidate else (shadow, served)
+    cand_ms, live_ms = (served_ms, shadow_ms) if chosen.candidate else (shadow_ms, served_ms)
+    return Pair(chosen.rollout.candidate, chosen.rollout.step, chosen.candidate, live_ms, cand_ms, len(live.hits),
+                len(cand.hits), bool(live.degraded), bool(cand.degraded), share, top1_same)
+
+
+def _keep(tracker: _Tracker, name: str, pair: Pair) -> None:
+    """Keep ``pair`` among the newest :data:`PAIRS_KEPT` of ``name`` (a new candidate starts afresh); under the lock."""
+    kept = tracker.pairs.get(name)
+    if kept is None or (kept and kept[-1].candidate != pair.candidate):
+        kept = tracker.pairs[name] = deque(maxlen=PAIRS_KEPT)
+    kept.append(pair)
 
 
 def _gate(v: View, name: str, seen: Rollout, window: _Window) -> None:
@@ -459,7 +518,8 @@ def start(  # noqa: PLR0913 - the rollout's parameters
     Raises:
         CollectionNotFound: No such collection.
         Forbidden: A shared collection, asked by another tenant than the operator's.
-        InvalidRequest: A bad mode, schedule, sample count, rate or gate.
+        InvalidRequest: A bad mode, schedule, sample count, rate or gate, or a ``model`` URL this
+            server cannot open (empty, an unknown scheme or model, a missing extra).
         Conflict: A rollout of it is active already.
         ReindexRunning: A reindex of it holds the lease.
         ReindexFailed: The candidate failed its offline recall check (nothing is routed).
@@ -476,6 +536,8 @@ def start(  # noqa: PLR0913 - the rollout's parameters
     if step_samples < 1 or not 0.0 <= shadow_rate <= 1.0:
         raise InvalidRequest(f"step_samples must be >= 1 and shadow_rate in [0, 1], got {step_samples}, "
                              f"{shadow_rate:g}")
+    if model is not None and not model.strip():
+        raise InvalidRequest("model must be an embedding model's URL (or left out: the live one's), got ''")
     current = v.docstore.get_rollout(name)
     if current is not None and current.active:
         raise Conflict(f"a rollout of collection {clip(name)} is {current.state} (version {current.candidate}): "
@@ -485,8 +547,7 @@ def start(  # noqa: PLR0913 - the rollout's parameters
     space.reindexer.acquire(name, owner)
     try:
         live = live_version(v, name)
-        embedder, url = v.engines.models.for_reindex(live, model)
-        embedder.warm_up()
+        embedder, url = _candidate_model(v, live, model)
         same = bool(embedder.fingerprint) and embedder.fingerprint == live.model_fingerprint
         vectors = v.docstore.counts(name)[1]
         spec = index if isinstance(index, IndexSpec) else space.index_spec(index, vectors, embedder.dim, cfg.metric)
@@ -510,6 +571,22 @@ def start(  # noqa: PLR0913 - the rollout's parameters
     v.docstore.put_rollout(rollout)
     _audit(v, "rollout.start", name, by, {**record, "candidate": report.version, "baseline": live.version})
     return rollout
+
+
+def _candidate_model(v: View, live: CollectionVersion, model: str | None) -> tuple[Embedder, str | None]:
+    """The candidate's embedder (warmed up) and URL; a model URL the server cannot open is the caller's error.
+
+    Raises:
+        InvalidRequest: ``model`` names an unknown scheme or model, or one whose extra is not installed.
+    """
+    try:
+        embedder, url = v.engines.models.for_reindex(live, model)
+        embedder.warm_up()
+    except ConfigError as exc:
+        if model is None:  # the live version's own model: the server's configuration, not the request
+            raise
+        raise InvalidRequest(f"model {clip(model)}: {exc}") from exc
+    return embedder, url
 
 
 def step(v: View, name: str, *, by: str | None = None) -> Rollout:
@@ -667,3 +744,54 @@ def describe(v: View, name: str) -> dict[str, Any] | None:
             out["window"] = {"candidate": window.candidate.summary(), "live": window.live.summary()}
         out["shadow"] = {"run": tracker.shadowed, "skipped": tracker.skipped}
     return out
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the A/B report (:mod:`quarry.services.rollout_report`) reads of a rollout in this process.
+
+    Attributes:
+        rollout: The record (state, versions, ramp, decisions with their figures).
+        live: The live version's figures of the current step's window (``None``: this process has none),
+            with its sampled recall since the step started.
+        candidate: The candidate's.
+        pairs: The shadowed queries of this rollout (the newest :data:`PAIRS_KEPT`), oldest first.
+        shadow_run: Shadow searches run by this process (every rollout of its tenant space).
+        shadow_skipped: Shadow searches skipped on a full queue.
+    """
+
+    rollout: Rollout
+    live: Figures | None
+    candidate: Figures | None
+    pairs: tuple[Pair, ...]
+    shadow_run: int
+    shadow_skipped: int
+
+
+def snapshot(v: View, name: str) -> Snapshot:
+    """A copy of the rollout's record and of this process's figures and pairs (see :class:`Snapshot`).
+
+    Raises:
+        CollectionNotFound: No such collection.
+        NotFound: It never had a rollout.
+    """
+    rollout = get(v, name)
+    tracker = _tracker(v.space)
+    with tracker.lock:
+        window = tracker.windows.get(name)
+        if window is not None and window.started != rollout.step_started_at:
+            window = None
+        figures = None if window is None else tuple(
+            replace(f, latencies_ms=list(f.latencies_ms), overlap=list(f.overlap), recall=list(f.recall))
+            for f in (window.live, window.candidate))
+        pairs = tuple(p for p in tracker.pairs.get(name, ()) if p.candidate == rollout.candidate)
+        run, skipped = tracker.shadowed, tracker.skipped
+    if figures is None:
+        return Snapshot(rollout, None, None, pairs, run, skipped)
+    live, cand = figures
+    for fig, number in ((live, rollout.baseline), (cand, rollout.candidate)):
+        try:
+            fig.recall = _recall(v, name, _version(v, name, number), rollout.step_started_at)
+        except QuarryError:  # a version gone meanwhile: no recall figures
+            fig.recall = []
+    return Snapshot(rollout, live, cand, pairs, run, skipped)

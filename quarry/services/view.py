@@ -4,7 +4,7 @@
   models (:class:`~quarry.services.models.ModelRegistry`), the reranker, the state of record.
 * :class:`TenantSpace` — one tenant's parts, built once per tenant (:func:`space_for`): its
   state view (collections keyed ``(tenant, name)``), its store view (``t_<tenant>__<name>``, see
-  :mod:`quarry.tenancy`), BM25 registry, ingestor, searcher, recall monitor, reindexer and
+  :mod:`quarry.tenancy`), BM25 registry, ingestor, searcher, recall monitor, query drift, reindexer and
   write locks. The shared collections have a space of their own (tenant
   :data:`~quarry.tenancy.SHARED`).
 * :class:`View` — a space seen through a :class:`~quarry.services.namespace.Namespace`: a
@@ -33,6 +33,7 @@ from indexing.index_sizing import GIB
 from indexing.pipeline import Ingestor
 from indexing.planner import IndexPlan, plan_for_store, plan_kind
 from indexing.reindex import Reindexer
+from monitoring.drift import QueryDrift
 from monitoring.monitor import RecallMonitor
 from monitoring.recent import RecentQueries
 from quarry.errors import Forbidden, clip
@@ -68,6 +69,7 @@ class TenantSpace:
     monitor: RecallMonitor
     telemetry: SearchTelemetry
     searcher: Searcher
+    drift: QueryDrift
     reindexer: Reindexer = field(init=False)
     scheduler: Schedule | None = None  # `quarry serve` starts one for the default tenant
     versions: dict[tuple[str, int], CollectionVersion] = field(default_factory=dict)  # rows are immutable
@@ -305,11 +307,12 @@ def _build_space(engines: Engines, tenant_id: str) -> TenantSpace:
     monitor = (RecallMonitor(store, settings.monitor, recent=recent) if root
                else RecallMonitor(store, settings.monitor, recent=recent, tenant=tenant_id))
     telemetry = engines.telemetry if root else engines.telemetry.for_tenant(tenant_id)  # its series carry the tenant
+    drift = QueryDrift(settings.monitor, tenant=tenant_id)  # each search's query against a reference of them
     searcher = Searcher(
         store, docstore, engines.query_embedder, bm25, settings.search, engines.reranker, clock=engines.clock,
-        observe=telemetry, sample_dense=monitor.offer,
+        observe=telemetry, sample_dense=monitor.offer, observe_query=drift.observe,
     )
-    return TenantSpace(tenant_id, settings, docstore, store, bm25, ingestor, monitor, telemetry, searcher)
+    return TenantSpace(tenant_id, settings, docstore, store, bm25, ingestor, monitor, telemetry, searcher, drift)
 
 
 def _open_reranker(settings: Settings) -> Reranker | None:

@@ -71,6 +71,7 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, str], dict[str, str], Any]] = {
     ("POST", "/v1/collections/{name}/rollout/step"): ({"name": "gone"}, {}, None),
     ("POST", "/v1/collections/{name}/rollout/promote"): ({"name": "gone"}, {}, None),
     ("POST", "/v1/collections/{name}/rollout/abort"): ({"name": "gone"}, {}, None),
+    ("GET", "/v1/collections/{name}/rollout/report"): ({"name": NAME}, {"format": "json"}, None),
     ("GET", "/v1/jobs"): ({}, {"limit": "10"}, None),
     ("GET", "/v1/audit"): ({}, {"limit": "10", "cursor": "1"}, None),
     ("GET", "/v1/jobs/{job_id}"): ({"job_id": "0" * 32}, {}, None),

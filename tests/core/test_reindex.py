@@ -404,7 +404,7 @@ def test_processes_sharing_pgvector_reindex_once_and_a_killed_one_leaves_the_liv
     assert _top(service, filled, "hybrid", query) == before
 
     # SIGKILL mid-build: the live version serves unchanged; the lease lapses; a re-run completes
-    killed = _cli(["reindex", filled, "--model", model], tmp_path / "k", QUARRY_REINDEX__LEASE_TTL_S="8",
+    killed = _cli(["reindex", filled, "--model", model], tmp_path / "k", QUARRY_REINDEX__LEASE_TTL_S="30",
                   QUARRY_REINDEX__BATCH_SIZE="16")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -415,8 +415,9 @@ def test_processes_sharing_pgvector_reindex_once_and_a_killed_one_leaves_the_liv
         time.sleep(0.2)
     killed.send_signal(signal.SIGKILL)
     killed.wait(timeout=60)
-    # the dead holder's lease holds until it lapses: checked first, at once (a CI run spent over the
-    # old 3 s lease on the checks below, so a refusal could no longer be expected)
+    # the dead holder's lease holds until it lapses: checked first, at once. The lease is renewed per
+    # batch, so its time left at the kill is the TTL less one batch: a CI run on a loaded machine saw
+    # 20 s between a renewal and this check, past an 8 s TTL; 30 s keeps the refusal expected.
     lease = service.docstore.get_lease(lease_name(filled))
     assert lease is not None and lease.expires_at > time.time()
     with pytest.raises(ReindexRunning):

@@ -199,6 +199,16 @@ def titles(gray: Quarry, engine: str, shared_data: Path) -> Iterator[str]:
     gray.drop_collection(name)
 
 
+def _gate_settled(service: Quarry, name: str, timeout_s: float = 30.0) -> None:
+    """Wait while a gate evaluation of ``name`` runs (a client slower than the gate: on a loaded
+    2-core machine the searches sent meanwhile would otherwise land in the window it reports)."""
+    deadline = time.monotonic() + timeout_s
+    windows = rollout._tracker(service.view.space).windows  # noqa: SLF001 - the test waits on the gate thread
+    while (window := windows.get(name)) is not None and window.evaluating:
+        assert time.monotonic() < deadline, "the gate evaluation did not finish"
+        time.sleep(0.02)
+
+
 def test_a_bad_candidate_is_rolled_back_by_its_recall_gate(
     gray: Quarry, titles: str, shared_data: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -214,6 +224,7 @@ def test_a_bad_candidate_is_rolled_back_by_its_recall_gate(
     for j in itertools.count():
         rollout.ROUTE_KEY.set(f"u{j}")
         assert gray.search(titles, queries[j % len(queries)], top_k=10, mode="dense").hits
+        _gate_settled(gray, titles)
         current = gray.docstore.get_rollout(titles)
         assert current is not None
         if not current.active or spy.counts[started.candidate] >= 3 * samples:

@@ -2,7 +2,9 @@
 
 ``POST /v1/collections/{name}/rollout`` builds a candidate version and starts a shadow or a
 canary; ``.../rollout/step``, ``.../rollout/promote`` and ``.../rollout/abort`` move it;
-``GET .../rollout`` reads it (the same object as ``describe``'s ``rollout``). Every route is the
+``GET .../rollout`` reads it (the same object as ``describe``'s ``rollout``); ``GET .../rollout/report``
+is its A/B report (HTML, or ``?format=json``: :mod:`quarry.services.rollout_report` with the
+paired test of :mod:`eval.rollout_report`). Every route is the
 operator's (``admin``; :data:`quarry.api.access.POLICY`); each action is in the audit log with the
 key that asked.
 
@@ -16,7 +18,8 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -29,7 +32,7 @@ from quarry.api import access
 from quarry.api.edge import Checked
 from quarry.api.errors import error_responses
 from quarry.service import Quarry
-from quarry.services import rollout
+from quarry.services import rollout, rollout_report
 from quarry.services.view import View
 
 _KEY_ID = re.compile(r"\s*(?:bearer\s+)?qk_([0-9a-f]{12})_", re.IGNORECASE)
@@ -148,3 +151,42 @@ def promote_rollout(name: str, request: Request, q: Service) -> dict[str, Any]:
 def abort_rollout(name: str, request: Request, q: Service) -> dict[str, Any]:
     """Roll back: the live version serves everything again; the candidate is dropped."""
     return rollout.abort(_view(q), name, by=_by(request), reason="asked").to_json()
+
+
+_HTML_CSP = "sandbox; default-src 'none'; style-src 'unsafe-inline'; img-src data:"  # as the eval reports'
+_REPORT_OK: dict[int | str, Any] = {
+    200: {
+        "description": "The A/B report: an HTML page (default), or with format=json its JSON object.",
+        "content": {
+            "text/html": {"schema": {"type": "string"}},
+            "application/json": {"schema": {
+                "type": "object",
+                "required": ["collection", "rollout", "versions", "pairs", "paired", "decisions"],
+                "properties": {"collection": {"type": "string"}, "rollout": {"type": "object"},
+                               "versions": {"type": "object"}, "pairs": {"type": "array"},
+                               "paired": {"type": "object"}, "decisions": {"type": "array"}},
+            }},
+        },
+    },
+}
+
+
+@router.get(
+    "/v1/collections/{name}/rollout/report", tags=["rollout"], response_class=Response,
+    responses={**_REPORT_OK, **error_responses(*_ERRORS)},
+)
+def get_rollout_report(
+    name: str, q: Service,
+    fmt: Annotated[Literal["html", "json"], Query(alias="format", description="html (default) or json.")] = "html",
+) -> Response:
+    """The A/B report of the collection's newest rollout: live vs candidate, and a paired test of shadowed queries.
+
+    Figures are this process's, as the gates'; 404 when the collection never had a rollout.
+    """
+    from eval.rollout_report import render_rollout_html, with_paired
+
+    report = with_paired(rollout_report.report(_view(q), name))
+    headers = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
+    if fmt == "json":
+        return JSONResponse(report, headers=headers)
+    return HTMLResponse(render_rollout_html(report), headers=headers | {"Content-Security-Policy": _HTML_CSP})
