@@ -112,7 +112,8 @@ class Pair:
         candidate: The rollout's candidate version number (pairs of an earlier rollout are left out).
         step: The rollout's step when it was served (``-1``: shadow).
         served_by_candidate: Which version served it (the other ran it in the background).
-        live_ms: The live version's search latency, milliseconds (``Searcher.search``, both sides).
+        live_ms: The live version's search latency, milliseconds (the served side: the request's
+            search; the shadowed side: from its batch's start to its last stage, see :func:`_compared`).
         candidate_ms: The candidate's.
         live_hits: Hits the live version returned.
         candidate_hits: Hits the candidate returned.
