@@ -482,3 +482,32 @@ def test_shadow_runs_reuse_the_served_vector_and_run_together(
         assert window["overlap"] == 1.0 and window["p95_ms"] is not None  # the same model and index: the same top 10
     finally:
         rollout.abort(gray.view, filled)
+
+
+def test_the_answer_cache_stores_nothing_another_version_served() -> None:
+    """A step (or a swap) between the cache key and the search: the answer is served, not stored."""
+    import asyncio
+
+    import numpy as np
+
+    from generation.answer import Event
+    from generation.cache import CacheKey, MemoryCache, Question
+    from generation.cache_guard import terms
+    from quarry.services import answer_cache
+
+    vector = np.ones(4, dtype=np.float32) / 2.0
+    question = Question("what do bees make", vector, terms("what do bees make", "en"))
+
+    async def answered(plan: answer_cache.Plan, served: int) -> None:
+        async def events() -> Any:
+            yield Event("sources", {"sources": [], "version": served})
+            yield Event("done", {"answer": "Honey [1].", "degraded": []})
+
+        async for _ in answer_cache.recording(events(), plan, True):
+            pass
+
+    for served, stored in ((1, False), (2, True)):
+        cache = MemoryCache(0.9, 3600, 10)
+        key = CacheKey('{"version": 2}', "t:1:1")
+        asyncio.run(answered(answer_cache.Plan("miss", cache, key, question, version=2), served))
+        assert (cache.get(key, question).entry is not None) == stored
