@@ -58,7 +58,7 @@ def cpu_s() -> float:
         with contextlib.suppress(psutil.Error):
             t = child.cpu_times()
             kids += t.user + t.system
-    return own.user + own.system + kids
+    return float(own.user + own.system + kids)
 
 
 def phase(service: Quarry, name: str, queries: list[str], clients: int, seconds: float) -> float:
