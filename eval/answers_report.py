@@ -89,7 +89,7 @@ def detail_rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("cited documents relevant per qrels", f"{_pct(s['cited_relevant'])} ({s['cited_documents']} cited)"),
         ("answers with no citation", _frac(s["no_citation"], s["answered_by_llm"] - s["with_citation"],
                                            s["answered_by_llm"])),
-        ("citations `supported` (support rate)", _frac(s["supported"], s["supported_citations"], s["citations"])),
+        ("citations supported (support rate)", _frac(s["supported"], s["supported_citations"], s["citations"])),
         ("abstention threshold (evidence score)", threshold),
         ("declined without an LLM call: answerable / unanswerable",
          f"{ab['declined_answerable']} / {ab['answerable']}, {ab['declined_unanswerable']} / {ab['unanswerable']}"),
