@@ -18,18 +18,20 @@ from typing import Any
 import llama_cpp.llama_chat_format as fmt
 import llama_cpp.llama_cpp as lib  # the ctypes bindings Llama() reads its defaults from
 
-if os.environ.get("QUARRY_LLAMA_EXTRA_BUFTS", "0") != "1":
-    _default_params = lib.llama_model_default_params
 
-    def _no_extra_bufts() -> lib.llama_model_params:
-        params = _default_params()
+def _without_extra_bufts() -> None:
+    """Make ``Llama()`` load its weights into plain CPU buffers (see the module docstring)."""
+    default_params = lib.llama_model_default_params
+
+    def no_extra_bufts() -> lib.llama_model_params:
+        params: lib.llama_model_params = default_params()
         params.use_extra_bufts = False
         return params
 
-    lib.llama_model_default_params = _no_extra_bufts
+    lib.llama_model_default_params = no_extra_bufts
 
 
-def _gemma3(messages: list[dict[str, Any]], **_: Any) -> fmt.ChatFormatterResponse:
+def gemma3(messages: list[dict[str, Any]], **_: Any) -> fmt.ChatFormatterResponse:
     """Gemma 3's own chat template: no system role, so the system text opens the first user turn.
 
     llama-cpp-python's ``gemma`` format drops the system message (the answer path's instructions);
@@ -49,5 +51,13 @@ def _gemma3(messages: list[dict[str, Any]], **_: Any) -> fmt.ChatFormatterRespon
     return fmt.ChatFormatterResponse(prompt=prompt, stop="<end_of_turn>")
 
 
-fmt.register_chat_format("gemma3")(_gemma3)
-runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
+def main() -> None:
+    """Patch, register ``gemma3``, then run ``llama_cpp.server`` with this process's arguments."""
+    if os.environ.get("QUARRY_LLAMA_EXTRA_BUFTS", "0") != "1":
+        _without_extra_bufts()
+    fmt.register_chat_format("gemma3")(gemma3)
+    runpy.run_module("llama_cpp.server", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
