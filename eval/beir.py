@@ -105,7 +105,19 @@ def load_queries(beir_dir: Path) -> dict[str, str]:
         InvalidDocument: A line is malformed or repeats a query id (file and line number in
             the message).
     """
-    path = beir_dir / "queries.jsonl"
+    return read_queries(beir_dir / "queries.jsonl")
+
+
+def read_queries(path: Path) -> dict[str, str]:
+    """Load a queries file in BEIR's form (one ``{"_id", "text"}`` object a line).
+
+    Returns:
+        Query id -> query text, in file order.
+
+    Raises:
+        InvalidRequest: ``path`` does not exist.
+        InvalidDocument: A line is malformed or repeats a query id (file and line named).
+    """
     queries: dict[str, str] = {}
     for n, obj in read_jsonl(path):
         qid, text = _field(obj, "_id", n, path, required=True), _field(obj, "text", n, path, required=True)

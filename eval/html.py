@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from eval.answers_report import ANSWERS_COLUMNS, PER_QUERY_COLUMNS, answers_row, detail_rows, intro, per_query_cells
 from eval.compare import FLIP_K, Comparison
 from eval.metrics import METRICS
 from eval.per_query import SHOWN_IDS, hybrid_losses, per_query_view, query_rows, worst_mode, worst_queries
@@ -94,10 +95,27 @@ def render_report_html(
             losses=hybrid_losses(rows),
             relevant_ids={qid: {d for d, g in docs.items() if g > 0} for qid, docs in summary.qrels.items()},
             shown=SHOWN_IDS,
+            answers=_answers_view(summary.answers),
             answers_json=json.dumps(summary.answers, indent=2, default=str),
             config_json=json.dumps(cfg, indent=2, sort_keys=True, default=str),
         )
     )
+
+
+ANSWER_TEXT_SHOWN = 400
+"""Characters of a question or an answer shown in the page's per-query answers table (summary.json: all)."""
+
+
+def _answers_view(section: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The answers section's cells for the template (:mod:`eval.answers_report`), or ``None``."""
+    if section is None:
+        return None
+    return {
+        "intro": intro(section), "columns": ANSWERS_COLUMNS, "row": answers_row(section),
+        "detail": detail_rows(section),
+        "per_query_columns": PER_QUERY_COLUMNS, "skipped": section["abstention"].get("skipped"),
+        "rows": [per_query_cells(r, ANSWER_TEXT_SHOWN) for r in section["per_query"]], "errors": section["errors"],
+    }
 
 
 def render_compare_html(comparison: Comparison) -> str:

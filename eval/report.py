@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eval.answers import render_answers_md
+from eval.answers_report import render_answers_md
 from eval.compare import Comparison, write_comparison
 from eval.per_query import hybrid_losses, per_query_view, query_rows, worst_mode, worst_queries
 from eval.reference import References

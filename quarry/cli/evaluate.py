@@ -41,6 +41,17 @@ def evaluate(
     answers_queries: Annotated[
         int, typer.Option("--answers-queries", min=1, help="Queries answered with --answers (split order).")
     ] = 20,
+    unanswerable: Annotated[
+        Path | None, typer.Option("--unanswerable", help="Out-of-corpus questions (BEIR queries.jsonl form) asked "
+                                  "with --answers to measure abstention; default: eval/data/unanswerable_test.jsonl.")
+    ] = None,
+    unanswerable_queries: Annotated[
+        int, typer.Option("--unanswerable-queries", min=0, help="How many of them (0: none).")
+    ] = 50,
+    answers_min_score: Annotated[
+        float | None, typer.Option("--answers-min-score", help="Abstention threshold for --answers (default: the "
+                                   "collection's QUARRY_LLM__MIN_SCORES entry; without one, no abstention).")
+    ] = None,
     baseline: Annotated[
         Path | None, typer.Option("--baseline", help="An earlier run's --out folder: compare this run with it.")
     ] = None,
@@ -91,6 +102,7 @@ def evaluate(
     if max_queries is not None and sample is not None:
         raise InvalidRequest("--max-queries and --sample choose the queries two ways: give one")
     docs = _check_eval_inputs(beir, split, wanted, out_dir, read_corpus=ingest)
+    unanswerable_set = _unanswerable(unanswerable, unanswerable_queries) if answers else {}
     _check_baseline(baseline, beir, split)
     quarry = _quarry(settings)
     if ingest:
@@ -111,7 +123,8 @@ def evaluate(
     summary = run_eval(
         collection_search(quarry, name, fusion), beir_dir=beir, split=split, modes=wanted, out_dir=out_dir,
         config=config,
-        answers=_answers_section(quarry, name, answers_queries) if answers else None,
+        answers=_answers_section(quarry, name, answers_queries, unanswerable_set, answers_min_score)
+        if answers else None,
         ann=collection_ann(quarry, name) if ann else None, baseline=baseline,
         max_queries=max_queries, sample=sample, seed=seed, show_progress=not as_json,
     )
@@ -151,13 +164,20 @@ def _print_summary(summary: Any, beir: Path, baseline: Path | None, out_dir: Pat
     if summary.answers is not None:
         a = summary.answers
 
-        def pct(key: str) -> str:
-            return "n/a" if a[key] is None else f"{100 * a[key]:.1f}%"
+        ab = a["abstention"]
+
+        def pct(value: float | None) -> str:
+            return "n/a" if value is None else f"{100 * value:.1f}%"
 
         out.print(
-            f"answers: {a['queries']} queries ({a['failed']} failed), citation validity {pct('citation_validity')}, "
-            f"cited relevant {pct('cited_relevant')}, no citation {pct('no_citation')}, supported "
-            f"{pct('supported')}, TTFT p50 {a['ttft_ms']['p50']:.0f} ms, total p50 {a['total_ms']['p50']:.0f} ms"
+            f"answers: {a['queries']} queries ({a['failed']} failed), cite rate {pct(a['cite_rate'])}, citation "
+            f"validity {pct(a['citation_validity'])}, cited relevant {pct(a['cited_relevant'])}, supported "
+            f"{pct(a['supported'])}, TTFT p50 {a['ttft_ms']['p50']:.0f} ms, total p50 {a['total_ms']['p50']:.0f} ms"
+        )
+        out.print(
+            f"abstention: {a['unanswerable_queries']} unanswerable questions, min_score {ab['min_score']}, "
+            f"precision {pct(ab['precision'])}, recall {pct(ab['recall'])}"
+            + (" (not measured: no threshold)" if ab.get("skipped") else "")
         )
     if summary.ann_vs_exact is not None and "recall" in summary.ann_vs_exact:
         recall = ", ".join(f"recall@{k} {v:.4f}" for k, v in summary.ann_vs_exact["recall"].items())
@@ -256,13 +276,29 @@ def _tune(quarry: Any, name: str, beir: Path, tune_split: str, report_split: str
               f"candidates -> QUARRY_SEARCH__CANDIDATES={best.candidates})")
 
 
-def _answers_section(quarry: Any, name: str, limit: int) -> Any:
-    """The ``answers`` callback of :func:`eval.runner.evaluate`: answer ``limit`` queries, score them."""
+def _unanswerable(path: Path | None, limit: int) -> dict[str, str]:
+    """The out-of-corpus questions of ``--unanswerable`` (read before anything is ingested).
+
+    Raises:
+        InvalidRequest: The file does not exist.
+        InvalidDocument: A line is malformed.
+    """
+    from eval.answers import UNANSWERABLE_TEST, load_unanswerable
+
+    return load_unanswerable(path or UNANSWERABLE_TEST, limit)
+
+
+def _answers_section(
+    quarry: Any, name: str, limit: int, unanswerable: dict[str, str], min_score: float | None
+) -> Any:
+    """The ``answers`` callback of :func:`eval.runner.evaluate`: answer ``limit`` queries and the unanswerable ones."""
     from eval.answers import answer_queries
     from eval.beir import BeirSplit
 
     def run(split: BeirSplit) -> dict[str, Any]:
-        return answer_queries(quarry, name, split.queries, limit=limit).to_dict(split.qrels)
+        section = answer_queries(quarry, name, split.queries, limit=limit, unanswerable=unanswerable,
+                                 min_score=min_score)
+        return section.to_dict(split.qrels)
 
     return run
 

