@@ -8,7 +8,9 @@ packaged MiniLM (its vectors memoised per machine as the tests' are: ``tests/emb
 rollout with ``shadow_rate`` 0 (routing only), ``on`` with ``--rate`` (default 5 %): each sampled
 query also runs on the candidate in the rollout's background thread. ``--clients`` threads search
 (hybrid, top 10) SciFact's queries as fast as they can. Printed per phase: searches/s; then the
-ratio on/off per round and its median (the acceptance: shadowing costs <= 10 %, ratio >= 0.90).
+ratio on/off per round, its median and the pooled ratio (all on searches over all off ones; the
+acceptance: shadowing costs <= 10 %, ratio >= 0.90), and the CPU seconds per search of each arm
+(this process and Milvus Lite's server: a measure the other work of a shared machine moves less).
 
     python bench/rollout_shadow.py [--docs 300] [--queries 300] [--clients 32] [--seconds 15] [--rounds 3] [--rate 0.05]
                                    [--store milvus://127.0.0.1:19530 --state postgresql://...] [--json FILE]
@@ -17,8 +19,10 @@ ratio on/off per round and its median (the acceptance: shadowing costs <= 10 %, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -28,6 +32,8 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -41,6 +47,18 @@ from quarry.settings import DocstoreSettings, Settings, StoreSettings  # noqa: E
 from tests.embedding_cache import torch_vectors  # noqa: E402
 
 DATA = REPO.parent / "shared" / "data" / "scifact"
+
+
+def cpu_s() -> float:
+    """CPU seconds (user + system) of this process and its children (Milvus Lite's server) so far."""
+    me = psutil.Process()
+    own = me.cpu_times()
+    kids = 0.0
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            t = child.cpu_times()
+            kids += t.user + t.system
+    return float(own.user + own.system + kids)
 
 
 def phase(service: Quarry, name: str, queries: list[str], clients: int, seconds: float) -> float:
@@ -102,6 +120,7 @@ def main() -> None:  # noqa: D103
         phase(service, name, queries, args.clients, 3.0)
         rows: list[dict[str, Any]] = []
         current = started
+        load = [os.getloadavg()[0]]
         for r in range(args.rounds):
             order = ("off", "on") if r % 2 == 0 else ("on", "off")
             got: dict[str, float] = {}
@@ -109,15 +128,23 @@ def main() -> None:  # noqa: D103
                 fresh = replace(current, shadow_rate=args.rate if arm == "on" else 0.0, updated_at=time.time())
                 assert service.docstore.put_rollout(fresh)
                 current = fresh
+                used = cpu_s()
                 got[arm] = phase(service, name, queries, args.clients, args.seconds)
-                print(f"round {r}: shadow {arm:3s} {got[arm]:8.1f} searches/s", flush=True)
+                got[f"{arm}_cpu_ms"] = (cpu_s() - used) * 1000.0 / (got[arm] * args.seconds)
+                print(f"round {r}: shadow {arm:3s} {got[arm]:8.1f} searches/s, {got[f'{arm}_cpu_ms']:.2f} ms CPU "
+                      "per search (process and Milvus Lite)", flush=True)
             rows.append({"round": r, **got, "ratio": got["on"] / got["off"]})
             print(f"round {r}: on/off {rows[-1]['ratio']:.3f}", flush=True)
+        load.append(os.getloadavg()[0])
         info = rollout.describe(service.view, name) or {}
-        summary = {"median_ratio": statistics.median(x["ratio"] for x in rows), "rounds": rows,
+        pooled = sum(x["on"] for x in rows) / sum(x["off"] for x in rows)  # equal phase lengths: total searches
+        cpu = sum(x["on_cpu_ms"] for x in rows) / sum(x["off_cpu_ms"] for x in rows)
+        summary = {"median_ratio": statistics.median(x["ratio"] for x in rows), "pooled_ratio": pooled,
+                   "cpu_per_search_ratio": cpu, "rounds": rows, "load_1min": load,
                    "shadow": info.get("shadow"), "window": info.get("window"), "clients": args.clients,
                    "rate": args.rate, "docs": args.docs, "seconds": args.seconds}
-        print(f"median on/off {summary['median_ratio']:.3f}; shadow searches run/skipped: {summary['shadow']}")
+        print(f"median on/off {summary['median_ratio']:.3f}, pooled {pooled:.3f}; CPU per search on/off {cpu:.3f}; "
+              f"load {load[0]:.1f} -> {load[1]:.1f}; shadow searches run/skipped: {summary['shadow']}")
         if args.json:
             args.json.write_text(json.dumps(summary, indent=2))
         rollout.abort(service.view, name, wait=True)

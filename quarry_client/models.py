@@ -154,3 +154,5 @@ class Answer(_Model):
     citations: list[Any] = Field(default_factory=list)
     sources: list[dict[str, Any]] = Field(default_factory=list)
     degraded: list[str] = Field(default_factory=list)
+    version: int | None = None  # the collection version that served it
+    rollout: str | None = None  # under a gray release: "candidate" or "live"

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from embedding.base import QueryEncoder
+from embedding.base import Embeddings, QueryEncoder
 from indexing.chunking import document_id_of
 
 Mode = Literal["bm25", "dense", "hybrid"]
@@ -91,6 +92,13 @@ class SearchResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     # (start, end) of each stage in time.perf_counter() seconds: embed, bm25, ann, fusion, rerank, hydrate
     stage_times: dict[str, tuple[float, float]] = field(default_factory=dict, repr=False, compare=False)
+    # the collection version that served it (set by the query service; None: the searcher's default target)
+    version: int | None = None
+    # under a gray release, the served version's role: "candidate" or "live"; None: no rollout active
+    rollout: str | None = None
+    # the query's vector as the searcher's own encoder computed it (None: BM25 only, or another encoder's),
+    # for a second search of the same query (a gray release's shadow run) to reuse
+    embedded: Future[Embeddings] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import asyncio
 import time
 from collections.abc import Callable, Generator, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -62,7 +63,7 @@ from retrieval.results import (
     SearchResult,
     ranked,
 )
-from retrieval.steps import Late, StateRead, advance, outcome, read_outcome, resolve
+from retrieval.steps import Late, StateRead, advance, outcome, read_outcome, resolve, resolve_all
 from stores.base import ScoredId, VectorStore
 from stores.filters import Filter, predicate
 
@@ -79,6 +80,21 @@ DenseSampler = Callable[[str, Any, Any, Filter | None, int, Sequence[ScoredId], 
 # channel or None, the query vector (dim,) or None, the share of its BM25 terms the collection does
 # not hold or None); must return at once (monitoring.drift.QueryDrift.observe: O(dim), never waits).
 QueryObserver = Callable[[str, str | None, Any, float | None], object]
+
+
+@dataclass(frozen=True)
+class SearchCall:
+    """One search of :meth:`Searcher.search_together`: :meth:`Searcher.search`'s arguments of the same names."""
+
+    cfg: CollectionConfig
+    query: str
+    top_k: int = 10
+    mode: Mode = "hybrid"
+    flt: Filter | None = None
+    fusion: FusionConfig | None = None
+    target: DenseTarget | None = None
+    within: str | None = None
+    embedded: Future[Embeddings] | None = None
 
 
 class Searcher:
@@ -169,6 +185,7 @@ class Searcher:
         min_score: float | None = None,
         target: DenseTarget | None = None,
         within: str | None = None,
+        embedded: Future[Embeddings] | None = None,
     ) -> SearchResult:
         """Search one collection.
 
@@ -195,6 +212,9 @@ class Searcher:
             within: A shared collection's tenant, as its document ids' prefix (``T/``): the BM25
                 channel's statistics (N, avgdl, df) are its rows' (:meth:`indexing.bm25_live.LiveView.scores`),
                 never the other tenants'. ``None``: the collection's.
+            embedded: The query's vector already asked of this searcher's encoder
+                (:meth:`submit_query`), used instead of embedding the query again; ignored when
+                ``target`` names another encoder (that one is asked).
 
         Returns:
             The page of hits, ``total`` fused candidates, degradations and timings.
@@ -211,8 +231,31 @@ class Searcher:
         """
         deadline = None if dense_timeout_s is None else time.monotonic() + dense_timeout_s
         request = self._request(cfg, fusion, min_score)
-        steps = self._steps(cfg, query, top_k, mode, flt, offset, group, rerank, request, target, within)
+        steps = self._steps(cfg, query, top_k, mode, flt, offset, group, rerank, request, target, within, embedded)
         return resolve(steps, deadline)
+
+    def search_together(
+        self, calls: Sequence[SearchCall], dense_timeout_s: float | None = None
+    ) -> list[SearchResult | Exception]:
+        """Run several searches at once in this thread (:func:`retrieval.steps.resolve_all`).
+
+        Their query vectors and ANN searches are asked together, so the micro-batchers serve them
+        in shared calls (a lone ANN query costs a store call of its own: ~3x the CPU per query).
+        Each is :meth:`search` with its :class:`SearchCall`'s arguments (first page, grouped by
+        document, no rerank); ``dense_timeout_s`` as there, for all of them.
+
+        Returns:
+            Per call, in order: its result, or the exception :meth:`search` would have raised.
+        """
+        deadline = None if dense_timeout_s is None else time.monotonic() + dense_timeout_s
+        all_steps = [self._call_steps(call) for call in calls]
+        return resolve_all(all_steps, deadline)
+
+    def _call_steps(self, call: SearchCall) -> Generator[Future[Any] | StateRead, Any, SearchResult]:
+        """A :class:`SearchCall`'s steps (a bad argument raises at the first step, as the query's own failure)."""
+        request = self._request(call.cfg, call.fusion, None)
+        return (yield from self._steps(call.cfg, call.query, call.top_k, call.mode, call.flt, 0, True, None, request,
+                                       call.target, call.within, call.embedded))
 
     async def search_async(  # noqa: PLR0913 - these are the request's fields
         self,
@@ -315,6 +358,7 @@ class Searcher:
         # The model runs while BM25 scores; submit never blocks (errors come through the future).
         physical, encoder = (cfg.name, self._embedder) if target is None else (target.physical, target.encoder)
         pending = self._query_vector(query, encoder, embedded) if mode != "bm25" else None
+        result.embedded = pending if encoder is self._embedder else None  # for a shadow run of it to reuse
         oov: list[float | None] = [None]  # the BM25 channel's out-of-vocabulary share (query drift)
         if mode in ("bm25", "hybrid"):
             channels["bm25"] = self._timed(

@@ -11,7 +11,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Generator
-from concurrent.futures import Future, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
@@ -57,6 +57,49 @@ def resolve(steps: Generator[Future[Any] | StateRead, Any, SearchResult], deadli
         done, _ = wait([step], timeout=left)
         step = advance(steps, step) if done else advance(steps, None, Late())
     return step
+
+
+def resolve_all(
+    all_steps: list[Generator[Future[Any] | StateRead, Any, SearchResult]], deadline: float | None
+) -> list[SearchResult | Exception]:
+    """Run several queries' steps in this thread at once, each in the order :func:`resolve` runs one.
+
+    Each query advances as soon as the future it waits on is done, so the queries' model and store
+    calls are in flight together (a micro-batcher then serves them in one call). Past ``deadline``
+    (monotonic s) the queries still waiting get :class:`Late` thrown in.
+
+    Returns:
+        Per query, in order: its result, or the exception its steps raised.
+    """
+    out: list[SearchResult | Exception | None] = [None] * len(all_steps)
+    waiting: list[tuple[Future[Any], int]] = []
+
+    def run(i: int, done: Future[Any] | None, late: Late | None = None) -> None:
+        try:
+            step = advance(all_steps[i], done, late)
+            while isinstance(step, StateRead):
+                step = advance(all_steps[i], step.run())
+        except Exception as exc:  # noqa: BLE001 - this query's failure, handed to the caller
+            out[i] = exc
+            return
+        if isinstance(step, Future):
+            waiting.append((step, i))
+        else:
+            out[i] = step
+
+    for i in range(len(all_steps)):
+        run(i, None)
+    while waiting:
+        left = None if deadline is None else min(max(0.0, deadline - time.monotonic()), threading.TIMEOUT_MAX)
+        done, _ = wait({f for f, _ in waiting}, timeout=left, return_when=FIRST_COMPLETED)
+        gone = [(f, i) for f, i in waiting if f in done] if done else list(waiting)
+        waiting[:] = [w for w in waiting if w not in gone]
+        for f, i in gone:
+            if done:
+                run(i, f)
+            else:
+                run(i, None, Late())
+    return cast("list[SearchResult | Exception]", out)  # each query ended: a result or its exception
 
 
 def advance(

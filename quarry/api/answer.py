@@ -46,6 +46,7 @@ from quarry import errors as e
 from quarry import metrics
 from quarry.api import access, edge, shedding
 from quarry.api.cache import directives
+from quarry.api.deps import SERVED_HEADERS, version_headers
 from quarry.api.edge import Checked, Identifier
 from quarry.api.errors import error_responses
 from quarry.api.models import RerankIn, _Body
@@ -129,6 +130,7 @@ _ANSWERED: dict[int | str, Any] = {
     200: {
         "description": 'The answer as JSON; with `"stream": true`, Server-Sent Events (`sources`, `delta`, '
         "`citation`, then `done` or `error`).",
+        "headers": SERVED_HEADERS,
         "content": {
             "application/json": {"schema": {"type": "object"}},
             "text/event-stream": {"schema": {}},  # each event's data: a JSON object (see the description)
@@ -151,8 +153,11 @@ async def answer(
     """Retrieve, build the prompt within the context budget, ask the LLM, check the citations.
 
     Returns ``{answer, citations, dropped_citations, sources, left_out, context, degraded, usage,
-    finish_reason, timings_ms, cache}`` (or, with ``stream``, the events ``sources``, ``delta``,
-    ``citation``, ``done`` / ``error``). Errors of retrieval (unknown collection, bad filter) are
+    finish_reason, timings_ms, cache, version}`` (or, with ``stream``, the events ``sources``, ``delta``,
+    ``citation``, ``done`` / ``error``). ``version`` (also on ``sources``, and in the header
+    ``X-Quarry-Collection-Version``) is the collection version that served the retrieval; while a
+    gray release routes the collection, ``rollout`` (and ``X-Quarry-Rollout``) says whether it is the
+    ``candidate`` or the ``live`` one. Errors of retrieval (unknown collection, bad filter) are
     plain error responses, before any event. ``cache`` is ``hit``, ``miss`` or ``bypass``
     (:mod:`quarry.services.answer_cache`; ``Cache-Control: no-cache`` or ``X-Quarry-Cache: bypass``
     skip it), ``cache_reason`` a miss's reason.
@@ -162,9 +167,23 @@ async def answer(
         quota=access.tokens(request),
     )
     if body.stream:
-        return EventSourceResponse(_sse(events), ping=15)
+        first, events = await _peeked(events)
+        return EventSourceResponse(_sse(events), ping=15, headers=version_headers(first.data if first else {}))
     out = await answers.collect(events, body.require_answer)
-    return Response(orjson.dumps(out), media_type="application/json")
+    return Response(orjson.dumps(out), media_type="application/json", headers=version_headers(out))
+
+
+async def _peeked(events: AsyncIterator[Event]) -> tuple[Event | None, AsyncIterator[Event]]:
+    """The first event (``sources``: it comes before the LLM is asked) and all of ``events`` again."""
+    first = await anext(events, None)
+
+    async def replay() -> AsyncIterator[Event]:
+        if first is not None:
+            yield first
+        async for event in events:
+            yield event
+
+    return first, replay()
 
 
 async def _sse(events: AsyncIterator[Event]) -> AsyncIterator[ServerSentEvent]:
@@ -269,7 +288,9 @@ async def chat_completions(
 
     The reply is a ``chat.completion`` (or ``chat.completion.chunk`` frames ending ``[DONE]``)
     with an extension field ``quarry``: on the first chunk the ``sources`` and the ``rewrite``
-    (the query searched, how it was made); on a chunk with no choices each ``citations`` entry
+    (the query searched, how it was made) and the ``version`` (and ``rollout``) that served it,
+    as on ``/answer`` (also in the headers ``X-Quarry-Collection-Version``, ``X-Quarry-Rollout``);
+    on a chunk with no choices each ``citations`` entry
     as soon as it resolves; on the last chunk (and on the non-streamed reply) ``citations``,
     ``dropped_citations``, ``sources``, ``degraded``, ``rewrite`` and ``timings_ms``. ``usage``
     counts every LLM token the request spent (the rewrite's and the answer's); streamed, it comes
@@ -323,12 +344,12 @@ async def chat_completions(
     )
     ident, created = f"chatcmpl-quarry-{uuid.uuid4().hex}", int(time.time())
     if body.stream:
-        events = await _started(events, opts.require_answer)
+        first, events = await _started(events, opts.require_answer)
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         return EventSourceResponse(
             _chat_sse(events, ident, created, body.model, rewrite, include_usage=include_usage,
                       require_answer=opts.require_answer),
-            ping=15,
+            ping=15, headers=version_headers(first.data if first else {}),
         )
     out = await answers.collect(events, opts.require_answer)
     usage = out.pop("usage")
@@ -342,7 +363,7 @@ async def chat_completions(
         "usage": _usage(usage, rewrite),
         "quarry": {**out, "rewrite": rewrite.to_json()},
     }
-    return Response(orjson.dumps(completion), media_type="application/json")
+    return Response(orjson.dumps(completion), media_type="application/json", headers=version_headers(out))
 
 
 def _check_conversation(messages: list[ChatMessageIn], max_messages: int, max_chars: int) -> None:
@@ -362,11 +383,14 @@ def _check_conversation(messages: list[ChatMessageIn], max_messages: int, max_ch
         )
 
 
-async def _started(events: AsyncIterator[Event], require_answer: bool) -> AsyncIterator[Event]:
+async def _started(
+    events: AsyncIterator[Event], require_answer: bool
+) -> tuple[Event | None, AsyncIterator[Event]]:
     """``events``, read up to the LLM's first text (or its end) before the response starts.
 
     So an LLM that fails before its first token is an HTTP error in OpenAI's shape (with
-    ``require_answer``), not a stream that starts and then breaks.
+    ``require_answer``), not a stream that starts and then breaks. Returned with the first event
+    (``sources``: the response's version headers are read from it).
 
     Raises:
         GenerationError: The LLM failed before its first token and ``require_answer`` is set.
@@ -387,7 +411,7 @@ async def _started(events: AsyncIterator[Event], require_answer: bool) -> AsyncI
         async for event in events:
             yield event
 
-    return replay()
+    return (held[0] if held else None), replay()
 
 
 UNSUPPORTED = ("tools", "tool_choice", "functions", "function_call", "logprobs", "top_logprobs", "logit_bias",

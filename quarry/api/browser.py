@@ -11,7 +11,8 @@
   pages from reading any answer); ``QUARRY_API__CORS_ORIGINS`` lists the origins that may, through
   Starlette's :class:`~starlette.middleware.cors.CORSMiddleware` (methods GET, POST, DELETE;
   headers ``Authorization``, ``api-key``, ``Content-Type``, ``X-Request-ID``, ``Cache-Control``,
-  ``X-Quarry-Cache``; ``X-Request-ID`` and ``Retry-After`` readable).
+  ``X-Quarry-Cache``; ``X-Request-ID``, ``Retry-After``, ``X-Quarry-Collection-Version`` and
+  ``X-Quarry-Rollout`` readable).
 
 Both read the settings of the app's service at its first request (``quarry serve`` builds the
 service at startup).
@@ -34,7 +35,7 @@ LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
 _ANY_ADDRESS = frozenset({"0.0.0.0", "::", ""})  # noqa: S104 - names, compared, never bound
 CORS_METHODS = ("GET", "POST", "DELETE")
 CORS_HEADERS = ("authorization", "api-key", "content-type", "x-request-id", "cache-control", "x-quarry-cache")
-CORS_EXPOSED = ("x-request-id", "retry-after")
+CORS_EXPOSED = ("x-request-id", "retry-after", "x-quarry-collection-version", "x-quarry-rollout")
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Mapping
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
@@ -33,3 +34,32 @@ NAMED_ERRORS = (e.InvalidRequest, e.CollectionNotFound, *STORE_ERRORS)
 WRITE_ERRORS = (
     *NAMED_ERRORS, e.InvalidDocument, e.ModelMismatch, e.DimensionMismatch, e.EmbeddingUnavailable, e.EmbeddingError
 )
+
+# The collection version that served a search or an answer (a gray release routes some to a candidate).
+VERSION_HEADER, ROLLOUT_HEADER = "X-Quarry-Collection-Version", "X-Quarry-Rollout"
+SERVED_HEADERS: dict[str, Any] = {
+    VERSION_HEADER: {
+        "description": "The collection version that served the request (its number, as `describe` lists them).",
+        "schema": {"type": "string", "pattern": "^[1-9][0-9]*$"},  # an integer, as a header carries it
+    },
+    ROLLOUT_HEADER: {
+        "description": "While a gray release routes the collection: the serving version's role, `candidate` "
+        "or `live` (absent otherwise).",
+        "schema": {"type": "string", "enum": ["candidate", "live"]},
+    },
+}
+"""The 200 response's headers, as the OpenAPI documents them."""
+
+
+def version_headers(data: Mapping[str, Any]) -> dict[str, str]:
+    """The response headers naming the collection version that served (:data:`SERVED_HEADERS`).
+
+    ``data``: a search result's, an answer's or its ``sources`` event's fields ``version`` (an
+    int, ``None``: no header) and ``rollout`` (``candidate``/``live``, ``None`` without a rollout).
+    """
+    out: dict[str, str] = {}
+    if data.get("version") is not None:
+        out[VERSION_HEADER] = str(data["version"])
+    if data.get("rollout"):
+        out[ROLLOUT_HEADER] = str(data["rollout"])
+    return out

@@ -195,13 +195,13 @@ class AnswerService:
             return answer_cache.replay(plan, started)
         if shed is not None:
             raise await shed.refused()
-        candidates, degraded, timings, evidence = await self._retrieve(q, name, req, plan)
+        candidates, degraded, timings, evidence, served = await self._retrieve(q, name, req, plan)
         if plan.lookup_ms:
             timings["cache"] = plan.lookup_ms
         floor = abstention.threshold(cfg.min_scores, name, req.min_score)
         if floor is not None and (not candidates or (evidence is not None and evidence < floor)):
             return answer_cache.recording(
-                _abstained(candidates, degraded, timings, started, evidence, floor), plan,
+                _stamped(_abstained(candidates, degraded, timings, started, evidence, floor), served), plan,
                 cache is not None and cache.store,
             )
         generator = self.generator
@@ -221,6 +221,7 @@ class AnswerService:
             generator, prompt, params, language=collection.language, threshold=cfg.support_threshold,
             started=started, timings_ms=timings, degraded=degraded, on_llm=_llm_metrics(q, name, req),
         )
+        events = _stamped(events, served)
         if quota is not None and generator is not None:
             events = charged(events, quota, generator.estimate_tokens)
         return answer_cache.recording(events, plan, cache is not None and cache.store)
@@ -260,16 +261,18 @@ class AnswerService:
         if cache is None or generator is None or use is None or not query_ok or not (use.read or use.store) \
                 or passed_through:
             return answer_cache.Plan("bypass")
-        key = await off_loop(answer_cache.cache_key, q, collection, req, generator, params, budget)
-        return await answer_cache.lookup(q, cache, key, req.query, collection, read=use.read)
+        key, version = await off_loop(answer_cache.versioned_key, q, collection, req, generator, params, budget)
+        plan = await answer_cache.lookup(q, cache, key, req.query, collection, read=use.read)
+        plan.version = version
+        return plan
 
     async def _retrieve(
         self, q: View, name: str, req: AnswerRequest, plan: answer_cache.Plan
-    ) -> tuple[list[Candidate], list[str], dict[str, float], float | None]:
-        """The search's hits as prompt candidates (the cache lookup's query vector reused), and their evidence score.
+    ) -> tuple[list[Candidate], list[str], dict[str, float], float | None, dict[str, Any]]:
+        """The search's hits as prompt candidates (the cache lookup's query vector reused), their evidence score.
 
         Each candidate carries its document's title (read from the state of record: hits hold
-        chunk metadata only).
+        chunk metadata only). Last, what :func:`served` says of the version that served the search.
         """
         loaded = q.engines.reranker.model_id if q.engines.reranker is not None else None
         rerank = rerank_options(q.settings.rerank, loaded, req.rerank)
@@ -284,7 +287,8 @@ class AnswerService:
             Candidate(h.document_id, h.chunk_id, h.text, h.score, _title(h.metadata) or titles.get(h.document_id))
             for h in result.hits
         ]
-        return candidates, list(result.degraded), timings, abstention.evidence_score(result.hits, req.mode)
+        evidence = abstention.evidence_score(result.hits, req.mode)
+        return candidates, list(result.degraded), timings, evidence, served(result.version, result.rollout)
 
     async def _prompt(self, query: str, candidates: list[Candidate], budget: int, system: str) -> Prompt:
         """The prompt, counted with the LLM's tokenizer (or the approximation when there is no LLM).
@@ -353,6 +357,24 @@ async def _abstained(  # noqa: PLR0913 - what the answer reports
         "citations": [], "dropped_citations": 0, "finish_reason": "stop",
         "usage": {"prompt_tokens": 0, "completion_tokens": 0}, "degraded": list(degraded), "timings_ms": dict(timings),
     })
+
+
+def served(version: int | None, role: str | None) -> dict[str, Any]:
+    """The ``sources`` event's fields naming the collection version that served the search.
+
+    ``version`` (the collection version's number), and ``rollout`` (``candidate`` or ``live``)
+    only while a gray release routes the collection.
+    """
+    out: dict[str, Any] = {"version": version}
+    if role is not None:
+        out["rollout"] = role
+    return out
+
+
+async def _stamped(events: AsyncIterator[Event], fields: Mapping[str, Any]) -> AsyncIterator[Event]:
+    """``events`` with ``fields`` (:func:`served`) on the ``sources`` event (so stored in the cache with it)."""
+    async for event in events:
+        yield Event("sources", {**event.data, **fields}) if event.kind == "sources" else event
 
 
 def _titles(q: View, name: str, document_ids: Sequence[str]) -> dict[str, str]:

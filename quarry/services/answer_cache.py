@@ -67,6 +67,7 @@ class Plan:
     entry: Entry | None = None
     lookup_ms: float = 0.0
     embedded: Future[Embeddings] | None = None  # the query's vector, asked for by the lookup (for the search)
+    version: int | None = None  # the collection version the key is for: an answer another one served is not stored
     reason: str | None = None  # a miss's reason (generation.cache.Lookup.reason, or "no_vector")
     similarity: float | None = None  # cosine of the closest stored question
     threshold: float | None = None  # the least cosine for a hit that this lookup used
@@ -105,6 +106,17 @@ def cache_key(
     q: View, cfg: CollectionConfig, body: Any, generator: Generator, params: GenerationParams, budget: int
 ) -> CacheKey:
     """The parameters that change an answer (``body``: an ``AnswerRequest``) and the collection's state."""
+    return versioned_key(q, cfg, body, generator, params, budget)[0]
+
+
+def versioned_key(
+    q: View, cfg: CollectionConfig, body: Any, generator: Generator, params: GenerationParams, budget: int
+) -> tuple[CacheKey, int | None]:
+    """:func:`cache_key`, and the collection version it is for (``None``: the collection has none yet).
+
+    Under a gray release the scope holds the version routing chooses for this request and its
+    role (``candidate`` or ``live``): an answer computed on one version is never served for another.
+    """
     llm = q.settings.llm
     scope = {
         "tenant": q.tenant_id, "collection": cfg.name, "filters": body.filters, "top_k": body.top_k, "mode": body.mode,
@@ -118,10 +130,12 @@ def cache_key(
     chosen = rollout.route(q, cfg.name, body.query)  # under a gray release: the version routing chooses
     if chosen is not None:
         scope["version"] = chosen.version.version
+        scope["rollout"] = "candidate" if chosen.candidate else "live"
     text = orjson.dumps(scope, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
     state = q.docstore.collection_state(cfg.name)
     live = state.live_version if state is not None else None  # a reindex's swap: another version answers
-    return CacheKey(text, f"{cfg.created_at!r}:{q.docstore.version(cfg.name)}:{live}")
+    serving = chosen.version.version if chosen is not None else live
+    return CacheKey(text, f"{cfg.created_at!r}:{q.docstore.version(cfg.name)}:{live}"), serving
 
 
 async def lookup(  # noqa: PLR0913
@@ -199,11 +213,18 @@ async def replay(plan: Plan, started: float) -> AsyncIterator[Event]:
 
 
 async def recording(events: AsyncIterator[Event], plan: Plan, store: bool) -> AsyncIterator[Event]:
-    """Pass ``events`` on with ``cache`` on ``sources``; store them when the answer is complete."""
+    """Pass ``events`` on with ``cache`` on ``sources``; store them when the answer is complete.
+
+    Nothing is stored when the ``sources`` event names another collection ``version`` than the
+    key's (:attr:`Plan.version`: a step or a swap landed between the key and the search).
+    """
     seen: list[Event] = []
     async for event in events:
         seen.append(event)
         if event.kind == "sources":
+            served = event.data.get("version")
+            if plan.version is not None and served is not None and served != plan.version:
+                store = False
             event = Event("sources", {**event.data, **plan.describe()})
         elif event.kind == "done" and store and _complete(event) and plan.cache and plan.key and plan.question:
             plan.cache.put(plan.key, plan.question, seen)

@@ -13,7 +13,7 @@ from typing import Any
 
 from embedding.base import Embeddings
 from indexing.collections import CollectionConfig, FusionConfig
-from indexing.docstore import off_loop
+from indexing.docstore import CollectionVersion, off_loop
 from quarry.errors import CollectionNotFound, EmbeddingError, QuarryError, StoreError
 from quarry.services import rollout, versions
 from quarry.services.recall_check import RecallCheck
@@ -55,19 +55,32 @@ def target(v: View, name: str, filters: Mapping[str, Any] | None) -> tuple[Colle
 
 def _search_target(
     v: View, name: str, filters: Mapping[str, Any] | None, mode: Mode, query: str
-) -> tuple[CollectionConfig, Filter | None, DenseTarget | None, Route | None]:
+) -> tuple[CollectionConfig, Filter | None, DenseTarget | None, CollectionVersion, Route | None]:
     cfg, flt = target(v, name, filters)
     if v.docstore.get_rollout(name) is None:  # cached: the common case reads no more
-        cfg, dense = versions.dense_target(v, cfg, mode)
-        return cfg, flt, dense, None
-    cfg, dense, chosen = rollout.dense_target(v, cfg, mode, query)  # a gray release routes it
-    return cfg, flt, dense, chosen
+        cfg, dense, version = versions.dense_target(v, cfg, mode)
+        return cfg, flt, dense, version, None
+    cfg, dense, version, chosen = rollout.dense_target(v, cfg, mode, query)  # a gray release routes it
+    return cfg, flt, dense, version, chosen
+
+
+def _served(result: SearchResult, version: CollectionVersion, chosen: Route | None) -> SearchResult:
+    """``result`` stamped with the collection version that served it.
+
+    ``rollout``: that version's role while a gray release routes the search (``candidate`` or
+    ``live``; a search the candidate failed and the live version served again is ``live``),
+    ``None`` without one.
+    """
+    result.version = version.version
+    if chosen is not None:
+        result.rollout = "candidate" if version.version == chosen.rollout.candidate else "live"
+    return result
 
 
 def _failed_over(  # noqa: PLR0913 - the failed search's parts
     v: View, name: str, filters: Mapping[str, Any] | None, mode: Mode, chosen: Route | None, started: float,
     exc: QuarryError,
-) -> tuple[CollectionConfig, DenseTarget | None]:
+) -> tuple[CollectionConfig, DenseTarget | None, CollectionVersion]:
     """A failed search, counted for a gray release; where to serve it again: the live version.
 
     Only a search the candidate failed by a backend error is served again by the live version.
@@ -104,7 +117,7 @@ def search(  # noqa: PLR0913 - mirrors the request body
         InvalidFilter: Unknown field or wrong type in ``filters``.
         InvalidQuery: Blank or over-long query, or bad paging.
     """
-    cfg, flt, dense, chosen = _search_target(v, name, filters, mode, query)
+    cfg, flt, dense, version, chosen = _search_target(v, name, filters, mode, query)
     started = time.perf_counter()
     with v.ns.messages():  # a store's filter errors name the stored keys
         try:
@@ -114,17 +127,17 @@ def search(  # noqa: PLR0913 - mirrors the request body
                 within=v.ns.bm25_within(),
             )
         except QuarryError as exc:
-            cfg, dense = _failed_over(v, name, filters, mode, chosen, started, exc)
+            cfg, dense, version = _failed_over(v, name, filters, mode, chosen, started, exc)
             result = v.space.searcher.search(
                 cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank,
                 dense_timeout_s=dense_timeout_s, fusion=fusion, min_score=min_score, target=dense,
                 within=v.ns.bm25_within(),
             )
-            return v.ns.result(name, result)
+            return v.ns.result(name, _served(result, version, chosen))
     if chosen is not None:  # a gray release counts it
-        asked = rollout.Asked(cfg, query, top_k, mode, flt, fusion, v.ns.bm25_within())
+        asked = rollout.Asked(cfg, query, top_k, mode, flt, fusion, v.ns.bm25_within(), result.embedded)
         rollout.observe(v, name, chosen, time.perf_counter() - started, result, asked)
-    return v.ns.result(name, result)
+    return v.ns.result(name, _served(result, version, chosen))
 
 
 async def search_async(  # noqa: PLR0913 - mirrors the request body
@@ -147,7 +160,7 @@ async def search_async(  # noqa: PLR0913 - mirrors the request body
     The collection's configuration and live version come from the state store's caches on the
     loop; after a commit they are read again in a worker thread (``off_loop``).
     """
-    cfg, flt, dense, chosen = await off_loop(_search_target, v, name, filters, mode, query)
+    cfg, flt, dense, version, chosen = await off_loop(_search_target, v, name, filters, mode, query)
     started = time.perf_counter()
     with v.ns.messages():
         try:
@@ -156,16 +169,16 @@ async def search_async(  # noqa: PLR0913 - mirrors the request body
                 fusion=fusion, min_score=min_score, target=dense, within=v.ns.bm25_within(), embedded=embedded,
             )
         except QuarryError as exc:
-            cfg, dense = _failed_over(v, name, filters, mode, chosen, started, exc)
+            cfg, dense, version = _failed_over(v, name, filters, mode, chosen, started, exc)
             result = await v.space.searcher.search_async(
                 cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank,
                 fusion=fusion, min_score=min_score, target=dense, within=v.ns.bm25_within(), embedded=embedded,
             )
-            return v.ns.result(name, result)
+            return v.ns.result(name, _served(result, version, chosen))
     if chosen is not None:  # a gray release counts it
-        asked = rollout.Asked(cfg, query, top_k, mode, flt, fusion, v.ns.bm25_within())
+        asked = rollout.Asked(cfg, query, top_k, mode, flt, fusion, v.ns.bm25_within(), result.embedded)
         rollout.observe(v, name, chosen, time.perf_counter() - started, result, asked)
-    return v.ns.result(name, result)
+    return v.ns.result(name, _served(result, version, chosen))
 
 
 def recall(v: View, name: str) -> dict[str, Any]:

@@ -39,12 +39,12 @@ import uuid
 import weakref
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from embedding.base import Embedder
+from embedding.base import Embedder, Embeddings
 from indexing.collections import CollectionConfig, FusionConfig
 from indexing.docstore import AuditEntry, CollectionVersion
 from indexing.reindex_build import Build, ReindexReport, new_owner
@@ -66,6 +66,7 @@ from quarry.errors import CollectionNotFound, ConfigError, Conflict, InvalidRequ
 from quarry.services.versions import _record_model, live_version
 from quarry.services.view import TenantSpace, View
 from retrieval.results import DenseTarget, Mode, SearchResult
+from retrieval.search import SearchCall
 from stores.base import IndexSpec
 from stores.filters import Filter
 
@@ -76,6 +77,7 @@ ROUTE_KEY: ContextVar[str | None] = ContextVar("quarry_route_key", default=None)
 
 DROP_GRACE_S = 5.0  # an aborted candidate's store collection is dropped this long after (searches in flight)
 SHADOW_QUEUE = 16  # shadow searches waiting at most; more are skipped (never the request path)
+SHADOW_BATCH, SHADOW_WAIT_S = 8, 0.25  # shadow searches run together: as many as gathered within 0.25 s, or 8
 MAX_WINDOW = 20_000  # latencies kept per version and step
 PAIRS_KEPT = 1_000  # shadowed queries kept per collection for the A/B report's paired test (the newest)
 
@@ -110,7 +112,8 @@ class Pair:
         candidate: The rollout's candidate version number (pairs of an earlier rollout are left out).
         step: The rollout's step when it was served (``-1``: shadow).
         served_by_candidate: Which version served it (the other ran it in the background).
-        live_ms: The live version's search latency, milliseconds (``Searcher.search``, both sides).
+        live_ms: The live version's search latency, milliseconds (the served side: the request's
+            search; the shadowed side: from its batch's start to its last stage, see :func:`_compared`).
         candidate_ms: The candidate's.
         live_hits: Hits the live version returned.
         candidate_hits: Hits the candidate returned.
@@ -133,14 +136,30 @@ class Pair:
     top1_same: bool
 
 
+@dataclass(frozen=True)
+class _Shadowed:
+    """One served search waiting for its shadow run on the other version."""
+
+    v: View
+    name: str
+    chosen: Route
+    result: SearchResult
+    asked: Asked
+    window: _Window
+    served_s: float  # the served search's latency, seconds (the A/B report's pair)
+
+
 @dataclass(eq=False)
 class _Tracker:
-    """Per tenant space: the step windows, the shadowed pairs, the shadow runner."""
+    """Per tenant space: the step windows, the shadowed pairs, the shadow runner (one thread, while runs wait)."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     windows: dict[str, _Window] = field(default_factory=dict)
     pairs: dict[str, deque[Pair]] = field(default_factory=dict)
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="rollout"))
+    waiting: list[_Shadowed] = field(default_factory=list)
+    draining: bool = False
+    full: threading.Event = field(default_factory=threading.Event)  # SHADOW_BATCH runs wait: no more gathering
     queued: int = 0
     shadowed: int = 0
     skipped: int = 0
@@ -219,20 +238,24 @@ def route(v: View, name: str, query: str) -> Route | None:
 
 def dense_target(
     v: View, cfg: CollectionConfig, mode: Mode, query: str
-) -> tuple[CollectionConfig, DenseTarget | None, Route | None]:
-    """:func:`quarry.services.versions.dense_target` for the version :func:`route` picks."""
+) -> tuple[CollectionConfig, DenseTarget | None, CollectionVersion, Route | None]:
+    """:func:`quarry.services.versions.dense_target` for the version :func:`route` picks (and the route)."""
     chosen = route(v, cfg.name, query)
     version = live_version(v, cfg.name) if chosen is None else chosen.version
     view = live_config(cfg, version)
     if mode == "bm25":
-        return view, None, chosen
-    return view, DenseTarget(version.physical_name, v.engines.models.model_for(version)[1]), chosen
+        return view, None, version, chosen
+    return view, DenseTarget(version.physical_name, v.engines.models.model_for(version)[1]), version, chosen
 
 
 # --- the request path ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Asked:
-    """A search's own arguments, for running it again on the other version."""
+    """A search's own arguments, for running it again on the other version.
+
+    ``embedded``: the query's vector the served search used (asked of the searcher's encoder),
+    reused by the shadow run when the other version's model is the same (``None``: embed again).
+    """
 
     cfg: CollectionConfig
     query: str
@@ -241,6 +264,7 @@ class Asked:
     flt: Filter | None
     fusion: FusionConfig | None
     within: Any
+    embedded: Future[Embeddings] | None = None
 
 
 def observe(  # noqa: PLR0913 - one served search
@@ -286,7 +310,13 @@ def _observe(  # noqa: PLR0913
         if shadow:
             tracker.queued += 1
     if shadow and chosen.shadow is not None and result is not None and asked is not None:
-        tracker.pool.submit(_shadow, v, name, chosen, result, asked, window, elapsed_s)
+        with tracker.lock:
+            tracker.waiting.append(_Shadowed(v, name, chosen, result, asked, window, elapsed_s))
+            start, tracker.draining = not tracker.draining, True
+            if len(tracker.waiting) >= SHADOW_BATCH:
+                tracker.full.set()
+        if start:
+            tracker.pool.submit(_drain, tracker)
     if due:
         threading.Thread(target=_gate, args=(v, name, rollout, window), name=f"rollout-gate-{name}",
                          daemon=True).start()
@@ -296,58 +326,92 @@ def _ids(result: SearchResult) -> list[str]:
     return [h.document_id for h in result.hits]
 
 
-def _shadow(  # noqa: PLR0913 - the served search and its window
-    v: View, name: str, chosen: Route, result: SearchResult, asked: Asked, window: _Window, served_s: float,
-) -> None:
-    """Run the search again on the other version; note the top-10 overlap on the candidate's side.
+def _drain(tracker: _Tracker) -> None:
+    """The shadow runner: run the waiting shadow searches, together, until none is left.
 
-    The pair (both latencies, hit counts, degraded flags, the overlap) is kept for the A/B
-    report, the newest :data:`PAIRS_KEPT` per collection.
+    It lets runs gather for :data:`SHADOW_WAIT_S` (or :data:`SHADOW_BATCH` of them) first: run
+    together, their ANN searches share store calls (a lone one costs ~3x the CPU per query).
     """
-    tracker = _tracker(v.space)
-    try:
-        other = chosen.shadow
-        assert other is not None  # noqa: S101 - checked by the caller
-        timed = chosen.rollout.state == "shadow" and other.version == chosen.rollout.candidate
-        cfg = live_config(asked.cfg, other)
-        dense = None if asked.mode == "bm25" else DenseTarget(other.physical_name,
-                                                              v.engines.models.model_for(other)[1])
-        started = time.perf_counter()
+    while True:
+        tracker.full.wait(SHADOW_WAIT_S)
+        with tracker.lock:
+            batch, tracker.waiting = tracker.waiting, []
+            tracker.full.clear()
+            if not batch:
+                tracker.draining = False
+                return
         try:
-            again = v.space.searcher.search(cfg, asked.query, top_k=asked.top_k, mode=asked.mode, flt=asked.flt,
-                                            fusion=asked.fusion, target=dense, within=asked.within)
-        except QuarryError:
-            if timed:
-                with tracker.lock:
-                    window.candidate.queries += 1
-                    window.candidate.errors += 1
-            raise
-        shadow_ms = (time.perf_counter() - started) * 1000.0
-        served_ids, other_ids = _ids(result), _ids(again)
-        share = overlap(served_ids, other_ids)
-        pair = _pair(chosen, served_s * 1000.0, result, shadow_ms, again, share,
-                     served_ids[:1] == other_ids[:1])
-        with tracker.lock:
-            window.candidate.overlap.append(share)
-            tracker.shadowed += 1
-            _keep(tracker, name, pair)
-            if timed:  # in shadow mode the candidate serves nobody: its shadow runs are its figures
-                window.candidate.queries += 1
-                window.candidate.degraded += bool(again.degraded)
-                if len(window.candidate.latencies_ms) < MAX_WINDOW:
-                    window.candidate.latencies_ms.append(shadow_ms)
-        if chosen.rollout.state == "shadow":  # shadow mode: the pairs are what the step is held for
-            due = False
+            _shadow(batch)
+        except Exception:  # off the request path: logged, never served
+            log.exception("rollout: shadow searches failed")
+        finally:
             with tracker.lock:
-                if len(window.candidate.overlap) >= window.next_eval and not window.evaluating:
-                    window.evaluating, due = True, True
-            if due:
-                _gate(v, name, chosen.rollout, window)
-    except Exception:  # off the request path: a failed shadow search is logged, not served
-        log.exception("rollout of %r: a shadow search failed", name)
-    finally:
+                tracker.queued -= len(batch)
+
+
+def _shadow(batch: list[_Shadowed]) -> None:
+    """Run each search again on the other version (all at once); note the top-10 overlaps, the candidate's figures."""
+    v = batch[0].v
+    calls = []
+    for job in batch:
+        other, asked = job.chosen.shadow, job.asked
+        assert other is not None  # noqa: S101 - checked by the caller
+        dense = None if asked.mode == "bm25" else DenseTarget(other.physical_name, v.engines.models.model_for(other)[1])
+        calls.append(SearchCall(live_config(asked.cfg, other), asked.query, asked.top_k, asked.mode, asked.flt,
+                                asked.fusion, dense, asked.within, asked.embedded))
+    started = time.perf_counter()
+    outcomes = v.space.searcher.search_together(calls, v.settings.search.dense_timeout_s)  # as a served one waits
+    for job, call, outcome in zip(batch, calls, outcomes, strict=True):
+        try:
+            _compared(job, call, outcome, started)
+        except Exception:  # off the request path: a failed shadow search is logged, not served
+            log.exception("rollout of %r: a shadow search failed", job.name)
+
+
+def _compared(job: _Shadowed, call: SearchCall, again: SearchResult | Exception, started: float) -> None:
+    """One shadow run's outcome in its window: the overlap; in shadow mode the candidate's figures too.
+
+    Its latency runs from the batch's start to its own last stage, plus (when it reused the
+    served search's vector) the served search's wait for that vector.
+
+    Raises:
+        Exception: The shadow search's own error (counted first as the candidate's, in shadow mode).
+    """
+    v, chosen, window = job.v, job.chosen, job.window
+    tracker = _tracker(v.space)
+    other = chosen.shadow
+    assert other is not None  # noqa: S101 - checked by the caller
+    timed = chosen.rollout.state == "shadow" and other.version == chosen.rollout.candidate
+    if isinstance(again, Exception):
+        if timed and isinstance(again, QuarryError):
+            with tracker.lock:
+                window.candidate.queries += 1
+                window.candidate.errors += 1
+        raise again
+    ended = again.stage_times.get("hydrate", (started, time.perf_counter()))[1]
+    took_ms = (ended - started) * 1000.0
+    if call.embedded is not None and call.target is not None and call.target.encoder is v.engines.query_embedder:
+        # the served search's vector was reused: count the wait for it, as a search of its own would
+        took_ms += max(0.0, job.result.timings_ms.get("embed", 0.0) - again.timings_ms.get("embed", 0.0))
+    served_ids, other_ids = _ids(job.result), _ids(again)
+    share = overlap(served_ids, other_ids)
+    pair = _pair(chosen, job.served_s * 1000.0, job.result, took_ms, again, share, served_ids[:1] == other_ids[:1])
+    with tracker.lock:
+        window.candidate.overlap.append(share)
+        tracker.shadowed += 1
+        _keep(tracker, job.name, pair)
+        if timed:  # in shadow mode the candidate serves nobody: its shadow runs are its figures
+            window.candidate.queries += 1
+            window.candidate.degraded += bool(again.degraded)
+            if len(window.candidate.latencies_ms) < MAX_WINDOW:
+                window.candidate.latencies_ms.append(took_ms)
+    if chosen.rollout.state == "shadow":  # shadow mode: the pairs are what the step is held for
+        due = False
         with tracker.lock:
-            tracker.queued -= 1
+            if len(window.candidate.overlap) >= window.next_eval and not window.evaluating:
+                window.evaluating, due = True, True
+        if due:
+            _gate(v, job.name, chosen.rollout, window)
 
 
 def _pair(  # noqa: PLR0913 - both sides of one shadowed query

@@ -55,13 +55,15 @@ def live_version(v: View, name: str) -> CollectionVersion:
     return version
 
 
-def dense_target(v: View, cfg: CollectionConfig, mode: Mode) -> tuple[CollectionConfig, DenseTarget | None]:
-    """The live version's config view and, unless BM25 only, its store collection and query model."""
+def dense_target(
+    v: View, cfg: CollectionConfig, mode: Mode
+) -> tuple[CollectionConfig, DenseTarget | None, CollectionVersion]:
+    """The live version's config view, unless BM25 only its store collection and query model, and the version."""
     live = live_version(v, cfg.name)
     view = live_config(cfg, live)
     if mode == "bm25":
-        return view, None
-    return view, DenseTarget(live.physical_name, v.engines.models.model_for(live)[1])
+        return view, None, live
+    return view, DenseTarget(live.physical_name, v.engines.models.model_for(live)[1]), live
 
 
 def write_target(v: View, name: str) -> tuple[CollectionConfig, Target]:

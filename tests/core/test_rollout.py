@@ -375,3 +375,139 @@ def test_rest_searches_route_by_the_presented_key_id(
     assert set(spy.served) == {f"k:{i:012x}" for i in range(20)}  # routed by the key's id, not the query
     assert all(len(seen) == 1 for seen in spy.served.values())
     assert set(spy.counts) == {1, 2}
+
+
+def test_answers_and_chat_name_the_version_that_served_them(
+    engine: str, counting: CountingEmbedder, scifact_docs: list[SourceDocument], tmp_path: Path,
+) -> None:
+    """A canary at 100 % then 0 %: ``/answer`` (JSON and SSE), chat (JSON and chunks) and ``/search`` name the
+    candidate, then the live version (body and headers); the answer cache never replays across versions."""
+    from quarry.settings import LLMSettings
+    from tests.generation.stub import Reply, StubLLM
+
+    stub = StubLLM().start()
+    settings = _settings(tmp_path, engine).model_copy(
+        update={"llm": LLMSettings(url=stub.url, structured="off", retry_after_s=0)})
+    quarry = Quarry(settings, embedder=counting)
+    name = f"gr{RUN}_{next(_names)}"
+    quarry.create_collection(name, language="en")
+    quarry.upsert(name, scifact_docs[:20])
+    started = rollout.start(quarry.view, name, mode="canary", schedule=[100], step_samples=10**6, shadow_rate=0.0)
+    answer, chat = f"/v1/collections/{name}/answer", "/v1/chat/completions"
+    ask = {"query": "vitamin D and bone density", "top_k": 2, "max_tokens": 16}
+    chat_body = {"model": f"quarry/{name}", "messages": [{"role": "user", "content": ask["query"]}],
+                 "quarry": {"top_k": 2}, "max_tokens": 16}
+    try:
+        with TestClient(create_app(quarry)) as client:
+            for percent, version, role in ((100.0, 2, "candidate"), (0.0, 1, "live")):
+                current = quarry.docstore.get_rollout(name)
+                assert current is not None
+                assert quarry.docstore.put_rollout(replace(current, percent=percent, updated_at=time.time()))
+                stub.replies.extend(Reply(pieces=["Bone density [1]."]) for _ in range(2))
+                heads = {"X-Quarry-Collection-Version": str(version), "X-Quarry-Rollout": role}
+                r = client.post(answer, json=ask)  # a miss: the other version's stored answer is not served
+                assert r.status_code == 200, r.text
+                body = r.json()
+                assert (body["version"], body["rollout"], body["cache"]) == (version, role, "miss")
+                assert {k: r.headers.get(k) for k in heads} == heads
+                r = client.post(answer, json=ask)  # a hit: the same version's answer
+                assert (r.json()["version"], r.json()["cache"]) == (version, "hit")
+                assert r.headers["X-Quarry-Collection-Version"] == str(version)
+                with client.stream("POST", answer, json={**ask, "stream": True},
+                                   headers={"Cache-Control": "no-cache"}) as streamed:
+                    assert {k: streamed.headers.get(k) for k in heads} == heads
+                    lines = [line for line in streamed.iter_lines() if line.startswith("data:")]
+                    first = json.loads(lines[0].removeprefix("data:"))
+                    assert (first["version"], first["rollout"]) == (version, role)
+                stub.replies.extend(Reply(pieces=["Bone density [1]."]) for _ in range(2))
+                r = client.post(chat, json=chat_body, headers={"Cache-Control": "no-cache"})
+                assert r.status_code == 200, r.text
+                assert (r.json()["quarry"]["version"], r.json()["quarry"]["rollout"]) == (version, role)
+                assert {k: r.headers.get(k) for k in heads} == heads
+                with client.stream("POST", chat, json={**chat_body, "stream": True},
+                                   headers={"Cache-Control": "no-cache"}) as streamed:
+                    assert {k: streamed.headers.get(k) for k in heads} == heads
+                    frames = [json.loads(line.removeprefix("data:")) for line in streamed.iter_lines()
+                              if line.startswith("data:") and "[DONE]" not in line]
+                    assert (frames[0]["quarry"]["version"], frames[0]["quarry"]["rollout"]) == (version, role)
+                r = client.post(f"/v1/collections/{name}/search", json={"query": ask["query"], "top_k": 2})
+                assert {k: r.headers.get(k) for k in heads} == heads
+        assert not stub.replies
+        rollout.abort(quarry.view, name, wait=True)  # the candidate dropped before the store closes
+        with TestClient(create_app(quarry)) as client:  # no rollout: the live version, no role
+            r = client.post(f"/v1/collections/{name}/search", json={"query": ask["query"], "top_k": 2})
+            assert r.headers["X-Quarry-Collection-Version"] == "1" and "X-Quarry-Rollout" not in r.headers
+        assert started.candidate == 2
+    finally:
+        current = quarry.docstore.get_rollout(name)
+        if current is not None and current.active:
+            rollout.abort(quarry.view, name)
+        quarry.drop_collection(name)
+        quarry.close()
+        stub.stop()
+
+
+def test_shadow_runs_reuse_the_served_vector_and_run_together(
+    gray: Quarry, filled: str, counting: CountingEmbedder, scifact_docs: list[SourceDocument],
+) -> None:
+    """Shadow mode at 100 %: every search runs again on the candidate (same model, same results), each query
+    embedded once (the shadow run reuses the served vector), the waiting runs run together."""
+    queries = [d.title for d in scifact_docs[:DOCS:3]][:48]  # 12 clients x 4 distinct titles
+    rollout.start(gray.view, filled, mode="shadow", step_samples=10**6, shadow_rate=1.0)
+    try:
+        texts = counting.texts
+        before = (rollout.describe(gray.view, filled) or {})["shadow"]  # the space's counts, every collection's
+        failures: list[BaseException] = []
+
+        def client(mine: list[str]) -> None:
+            for query in mine:
+                try:
+                    assert gray.search(filled, query, top_k=10).hits
+                except BaseException as exc:  # noqa: BLE001 - reported by the test
+                    failures.append(exc)
+
+        _run([threading.Thread(target=client, args=(queries[i::12],)) for i in range(12)])
+        assert not failures, failures[:3]
+        deadline = time.monotonic() + 30
+        while True:
+            now = (rollout.describe(gray.view, filled) or {})["shadow"]
+            run, skipped = now["run"] - before["run"], now["skipped"] - before["skipped"]
+            if run + skipped >= 48:
+                break
+            assert time.monotonic() < deadline, (run, skipped)
+            time.sleep(0.05)
+        assert counting.texts - texts == 48  # one vector per search, not two
+        window = (rollout.describe(gray.view, filled) or {})["window"]["candidate"]
+        assert window["queries"] == run >= 16  # in shadow mode its runs are the candidate's figures
+        assert window["overlap"] == 1.0 and window["p95_ms"] is not None  # the same model and index: the same top 10
+    finally:
+        rollout.abort(gray.view, filled)
+
+
+def test_the_answer_cache_stores_nothing_another_version_served() -> None:
+    """A step (or a swap) between the cache key and the search: the answer is served, not stored."""
+    import asyncio
+
+    import numpy as np
+
+    from generation.answer import Event
+    from generation.cache import CacheKey, MemoryCache, Question
+    from generation.cache_guard import terms
+    from quarry.services import answer_cache
+
+    vector = np.ones(4, dtype=np.float32) / 2.0
+    question = Question("what do bees make", vector, terms("what do bees make", "en"))
+
+    async def answered(plan: answer_cache.Plan, served: int) -> None:
+        async def events() -> Any:
+            yield Event("sources", {"sources": [], "version": served})
+            yield Event("done", {"answer": "Honey [1].", "degraded": []})
+
+        async for _ in answer_cache.recording(events(), plan, True):
+            pass
+
+    for served, stored in ((1, False), (2, True)):
+        cache = MemoryCache(0.9, 3600, 10)
+        key = CacheKey('{"version": 2}', "t:1:1")
+        asyncio.run(answered(answer_cache.Plan("miss", cache, key, question, version=2), served))
+        assert (cache.get(key, question).entry is not None) == stored

@@ -12,7 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from quarry import errors as e
 from quarry import metrics
 from quarry.api import shedding
-from quarry.api.deps import STORE_ERRORS, Service
+from quarry.api.deps import SERVED_HEADERS, STORE_ERRORS, Service, version_headers
 from quarry.api.errors import error_responses
 from quarry.api.models import SearchIn, SearchOut
 from quarry.service import Quarry
@@ -24,10 +24,10 @@ router = APIRouter()
 
 @router.post(
     "/v1/collections/{name}/search", tags=["search"], response_model=SearchOut,
-    responses=error_responses(
+    responses={**error_responses(
         e.InvalidQuery, e.InvalidFilter, e.InvalidRequest, e.CollectionNotFound, e.ModelMismatch,
         e.DimensionMismatch, *STORE_ERRORS, e.EmbeddingUnavailable, e.EmbeddingError, e.RerankError, body=True,
-    ),
+    ), 200: {"headers": SERVED_HEADERS}},
 )
 async def search(name: str, body: SearchIn, request: Request, q: Service) -> Response:
     """Hybrid (BM25 + dense, fused by rrf or weighted), BM25-only or dense-only search with filters and paging.
@@ -75,7 +75,9 @@ async def search(name: str, body: SearchIn, request: Request, q: Service) -> Res
         "rerank_reason": result.rerank_reason, "took_ms": (time.perf_counter() - started) * 1000,
         "timings_ms": result.timings_ms,
     }
-    return Response(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json")
+    served = version_headers({"version": result.version, "rollout": result.rollout})
+    return Response(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json",
+                    headers=served)
 
 
 def rerank_options_of(service: Quarry, body: SearchIn) -> RerankOptions | None:
