@@ -1,5 +1,8 @@
 """The query path: BM25 and dense recall, grouped by document, fused, optionally reranked.
 
+Over 500 lines by design: one query's steps, written once, and the three drivers that run them
+(blocking, awaited on the loop, several together for a shadow run) share the Searcher's state.
+
 Each channel fetches a fixed depth of chunks (``DEPTH_FACTOR × rank_window_size``), groups them
 by document and keeps ``rank_window_size`` hits (as Elasticsearch's RRF retriever does), so a page
 ``[offset, offset + top_k)`` is always a slice of one and the same fused list: joined pages equal
