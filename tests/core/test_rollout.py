@@ -382,12 +382,11 @@ def test_answers_and_chat_name_the_version_that_served_them(
 ) -> None:
     """A canary at 100 % then 0 %: ``/answer`` (JSON and SSE), chat (JSON and chunks) and ``/search`` name the
     candidate, then the live version (body and headers); the answer cache never replays across versions."""
-    from quarry.settings import LLMSettings
-    from tests.generation.stub import Reply, StubLLM
+    from tests.llama import llama_settings, require_llama
 
-    stub = StubLLM().start()
+    require_llama()
     settings = _settings(tmp_path, engine).model_copy(
-        update={"llm": LLMSettings(url=stub.url, structured="off", retry_after_s=0)})
+        update={"llm": llama_settings(structured="off", retry_after_s=0)})
     quarry = Quarry(settings, embedder=counting)
     name = f"gr{RUN}_{next(_names)}"
     quarry.create_collection(name, language="en")
@@ -403,7 +402,6 @@ def test_answers_and_chat_name_the_version_that_served_them(
                 current = quarry.docstore.get_rollout(name)
                 assert current is not None
                 assert quarry.docstore.put_rollout(replace(current, percent=percent, updated_at=time.time()))
-                stub.replies.extend(Reply(pieces=["Bone density [1]."]) for _ in range(2))
                 heads = {"X-Quarry-Collection-Version": str(version), "X-Quarry-Rollout": role}
                 r = client.post(answer, json=ask)  # a miss: the other version's stored answer is not served
                 assert r.status_code == 200, r.text
@@ -419,7 +417,6 @@ def test_answers_and_chat_name_the_version_that_served_them(
                     lines = [line for line in streamed.iter_lines() if line.startswith("data:")]
                     first = json.loads(lines[0].removeprefix("data:"))
                     assert (first["version"], first["rollout"]) == (version, role)
-                stub.replies.extend(Reply(pieces=["Bone density [1]."]) for _ in range(2))
                 r = client.post(chat, json=chat_body, headers={"Cache-Control": "no-cache"})
                 assert r.status_code == 200, r.text
                 assert (r.json()["quarry"]["version"], r.json()["quarry"]["rollout"]) == (version, role)
@@ -432,7 +429,6 @@ def test_answers_and_chat_name_the_version_that_served_them(
                     assert (frames[0]["quarry"]["version"], frames[0]["quarry"]["rollout"]) == (version, role)
                 r = client.post(f"/v1/collections/{name}/search", json={"query": ask["query"], "top_k": 2})
                 assert {k: r.headers.get(k) for k in heads} == heads
-        assert not stub.replies
         rollout.abort(quarry.view, name, wait=True)  # the candidate dropped before the store closes
         with TestClient(create_app(quarry)) as client:  # no rollout: the live version, no role
             r = client.post(f"/v1/collections/{name}/search", json={"query": ask["query"], "top_k": 2})
@@ -444,7 +440,6 @@ def test_answers_and_chat_name_the_version_that_served_them(
             rollout.abort(quarry.view, name)
         quarry.drop_collection(name)
         quarry.close()
-        stub.stop()
 
 
 def test_shadow_runs_reuse_the_served_vector_and_run_together(
