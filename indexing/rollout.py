@@ -16,7 +16,9 @@ The ramp (:attr:`Rollout.schedule`, e.g. 5 -> 25 -> 50 -> 100 %) advances one st
 each step is held until the candidate has served ``step_samples`` queries, then its gates
 (:func:`evaluate`) compare the candidate with the live version over the same window: latency
 p95/p99 ratios, error and degraded rates, sampled recall against exact search, top-10 overlap
-on shadowed queries. Nothing here reads a clock, a store or a database.
+on shadowed queries, and, where clients send feedback on what they were served, the thumbs-down
+share and the click-through rate (a one-sided two-proportion z-test, :func:`worse_share_p`).
+Nothing here reads a clock, a store or a database.
 """
 
 from __future__ import annotations
@@ -48,6 +50,15 @@ class Gates:
         min_latency_samples: Queries of each version before the latency ratios count.
         min_recall_samples: Recall samples of the candidate before the recall gate counts.
         min_overlap_samples: Shadowed pairs before the overlap gate counts.
+        max_down_delta: Candidate thumbs-down share of rated requests minus live's (absolute, 0..1);
+            fails only when the difference is also significant (``feedback_alpha``).
+        max_click_drop: Live click-through rate (requests with a click on a hit, of those served)
+            minus the candidate's (absolute, 0..1); fails only when significant too.
+        min_feedback_samples: Rated requests of each version (for clicks: clicked requests of both)
+            before a feedback gate counts. Fewer: the gate is *skipped*, not pending (clients may
+            send no feedback at all; it never holds the ramp).
+        feedback_alpha: Significance level of the one-sided two-proportion z-test a feedback gate
+            needs before it fails (a worse share by chance alone does not roll back).
     """
 
     max_p95_ratio: float = 2.0
@@ -60,6 +71,10 @@ class Gates:
     min_latency_samples: int = 20
     min_recall_samples: int = 5
     min_overlap_samples: int = 5
+    max_down_delta: float = 0.1
+    max_click_drop: float = 0.1
+    min_feedback_samples: int = 20
+    feedback_alpha: float = 0.05
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any] | None) -> Gates:
@@ -202,6 +217,9 @@ class Figures:
         latencies_ms: Each served query's latency, milliseconds.
         recall: Sampled recall@k values of its searches against exact search.
         overlap: Top-10 overlap of its shadowed answers with the other version's (0..1 each).
+        rated: Of the queries it served, those a client rated (thumbs up or down).
+        down: Of those, rated down.
+        clicked: Of the queries it served, those with a client's click on one of their hits.
     """
 
     queries: int = 0
@@ -210,12 +228,16 @@ class Figures:
     latencies_ms: list[float] = field(default_factory=list)
     recall: list[float] = field(default_factory=list)
     overlap: list[float] = field(default_factory=list)
+    rated: int = 0
+    down: int = 0
+    clicked: int = 0
 
     def summary(self) -> dict[str, Any]:
         """The figures as JSON; a figure without data is ``None``.
 
         Keys: ``queries``, ``error_rate``, ``degraded_rate``, ``p95_ms``, ``p99_ms``, ``recall``,
-        ``recall_samples``, ``overlap``, ``overlap_samples``.
+        ``recall_samples``, ``overlap``, ``overlap_samples``, ``rated``, ``down_rate`` (of the rated),
+        ``clicked``, ``click_rate`` (of the served).
         """
         return {
             "queries": self.queries,
@@ -224,6 +246,8 @@ class Figures:
             "p95_ms": percentile(self.latencies_ms, 95), "p99_ms": percentile(self.latencies_ms, 99),
             "recall": _mean(self.recall), "recall_samples": len(self.recall),
             "overlap": _mean(self.overlap), "overlap_samples": len(self.overlap),
+            "rated": self.rated, "down_rate": self.down / self.rated if self.rated else None,
+            "clicked": self.clicked, "click_rate": self.clicked / self.queries if self.queries else None,
         }
 
 
@@ -244,7 +268,9 @@ def _mean(values: Sequence[float]) -> float | None:
 class Decision:
     """A gate evaluation: passed or not, which gates failed and why, the figures it read.
 
-    ``pending`` names the gates that had too few samples to count (they neither pass nor fail).
+    ``pending`` names the gates that had too few samples to count (they neither pass nor fail,
+    and hold an ``auto`` ramp); ``skipped``, the feedback gates without enough feedback (they hold
+    nothing: clients may send none).
     """
 
     passed: bool
@@ -252,6 +278,24 @@ class Decision:
     pending: tuple[str, ...]
     reasons: tuple[str, ...]
     figures: dict[str, Any]
+    skipped: tuple[str, ...] = ()
+
+
+def worse_share_p(bad: int, n: int, base_bad: int, base_n: int) -> float:
+    """One-sided p-value that the share ``bad / n`` exceeds ``base_bad / base_n`` by more than chance.
+
+    The pooled two-proportion z-test (e.g. Agresti, *Categorical Data Analysis*, 3rd ed., 3.1.3):
+    ``z = (p1 - p2) / sqrt(p (1 - p) (1/n + 1/base_n))`` with ``p`` the pooled share; the p-value
+    is ``P(Z >= z)``. ``1.0`` when either count is 0 or both shares are 0 or 1 (nothing to tell).
+    """
+    if n <= 0 or base_n <= 0:
+        return 1.0
+    pooled = (bad + base_bad) / (n + base_n)
+    spread = math.sqrt(pooled * (1.0 - pooled) * (1.0 / n + 1.0 / base_n))
+    if spread == 0.0:
+        return 1.0
+    z = (bad / n - base_bad / base_n) / spread
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
 def evaluate(candidate: Figures, live: Figures, gates: Gates) -> Decision:  # noqa: C901 - one check per gate
@@ -259,12 +303,15 @@ def evaluate(candidate: Figures, live: Figures, gates: Gates) -> Decision:  # no
 
     Returns:
         A :class:`Decision`: ``passed`` when no gate failed (pending gates do not fail it);
-        ``figures`` is ``{"candidate": summary, "live": summary, "gates": bounds}``.
+        ``figures`` is ``{"candidate": summary, "live": summary, "gates": bounds}`` (and, when a
+        feedback gate counted, ``"feedback": {"down_p", "click_p"}``, its z-test's p-values).
     """
     c, lv = candidate.summary(), live.summary()
     failed: list[str] = []
     pending: list[str] = []
     reasons: list[str] = []
+    skipped: list[str] = []
+    tests: dict[str, float] = {}
 
     def bound(name: str, ok: bool, why: str) -> None:
         if not ok:
@@ -303,8 +350,27 @@ def evaluate(candidate: Figures, live: Figures, gates: Gates) -> Decision:  # no
     else:
         ov = c["overlap"]
         bound("overlap", ov >= gates.min_overlap, f"top-10 overlap with live {ov:.3f} (min {gates.min_overlap:g})")
-    return Decision(not failed, tuple(failed), tuple(pending), tuple(reasons),
-                    {"candidate": c, "live": lv, "gates": asdict(gates)})
+    if min(candidate.rated, live.rated) < gates.min_feedback_samples:
+        skipped.append("down_rate")
+    else:
+        p = tests["down_p"] = worse_share_p(candidate.down, candidate.rated, live.down, live.rated)
+        delta = c["down_rate"] - lv["down_rate"]
+        bound("down_rate", delta <= gates.max_down_delta or p >= gates.feedback_alpha,
+              f"thumbs-down share {c['down_rate']:.3f} of {candidate.rated} rated vs live {lv['down_rate']:.3f} "
+              f"of {live.rated} (max +{gates.max_down_delta:g}; one-sided p {p:.3g} < {gates.feedback_alpha:g})")
+    if not enough or candidate.clicked + live.clicked < gates.min_feedback_samples:
+        skipped.append("click_rate")
+    else:  # the share of served queries *without* a click, worse when higher
+        p = tests["click_p"] = worse_share_p(candidate.queries - candidate.clicked, candidate.queries,
+                                             live.queries - live.clicked, live.queries)
+        drop = lv["click_rate"] - c["click_rate"]
+        bound("click_rate", drop <= gates.max_click_drop or p >= gates.feedback_alpha,
+              f"click-through {c['click_rate']:.3f} of {candidate.queries} served vs live {lv['click_rate']:.3f} "
+              f"of {live.queries} (max -{gates.max_click_drop:g}; one-sided p {p:.3g} < {gates.feedback_alpha:g})")
+    figures: dict[str, Any] = {"candidate": c, "live": lv, "gates": asdict(gates)}
+    if tests:
+        figures["feedback"] = tests
+    return Decision(not failed, tuple(failed), tuple(pending), tuple(reasons), figures, tuple(skipped))
 
 
 def overlap(a: Sequence[str], b: Sequence[str], k: int = 10) -> float:

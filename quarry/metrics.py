@@ -71,6 +71,10 @@ CHAT_REWRITES = Counter(
     "quarry_chat_rewrites_total", "Chat follow-ups rewritten before retrieval, by method and outcome",
     ["method", "outcome"],
 )
+FEEDBACK = Counter(
+    "quarry_feedback_total", "Client feedback on served requests (POST .../feedback), by signal and the serving "
+    "version's role in a gray release (none: no rollout)", ["tenant", "collection", "signal", "role"],
+)
 SHED = Counter("quarry_shed_total", "Requests shed under load, by the key's priority", ["priority"])
 AUTH_FAILURES = Counter("quarry_auth_failures_total", "Requests refused by authentication or authorisation", ["reason"])
 SLA = Gauge("quarry_sla_seconds", "Latency objective of a route (QUARRY_METRICS__*_SLA_S)", ["route"])

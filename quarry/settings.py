@@ -569,6 +569,11 @@ class MonitorSettings(BaseModel):
             threshold). SciFact's own queries: 0.09; CMRC's Chinese ones on it: 0.89.
         drift_oov_max: Rise of the mean out-of-vocabulary term share above which it counts
             (SciFact: -0.002; CMRC on SciFact: +0.81).
+        feedback_requests: Served searches and answers kept per tenant space, the newest, so that
+            ``POST /v1/collections/{name}/feedback`` can tie a thumbs or a click to the version that
+            served the request id (:mod:`quarry.services.feedback`; in this process, ~0.7 kB each);
+            0 turns feedback off.
+        feedback_ttl_s: Seconds after serving within which a request may still be rated.
     """
 
     sample_rate: float = Field(0.01, ge=0, le=1)
@@ -587,6 +592,8 @@ class MonitorSettings(BaseModel):
     drift_min_queries: int = Field(100, ge=1)
     drift_centroid_max: float = Field(0.3, gt=0, allow_inf_nan=False)
     drift_oov_max: float = Field(0.2, gt=0, le=1)
+    feedback_requests: int = Field(20_000, ge=0, le=1_000_000)
+    feedback_ttl_s: float = Field(3600.0, gt=0, le=7 * 86400.0, allow_inf_nan=False)
 
 
 class AuthSettings(BaseModel):

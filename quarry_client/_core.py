@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -220,16 +221,29 @@ def get_document(name: str, document_id: str) -> Call[Document]:
 
 
 def search(name: str, query: str, **options: Any) -> Call[SearchResult]:
-    """``POST /v1/collections/{name}/search`` (``top_k``, ``mode``, ``filters``, ``offset``, ``rerank``, ...)."""
-    return Call("POST", f"/v1/collections/{seg(name)}/search", SearchResult.model_validate,
-                json=_drop_none({"query": query, **options}))
+    """``POST /v1/collections/{name}/search`` (``top_k``, ``mode``, ``filters``, ``offset``, ``rerank``, ...).
+
+    Sent with an ``X-Request-ID`` of its own (a retry sends the same), kept as the result's ``request_id``.
+    """
+    rid = uuid.uuid4().hex
+    return Call("POST", f"/v1/collections/{seg(name)}/search",
+                lambda b: SearchResult.model_validate({**b, "request_id": rid}),
+                json=_drop_none({"query": query, **options}), headers={"X-Request-ID": rid})
 
 
 def answer(name: str, query: str, stream: bool, **options: Any) -> Call[Answer]:
-    """``POST /v1/collections/{name}/answer`` (``stream``: Server-Sent Events)."""
-    headers = {"Accept": "text/event-stream"} if stream else {}
-    return Call("POST", f"/v1/collections/{seg(name)}/answer", Answer.model_validate,
+    """``POST /v1/collections/{name}/answer`` (``stream``: Server-Sent Events), with its own ``X-Request-ID``."""
+    rid = uuid.uuid4().hex
+    headers = {"Accept": "text/event-stream", "X-Request-ID": rid} if stream else {"X-Request-ID": rid}
+    return Call("POST", f"/v1/collections/{seg(name)}/answer",
+                lambda b: Answer.model_validate({**b, "request_id": rid}),
                 json=_drop_none({"query": query, "stream": stream, **options}), headers=headers)
+
+
+def feedback(name: str, request_id: str, rating: str | None, clicked: list[str] | None) -> Call[dict[str, Any]]:
+    """``POST /v1/collections/{name}/feedback``: a thumbs (``up``/``down``) or clicked hits of a served request."""
+    return Call("POST", f"/v1/collections/{seg(name)}/feedback", dict,
+                json=_drop_none({"request_id": request_id, "rating": rating, "clicked": clicked}))
 
 
 def submit_path(name: str, path: str, on_error: str | None, prune: bool) -> Call[Job]:

@@ -175,6 +175,19 @@ class AsyncQuarry:
         finally:
             await resp.aclose()
 
+    async def feedback(self, name: str, request_id: str, *, rating: str | None = None,
+                 clicked: list[str] | None = None) -> dict[str, Any]:
+        """Rate a search or answer this key was served (``rating`` ``up``/``down``), or name the hits clicked.
+
+        ``request_id``: the result's ``request_id``. Returns the request's feedback as recorded
+        (``version``, ``rollout``: the version that served it). Sending it again changes nothing.
+
+        Raises:
+            NotFound: The request is unknown to the server, expired, or another key's.
+            InvalidRequest: Neither a rating nor a click, or a click on a document it did not return.
+        """
+        return await self._run(_core.feedback(name, request_id, rating, clicked))
+
     # --- jobs --------------------------------------------------------------------------------
     async def submit_job(self, name: str, *, path: str | None = None,
                          documents: Iterable[Mapping[str, Any]] | None = None, on_error: str | None = None,

@@ -63,6 +63,9 @@ class SearchResult(_Model):
     rerank_reason: str | None = None
     took_ms: float = 0.0
     timings_ms: dict[str, float | None] = Field(default_factory=dict)
+    version: int | None = None  # the collection version that served it
+    rollout: str | None = None  # under a gray release: "candidate" or "live"
+    request_id: str | None = Field(None, description="The X-Request-ID it was sent with (for feedback).")
 
 
 class DocumentSummary(_Model):
@@ -156,3 +159,4 @@ class Answer(_Model):
     degraded: list[str] = Field(default_factory=list)
     version: int | None = None  # the collection version that served it
     rollout: str | None = None  # under a gray release: "candidate" or "live"
+    request_id: str | None = Field(None, description="The X-Request-ID it was sent with (for feedback).")

@@ -94,6 +94,8 @@ POLICY: dict[tuple[str, str], str | tuple[str, ...] | None] = {
     ("POST", "/v1/collections/{name}/jobs"): "write",
     ("POST", "/v1/collections/{name}/search"): "read",
     ("POST", "/v1/collections/{name}/answer"): "read",
+    # a thumbs or a click on a request the same key was served (quarry.services.feedback checks the key)
+    ("POST", "/v1/collections/{name}/feedback"): "read",
     ("POST", "/v1/chat/completions"): "read",
     # quarry eval's run folders on the server's disk (QUARRY_EVAL__REPORTS_DIR): the operator's, of every tenant
     ("GET", "/v1/reports"): "admin",

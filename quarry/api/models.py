@@ -245,6 +245,11 @@ class SearchOut(BaseModel):
     rerank_reason: str | None = None
     took_ms: float
     timings_ms: TimingsOut
+    version: int | None = Field(None, description="The collection version that served it (as the header "
+                                "X-Quarry-Collection-Version).")
+    rollout: Literal["candidate", "live"] | None = Field(
+        None, description="While a gray release routes the collection: the serving version's role "
+        "(as X-Quarry-Rollout).")
 
 
 class DocumentChunkOut(BaseModel):

@@ -15,7 +15,7 @@ from embedding.base import Embeddings
 from indexing.collections import CollectionConfig, FusionConfig
 from indexing.docstore import CollectionVersion, off_loop
 from quarry.errors import CollectionNotFound, EmbeddingError, QuarryError, StoreError
-from quarry.services import rollout, versions
+from quarry.services import feedback, rollout, versions
 from quarry.services.recall_check import RecallCheck
 from quarry.services.recall_check import check_recall as monitoring_check
 from quarry.services.rollout import Route
@@ -64,16 +64,18 @@ def _search_target(
     return cfg, flt, dense, version, chosen
 
 
-def _served(result: SearchResult, version: CollectionVersion, chosen: Route | None) -> SearchResult:
-    """``result`` stamped with the collection version that served it.
+def _served(v: View, name: str, result: SearchResult, version: CollectionVersion, chosen: Route | None) -> SearchResult:
+    """``result`` in the caller's names, stamped with the collection version that served it, kept for feedback.
 
     ``rollout``: that version's role while a gray release routes the search (``candidate`` or
     ``live``; a search the candidate failed and the live version served again is ``live``),
-    ``None`` without one.
+    ``None`` without one. The request's id is noted with it (:func:`quarry.services.feedback.note`).
     """
     result.version = version.version
     if chosen is not None:
         result.rollout = "candidate" if version.version == chosen.rollout.candidate else "live"
+    result = v.ns.result(name, result)
+    feedback.note(v, name, result, chosen)
     return result
 
 
@@ -133,11 +135,11 @@ def search(  # noqa: PLR0913 - mirrors the request body
                 dense_timeout_s=dense_timeout_s, fusion=fusion, min_score=min_score, target=dense,
                 within=v.ns.bm25_within(),
             )
-            return v.ns.result(name, _served(result, version, chosen))
+            return _served(v, name, result, version, chosen)
     if chosen is not None:  # a gray release counts it
         asked = rollout.Asked(cfg, query, top_k, mode, flt, fusion, v.ns.bm25_within(), result.embedded)
         rollout.observe(v, name, chosen, time.perf_counter() - started, result, asked)
-    return v.ns.result(name, _served(result, version, chosen))
+    return _served(v, name, result, version, chosen)
 
 
 async def search_async(  # noqa: PLR0913 - mirrors the request body
@@ -174,11 +176,11 @@ async def search_async(  # noqa: PLR0913 - mirrors the request body
                 cfg, query, top_k=top_k, mode=mode, flt=flt, offset=offset, group=group, rerank=rerank,
                 fusion=fusion, min_score=min_score, target=dense, within=v.ns.bm25_within(), embedded=embedded,
             )
-            return v.ns.result(name, _served(result, version, chosen))
+            return _served(v, name, result, version, chosen)
     if chosen is not None:  # a gray release counts it
         asked = rollout.Asked(cfg, query, top_k, mode, flt, fusion, v.ns.bm25_within(), result.embedded)
         rollout.observe(v, name, chosen, time.perf_counter() - started, result, asked)
-    return v.ns.result(name, _served(result, version, chosen))
+    return _served(v, name, result, version, chosen)
 
 
 def recall(v: View, name: str) -> dict[str, Any]:

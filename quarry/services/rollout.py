@@ -20,6 +20,8 @@ module runs it over the state of record, the store and the searcher:
   (recall per version from the recall monitor); a failing gate aborts the rollout;
 * :func:`step`, :func:`promote`, :func:`abort` move it by hand; each decision is appended to
   the rollout's ``decisions`` (with its figures) and to the audit log;
+* :func:`count_feedback` counts a client's thumbs or click (:mod:`quarry.services.feedback`) on
+  a request of the step in its version's window, for the feedback gates;
 * :func:`snapshot` copies the record, the step's figures and the shadowed pairs (each shadowed
   query's latency, hits and degraded flag on both versions, the newest :data:`PAIRS_KEPT`) for
   the A/B report (:mod:`quarry.services.rollout_report`).
@@ -102,6 +104,8 @@ class _Window:
     next_eval: int = 0
     evaluating: bool = False
     passed: bool = False
+    feedback: int = 0  # feedback requests counted in the window
+    next_feedback: int = 0  # ... at which the gates are evaluated again (a step held already)
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,6 +436,42 @@ def _keep(tracker: _Tracker, name: str, pair: Pair) -> None:
     kept.append(pair)
 
 
+FEEDBACK_EVAL_EVERY = 10  # once a step is held: feedback requests between two gate evaluations they start
+
+
+def count_feedback(  # noqa: PLR0913 - one feedback's changes
+    v: View, name: str, step_started_at: float, candidate: bool, rated: int, down: int, clicked: int,
+) -> None:
+    """Count a client's feedback on a request the step ``step_started_at`` served, in that step's window.
+
+    ``rated``, ``down``, ``clicked``: the changes of the version's counts (-1, 0 or +1 each: a
+    request rated again, down then up, moves ``down`` by -1). Feedback on a request of an earlier
+    step (or another process's window) is not counted. Once the step is held (its sample count
+    served), every :data:`FEEDBACK_EVAL_EVERY` feedback requests evaluate the gates again, in a
+    background thread, as a search does: feedback often comes after the searches.
+    """
+    tracker = _tracker(v.space)
+    rollout = v.docstore.get_rollout(name)
+    due = False
+    with tracker.lock:
+        window = tracker.windows.get(name)
+        if window is None or window.started != step_started_at:
+            return
+        figures = window.candidate if candidate else window.live
+        figures.rated += rated
+        figures.down += down
+        figures.clicked += clicked
+        window.feedback += 1
+        held = (rollout is not None and rollout.state == "canary" and rollout.step_started_at == step_started_at
+                and window.candidate.queries >= rollout.step_samples)
+        if held and window.feedback >= window.next_feedback and not window.evaluating:
+            window.evaluating, due = True, True
+            window.next_feedback = window.feedback + FEEDBACK_EVAL_EVERY
+    if due and rollout is not None:
+        threading.Thread(target=_gate, args=(v, name, rollout, window), name=f"rollout-gate-{name}",
+                         daemon=True).start()
+
+
 def _gate(v: View, name: str, seen: Rollout, window: _Window) -> None:
     """Evaluate the step's gates (a background thread); abort on a failure, advance when ``auto``."""
     tracker = _tracker(v.space)
@@ -448,7 +488,8 @@ def _gate(v: View, name: str, seen: Rollout, window: _Window) -> None:
         if window.passed and not rollout.auto:
             return  # said once per step; the gates keep being checked
         record = _decision("gate", rollout, None, decision, "no gate failed" + (
-            f" ({', '.join(decision.pending)} without enough samples yet)" if decision.pending else ""))
+            f" ({', '.join(decision.pending)} without enough samples yet)" if decision.pending else "") + (
+            f" ({', '.join(decision.skipped)} skipped: too little feedback)" if decision.skipped else ""))
         fresh = replace(rollout, decisions=(*rollout.decisions, record), updated_at=time.time())
         if not window.passed and v.docstore.put_rollout(fresh, expect=rollout):
             _audit(v, "rollout.gate", name, None, record)
@@ -720,7 +761,7 @@ def _decision(
                            "percent": rollout.percent, "reason": reason}
     if decision is not None:
         out.update(passed=decision.passed, failed=list(decision.failed), pending=list(decision.pending),
-                   figures=decision.figures)
+                   skipped=list(decision.skipped), figures=decision.figures)
     return out
 
 

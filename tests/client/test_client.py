@@ -123,6 +123,32 @@ def test_async_search_and_upsert(live: tuple[str, dict[str, str]]) -> None:
     assert asyncio.run(run()) == ("d2", 3)
 
 
+def test_feedback_rates_a_search_by_its_request_id_for_the_key_that_was_served(
+    live: tuple[str, dict[str, str]],
+) -> None:
+    url, keys = live
+    with Quarry(url, keys["reader"]) as reader, Quarry(url, keys["admin"]) as admin:
+        result = reader.search("notes", "moon tides", top_k=2)
+        assert result.request_id and result.version == 1 and result.rollout is None
+        first = result.hits[0].document_id
+        given = reader.feedback("notes", result.request_id, rating="down", clicked=[first])
+        assert given == {"request_id": result.request_id, "collection": "notes", "version": 1, "rollout": None,
+                         "rating": "down", "clicked": [first]}
+        assert reader.feedback("notes", result.request_id, rating="down", clicked=[first]) == given  # idempotent
+        with pytest.raises(errors.NotFound):  # another key of the same tenant may not rate it
+            admin.feedback("notes", result.request_id, rating="up")
+        with pytest.raises(errors.InvalidRequest):
+            reader.feedback("notes", result.request_id, clicked=["d-not-returned"])
+
+    async def rate() -> dict[str, Any]:
+        async with AsyncQuarry(url, keys["admin"]) as q:
+            found = await q.search("notes", "harbour ferries", top_k=1)
+            assert found.request_id is not None
+            return await q.feedback("notes", found.request_id, rating="up")
+
+    assert asyncio.run(rate())["rating"] == "up"
+
+
 def test_an_answer_streams_its_events(live: tuple[str, dict[str, str]]) -> None:
     url, keys = live
     with Quarry(url, keys["admin"]) as q:

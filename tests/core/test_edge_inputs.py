@@ -72,6 +72,9 @@ EXAMPLES: dict[tuple[str, str], tuple[dict[str, str], dict[str, str], Any]] = {
     ("POST", "/v1/collections/{name}/rollout/promote"): ({"name": "gone"}, {}, None),
     ("POST", "/v1/collections/{name}/rollout/abort"): ({"name": "gone"}, {}, None),
     ("GET", "/v1/collections/{name}/rollout/report"): ({"name": NAME}, {"format": "json"}, None),
+    ("POST", "/v1/collections/{name}/feedback"): (
+        {"name": NAME}, {}, {"request_id": "r-1", "rating": "down", "clicked": [DOC]},
+    ),
     ("GET", "/v1/jobs"): ({}, {"limit": "10"}, None),
     ("GET", "/v1/audit"): ({}, {"limit": "10", "cursor": "1"}, None),
     ("GET", "/v1/jobs/{job_id}"): ({"job_id": "0" * 32}, {}, None),

@@ -73,7 +73,7 @@ async def search(name: str, body: SearchIn, request: Request, q: Service) -> Res
         "hits": result.hits, "total": result.total, "mode": result.mode, "offset": body.offset,
         "top_k": body.top_k, "degraded": result.degraded, "reranked": result.reranked,
         "rerank_reason": result.rerank_reason, "took_ms": (time.perf_counter() - started) * 1000,
-        "timings_ms": result.timings_ms,
+        "timings_ms": result.timings_ms, "version": result.version, "rollout": result.rollout,
     }
     served = version_headers({"version": result.version, "rollout": result.rollout})
     return Response(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY), media_type="application/json",

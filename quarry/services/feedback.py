@@ -1,0 +1,187 @@
+"""Feedback on served requests: a thumbs up or down, or a click on a hit, tied to the request id.
+
+Each search (and so each answer and chat completion, whose retrieval is one) that a request with
+an id serves is noted by :func:`note` under ``(tenant, collection, request id)``: the version that
+served it, its role in a gray release (``candidate``/``live``, ``None`` without one), the rollout's
+step, the API key id that asked, and the first :data:`HITS_KEPT` hits' document ids (8-byte
+BLAKE2b digests: ~0.7 kB an entry with 10 hits, ~13 MB for 20,000). The request id is the request's
+``X-Request-ID`` (the client's when it is a safe token, else the server's, echoed in the reply:
+:mod:`quarry.api.observe`). The newest ``QUARRY_MONITOR__FEEDBACK_REQUESTS`` of a tenant space
+are kept, each for ``QUARRY_MONITOR__FEEDBACK_TTL_S``, in this process (as the rollout's figures
+are: feedback reaches the replica that served the request, e.g. by session affinity).
+
+:func:`give` records a client's feedback on one of them: at most one rating per request (the
+last one sent counts) and the set of hits clicked (a click sent twice counts once), so a retried
+``POST`` changes nothing. It is counted in ``quarry_feedback_total{tenant,collection,signal,role}``
+and, while the rollout's step that served the request lasts, in its window
+(:func:`quarry.services.rollout.count_feedback`), where the feedback gates read it
+(:func:`indexing.rollout.evaluate`: thumbs-down share and click-through rate, candidate vs live).
+
+Only the key that asked may rate a request (another key's, another tenant's, an unknown or an
+expired id are alike: ``NotFound``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from quarry.errors import CollectionNotFound, InvalidRequest, NotFound, clip
+from quarry.logs import REQUEST_ID
+from quarry.metrics import FEEDBACK
+from quarry.services import rollout
+from quarry.services.view import TenantSpace, View
+from retrieval.results import SearchResult
+
+Rating = Literal["up", "down"]
+MAX_CLICKS = 100  # document ids in one feedback request
+HITS_KEPT = 100  # a request's first hits a click may name
+_DIGEST = 8
+
+
+def _digest(document_id: str) -> bytes:
+    return hashlib.blake2b(document_id.encode("utf-8", "surrogatepass"), digest_size=_DIGEST).digest()
+
+
+@dataclass(slots=True)
+class Served:
+    """One served request as feedback finds it.
+
+    Attributes:
+        version: The collection version that served it.
+        role: ``candidate`` or ``live`` while a rollout routed it, else ``None``.
+        step_started_at: The rollout step's start (Unix seconds) it was served in (``None``: no rollout).
+        key_id: The API key id that asked (``None``: no key).
+        hits: The first :data:`HITS_KEPT` document ids it returned, as :func:`_digest` bytes, concatenated.
+        at: When it was served (``time.monotonic()`` seconds).
+        rating: The client's rating so far.
+        clicks: The hits the client clicked so far.
+    """
+
+    version: int
+    role: str | None
+    step_started_at: float | None
+    key_id: str | None
+    hits: bytes
+    at: float
+    rating: Rating | None = None
+    clicks: set[str] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class _Ledger:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    served: OrderedDict[tuple[str, str, str], Served] = field(default_factory=OrderedDict)
+
+
+_LEDGERS: weakref.WeakKeyDictionary[TenantSpace, _Ledger] = weakref.WeakKeyDictionary()
+_LEDGERS_LOCK = threading.Lock()
+
+
+def _ledger(space: TenantSpace) -> _Ledger:
+    found = _LEDGERS.get(space)
+    if found is None:
+        with _LEDGERS_LOCK:
+            found = _LEDGERS.setdefault(space, _Ledger())
+    return found
+
+
+def note(v: View, name: str, result: SearchResult, chosen: rollout.Route | None) -> None:
+    """Keep ``result`` (served for the current request) for feedback on its request id.
+
+    A request without an id (the CLI, a background job) is not kept; a second search of the
+    same collection under the same id replaces the first. Entries past their time to live are
+    dropped from the oldest end. O(1) amortised under the ledger's lock (~7 us with 10 hits, measured).
+    """
+    settings = v.settings.monitor
+    kept, rid = settings.feedback_requests, REQUEST_ID.get()
+    if kept <= 0 or rid == "-" or result.version is None:
+        return
+    step_at = chosen.rollout.step_started_at if chosen is not None else None
+    now = time.monotonic()
+    hits = b"".join(_digest(h.document_id) for h in result.hits[:HITS_KEPT])
+    entry = Served(result.version, result.rollout, step_at, rollout.ROUTE_KEY.get(), hits, now)
+    ledger = _ledger(v.space)
+    key = (v.tenant_id, name, rid)
+    with ledger.lock:
+        served = ledger.served
+        served.pop(key, None)
+        served[key] = entry
+        while len(served) > kept or now - next(iter(served.values())).at > settings.feedback_ttl_s:
+            served.popitem(last=False)
+
+
+def give(
+    v: View, name: str, request_id: str, *, rating: Rating | None = None, clicked: list[str] | None = None,
+) -> dict[str, Any]:
+    """Record a client's feedback on the request ``request_id`` served from collection ``name``.
+
+    Args:
+        v: The caller's view.
+        name: The collection the request searched.
+        request_id: The request's ``X-Request-ID``.
+        rating: ``up`` or ``down`` (replaces an earlier rating of the same request), or ``None``.
+        clicked: Document ids of its hits the client clicked (at most :data:`MAX_CLICKS`).
+
+    Returns:
+        ``{"request_id", "collection", "version", "rollout", "rating", "clicked"}``: the request's
+        feedback as now recorded (``clicked`` sorted), its serving version and role.
+
+    Raises:
+        CollectionNotFound: No such collection.
+        InvalidRequest: Neither a rating nor a click; too many clicks; a clicked id that is not
+            one of the request's hits; feedback turned off.
+        NotFound: No request of that id of this collection is known to this process for the
+            caller (unknown, expired, evicted, or another key's or tenant's).
+    """
+    clicks = list(dict.fromkeys(clicked or ()))
+    if rating is None and not clicks:
+        raise InvalidRequest("feedback needs a rating ('up' or 'down') or at least one clicked document id")
+    if len(clicks) > MAX_CLICKS:
+        raise InvalidRequest(f"at most {MAX_CLICKS} clicked document ids per request, got {len(clicks)}")
+    if v.docstore.collection_config(name) is None:
+        raise CollectionNotFound(name)
+    settings = v.settings.monitor
+    if settings.feedback_requests <= 0:
+        raise InvalidRequest("feedback is off on this server (QUARRY_MONITOR__FEEDBACK_REQUESTS=0)")
+    ledger = _ledger(v.space)
+    key = (v.tenant_id, name, request_id)
+    with ledger.lock:
+        entry = ledger.served.get(key)
+        if entry is not None and time.monotonic() - entry.at > settings.feedback_ttl_s:
+            del ledger.served[key]
+            entry = None
+        if entry is None or entry.key_id != rollout.ROUTE_KEY.get():
+            raise NotFound(
+                f"no request {clip(request_id)} of collection {clip(name)} is known here: feedback names the "
+                f"X-Request-ID of a search or answer this server served to the same key within "
+                f"{settings.feedback_ttl_s:g} s (QUARRY_MONITOR__FEEDBACK_TTL_S)")
+        returned = {entry.hits[i:i + _DIGEST] for i in range(0, len(entry.hits), _DIGEST)}
+        unknown = [d for d in clicks if _digest(d) not in returned]
+        if unknown:
+            raise InvalidRequest(f"clicked document {clip(unknown[0])} is not one of the first {len(returned)} hits "
+                                 f"request {clip(request_id)} returned (clicks count on the first {HITS_KEPT})")
+        was_rated, was_down, was_clicked = entry.rating is not None, entry.rating == "down", bool(entry.clicks)
+        new_rating = rating is not None and rating != entry.rating
+        new_clicks = [d for d in clicks if d not in entry.clicks]
+        if rating is not None:
+            entry.rating = rating
+        entry.clicks.update(new_clicks)
+        out = {"request_id": request_id, "collection": name, "version": entry.version, "rollout": entry.role,
+               "rating": entry.rating, "clicked": sorted(entry.clicks)}
+        delta = ((entry.rating is not None) - was_rated, (entry.rating == "down") - was_down,
+                 bool(entry.clicks) - was_clicked)
+        role, step_at = entry.role, entry.step_started_at
+    tenant, role_label = v.tenant_id, role or "none"
+    if new_rating and rating is not None:
+        FEEDBACK.labels(tenant, name, rating, role_label).inc()
+    if new_clicks:
+        FEEDBACK.labels(tenant, name, "click", role_label).inc(len(new_clicks))
+    if role is not None and step_at is not None and any(delta):
+        rollout.count_feedback(v, name, step_at, role == "candidate", *delta)
+    return out

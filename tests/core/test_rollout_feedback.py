@@ -1,0 +1,141 @@
+"""Answer feedback (``POST /v1/collections/{name}/feedback``) and the feedback gates of a gray release.
+
+A canary whose users rate its answers down is rolled back by the ``down_rate`` gate once each
+version has ``min_feedback_samples`` rated requests, the decision and its figures in the audit log
+and in ``describe``; feedback is tied to the request id and the key that was served, idempotent,
+and refused with a typed 4xx when it names nothing served. Real engines (Milvus Lite with the
+SQLite state, pgvector with the PostgreSQL state) through the REST app; the gates' statistics
+are checked by hand-worked figures.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import REGISTRY
+
+from indexing.rollout import Figures, Gates, evaluate, worse_share_p
+from quarry.api import create_app
+from quarry.service import Quarry
+from quarry.services import rollout
+from tests.core.test_rollout import engine, filled, gray  # noqa: F401 - the gray-release fixtures (both engines)
+
+
+# --- the gates' statistics ---------------------------------------------------------------------
+def test_worse_share_p_is_the_one_sided_two_proportion_z_test() -> None:
+    # 30/60 vs 10/60: pooled 1/3, z = (0.5 - 1/6) / sqrt(1/3 * 2/3 * 2/60) = 3.873 -> p = 5.4e-5
+    assert worse_share_p(30, 60, 10, 60) == pytest.approx(5.38e-5, rel=0.01)
+    # 12/60 vs 10/60: z = 0.471 -> p = 0.319 (chance)
+    assert worse_share_p(12, 60, 10, 60) == pytest.approx(0.319, abs=0.001)
+    assert worse_share_p(10, 60, 30, 60) > 0.99  # better, not worse
+    assert worse_share_p(0, 0, 5, 10) == 1.0 and worse_share_p(0, 10, 0, 10) == 1.0
+
+
+def _fig(queries: int, rated: int, down: int, clicked: int = 0) -> Figures:
+    return Figures(queries=queries, latencies_ms=[5.0] * queries, rated=rated, down=down, clicked=clicked)
+
+
+def test_the_down_rate_gate_fails_only_on_a_significant_rise_and_skips_without_feedback() -> None:
+    gates = Gates(min_feedback_samples=20)
+    bad = evaluate(_fig(100, 40, 20), _fig(100, 40, 4), gates)  # 0.50 vs 0.10: +0.40, p ~ 5e-5
+    assert not bad.passed and bad.failed == ("down_rate",) and "thumbs-down share 0.500" in bad.reasons[0]
+    assert bad.figures["feedback"]["down_p"] < 1e-3
+    noisy = evaluate(_fig(100, 20, 5), _fig(100, 20, 2), gates)  # 0.25 vs 0.10: +0.15 but p = 0.11
+    assert noisy.passed and "down_rate" not in noisy.failed and noisy.figures["feedback"]["down_p"] > 0.05
+    few = evaluate(_fig(100, 19, 19), _fig(100, 40, 0), gates)  # 19 rated: the gate is skipped, holds nothing
+    assert few.passed and "down_rate" in few.skipped and "down_rate" not in few.pending
+
+
+def test_the_click_gate_reads_click_through_of_served_queries() -> None:
+    gates = Gates(min_feedback_samples=20)
+    dropped = evaluate(_fig(200, 0, 0, clicked=20), _fig(200, 0, 0, clicked=80), gates)  # CTR 0.10 vs 0.40
+    assert dropped.failed == ("click_rate",) and dropped.figures["feedback"]["click_p"] < 1e-6
+    none = evaluate(_fig(200, 0, 0), _fig(200, 0, 0), gates)  # no client sends clicks: skipped
+    assert none.passed and set(none.skipped) == {"down_rate", "click_rate"}
+
+
+# --- the route ---------------------------------------------------------------------------------
+def _feedback_total(signal: str, role: str, name: str) -> float:
+    value = REGISTRY.get_sample_value("quarry_feedback_total",
+                                      {"tenant": "default", "collection": name, "signal": signal, "role": role})
+    return value or 0.0
+
+
+def test_feedback_is_tied_to_the_served_request_and_its_key(gray: Quarry, filled: str) -> None:  # noqa: F811
+    url = f"/v1/collections/{filled}/feedback"
+    key_a, key_b = {"api-key": "qk_00000000000a_secret"}, {"api-key": "qk_00000000000b_secret"}
+    with TestClient(create_app(gray)) as client:
+        r = client.post(f"/v1/collections/{filled}/search", json={"query": "cancer cells", "top_k": 5},
+                        headers={"X-Request-ID": "fb-1", **key_a})
+        assert r.status_code == 200 and r.headers["X-Request-ID"] == "fb-1"
+        hits = [h["document_id"] for h in r.json()["hits"]]
+        before = _feedback_total("down", "none", filled)
+        body = {"request_id": "fb-1", "rating": "down", "clicked": hits[:2]}
+        first = client.post(url, json=body, headers=key_a)
+        assert first.status_code == 200, first.text
+        assert first.json() == {"request_id": "fb-1", "collection": filled, "version": 1, "rollout": None,
+                                "rating": "down", "clicked": sorted(hits[:2])}
+        assert client.post(url, json=body, headers=key_a).json() == first.json()  # a retry changes nothing
+        assert _feedback_total("down", "none", filled) == before + 1
+        up = client.post(url, json={"request_id": "fb-1", "rating": "up"}, headers=key_a).json()
+        assert up["rating"] == "up" and up["clicked"] == sorted(hits[:2])  # the last rating counts
+        # another key, an unknown id, another collection's request: alike, 404
+        for who, rid, where in ((key_b, "fb-1", url), ({}, "fb-1", url), (key_a, "fb-unknown", url)):
+            refused = client.post(where, json={"request_id": rid, "rating": "down"}, headers=who)
+            assert refused.status_code == 404 and refused.json()["error"]["type"] == "NotFound", refused.text
+        stray = client.post(url, json={"request_id": "fb-1", "clicked": ["not-a-hit"]}, headers=key_a)
+        assert stray.status_code == 400 and "not-a-hit" in stray.json()["error"]["message"]
+        empty = client.post(url, json={"request_id": "fb-1"}, headers=key_a)
+        assert empty.status_code == 400 and empty.json()["error"]["type"] == "InvalidRequest"
+        bad_id = client.post(url, json={"request_id": "a b", "rating": "up"}, headers=key_a)
+        assert bad_id.status_code == 422
+        gone = client.post("/v1/collections/nope/feedback", json={"request_id": "fb-1", "rating": "up"})
+        assert gone.status_code == 404 and gone.json()["error"]["type"] == "CollectionNotFound"
+
+
+def test_a_canary_its_users_rate_down_is_rolled_back_by_the_feedback_gate(
+    gray: Quarry, filled: str, shared_data: Path,  # noqa: F811
+) -> None:
+    samples = 40
+    queries = [json.loads(line)["text"] for line in (shared_data / "scifact" / "queries.jsonl").open()][:160]
+    with TestClient(create_app(gray)) as client:
+        started = client.post(f"/v1/collections/{filled}/rollout", json={
+            "mode": "canary", "schedule": [50, 100], "step_samples": samples, "shadow_rate": 0.0,
+            # only the feedback decides here (latency on a loaded CI machine, recall: other tests)
+            "gates": {"max_p95_ratio": 1000, "max_p99_ratio": 1000, "min_recall": 0, "min_recall_ratio": 0,
+                      "min_feedback_samples": 20},
+        })
+        assert started.status_code == 201, started.text
+        served: dict[str, str] = {}
+        for i, query in enumerate(queries):  # routed by the query text: half to each version
+            r = client.post(f"/v1/collections/{filled}/search", json={"query": query, "top_k": 5},
+                            headers={"X-Request-ID": f"canary-{i}"})
+            assert r.status_code == 200, r.text
+            served[f"canary-{i}"] = r.headers["X-Quarry-Rollout"]
+        roles = list(served.values())
+        assert roles.count("candidate") >= 40 and roles.count("live") >= 40, roles.count("candidate")
+        during = gray.docstore.get_rollout(filled)
+        assert during is not None and during.state == "canary"  # the gates passed without feedback
+        for rid, role in served.items():  # the candidate's answers are rated down, the live ones up
+            r = client.post(f"/v1/collections/{filled}/feedback",
+                            json={"request_id": rid, "rating": "down" if role == "candidate" else "up"})
+            assert r.status_code == 200 and r.json()["rollout"] == role, r.text
+        deadline = time.monotonic() + 30
+        while (current := gray.docstore.get_rollout(filled)) is not None and current.active:
+            assert time.monotonic() < deadline, rollout.gates_now(gray.view, filled, current)
+            time.sleep(0.1)
+    assert current is not None and current.state == "rolled_back", current
+    decision = current.decisions[-1]
+    assert decision["action"] == "rollback" and decision["failed"] == ["down_rate"], decision
+    cand, live = decision["figures"]["candidate"], decision["figures"]["live"]
+    assert cand["down_rate"] == 1.0 and live["down_rate"] == 0.0
+    assert cand["rated"] >= 20 and live["rated"] >= 20  # the gate counted once both had enough
+    assert decision["figures"]["feedback"]["down_p"] < 0.05
+    audit = [a for a in gray.docstore.list_audit(since=current.started_at, limit=1000) if a.target == filled]
+    assert audit[-1].action == "rollout.rollback" and audit[-1].detail["failed"] == ["down_rate"]
+    assert gray.describe(filled)["rollout"]["state"] == "rolled_back"
+    assert gray.live_version(filled).version == 1
