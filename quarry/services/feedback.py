@@ -1,9 +1,9 @@
 """Feedback on served requests: a thumbs up or down, or a click on a hit, tied to the request id.
 
 Each search (and so each answer and chat completion, whose retrieval is one) that a request with
-an id serves is noted by :func:`note` under ``(tenant, collection, request id)``: the version that
+an id serves is noted by :func:`note` under ``(tenant, collection, API key id, request id)``: the version that
 served it, its role in a gray release (``candidate``/``live``, ``None`` without one), the rollout's
-step, the API key id that asked, and the first :data:`HITS_KEPT` hits' document ids (8-byte
+step, and the first :data:`HITS_KEPT` hits' document ids (8-byte
 BLAKE2b digests: ~0.7 kB an entry with 10 hits, ~13 MB for 20,000). The request id is the request's
 ``X-Request-ID`` (the client's when it is a safe token, else the server's, echoed in the reply:
 :mod:`quarry.api.observe`). The newest ``QUARRY_MONITOR__FEEDBACK_REQUESTS`` of a tenant space
@@ -17,8 +17,8 @@ and, while the rollout's step that served the request lasts, in its window
 (:func:`quarry.services.rollout.count_feedback`), where the feedback gates read it
 (:func:`indexing.rollout.evaluate`: thumbs-down share and click-through rate, candidate vs live).
 
-Only the key that asked may rate a request (another key's, another tenant's, an unknown or an
-expired id are alike: ``NotFound``).
+Only the key that asked may rate a request, and a request id another key sends replaces nothing
+of this key's (another key's, another tenant's, an unknown or an expired id are alike: ``NotFound``).
 """
 
 from __future__ import annotations
@@ -56,7 +56,6 @@ class Served:
         version: The collection version that served it.
         role: ``candidate`` or ``live`` while a rollout routed it, else ``None``.
         step_started_at: The rollout step's start (Unix seconds) it was served in (``None``: no rollout).
-        key_id: The API key id that asked (``None``: no key).
         hits: The first :data:`HITS_KEPT` document ids it returned, as :func:`_digest` bytes, concatenated.
         at: When it was served (``time.monotonic()`` seconds).
         rating: The client's rating so far.
@@ -66,7 +65,6 @@ class Served:
     version: int
     role: str | None
     step_started_at: float | None
-    key_id: str | None
     hits: bytes
     at: float
     rating: Rating | None = None
@@ -76,7 +74,7 @@ class Served:
 @dataclass(eq=False)
 class _Ledger:
     lock: threading.Lock = field(default_factory=threading.Lock)
-    served: OrderedDict[tuple[str, str, str], Served] = field(default_factory=OrderedDict)
+    served: OrderedDict[tuple[str, str, str | None, str], Served] = field(default_factory=OrderedDict)
 
 
 _LEDGERS: weakref.WeakKeyDictionary[TenantSpace, _Ledger] = weakref.WeakKeyDictionary()
@@ -105,9 +103,9 @@ def note(v: View, name: str, result: SearchResult, chosen: rollout.Route | None)
     step_at = chosen.rollout.step_started_at if chosen is not None else None
     now = time.monotonic()
     hits = b"".join(_digest(h.document_id) for h in result.hits[:HITS_KEPT])
-    entry = Served(result.version, result.rollout, step_at, rollout.ROUTE_KEY.get(), hits, now)
+    entry = Served(result.version, result.rollout, step_at, hits, now)
     ledger = _ledger(v.space)
-    key = (v.tenant_id, name, rid)
+    key = (v.tenant_id, name, rollout.ROUTE_KEY.get(), rid)
     with ledger.lock:
         served = ledger.served
         served.pop(key, None)
@@ -150,13 +148,13 @@ def give(
     if settings.feedback_requests <= 0:
         raise InvalidRequest("feedback is off on this server (QUARRY_MONITOR__FEEDBACK_REQUESTS=0)")
     ledger = _ledger(v.space)
-    key = (v.tenant_id, name, request_id)
+    key = (v.tenant_id, name, rollout.ROUTE_KEY.get(), request_id)
     with ledger.lock:
         entry = ledger.served.get(key)
         if entry is not None and time.monotonic() - entry.at > settings.feedback_ttl_s:
             del ledger.served[key]
             entry = None
-        if entry is None or entry.key_id != rollout.ROUTE_KEY.get():
+        if entry is None:
             raise NotFound(
                 f"no request {clip(request_id)} of collection {clip(name)} is known here: feedback names the "
                 f"X-Request-ID of a search or answer this server served to the same key within "

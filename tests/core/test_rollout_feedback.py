@@ -87,6 +87,14 @@ def test_feedback_is_tied_to_the_served_request_and_its_key(gray: Quarry, filled
         for who, rid, where in ((key_b, "fb-1", url), ({}, "fb-1", url), (key_a, "fb-unknown", url)):
             refused = client.post(where, json={"request_id": rid, "rating": "down"}, headers=who)
             assert refused.status_code == 404 and refused.json()["error"]["type"] == "NotFound", refused.text
+        # another key reusing the id has a request of its own: it replaces nothing of key a's
+        other = client.post(f"/v1/collections/{filled}/search", json={"query": "bees make honey", "top_k": 3},
+                            headers={"X-Request-ID": "fb-1", **key_b})
+        assert other.status_code == 200
+        mine = client.post(url, json={"request_id": "fb-1", "rating": "up"}, headers=key_a).json()
+        assert mine["clicked"] == sorted(hits[:2])
+        theirs = client.post(url, json={"request_id": "fb-1", "rating": "down"}, headers=key_b).json()
+        assert theirs["rating"] == "down" and theirs["clicked"] == []
         stray = client.post(url, json={"request_id": "fb-1", "clicked": ["not-a-hit"]}, headers=key_a)
         assert stray.status_code == 400 and "not-a-hit" in stray.json()["error"]["message"]
         empty = client.post(url, json={"request_id": "fb-1"}, headers=key_a)
