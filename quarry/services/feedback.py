@@ -59,7 +59,8 @@ class Served:
         hits: The first :data:`HITS_KEPT` document ids it returned, as :func:`_digest` bytes, concatenated.
         at: When it was served (``time.monotonic()`` seconds).
         rating: The client's rating so far.
-        clicks: The hits the client clicked so far.
+        clicks: The hits the client clicked so far, as a bit mask of their ranks (bit 0: the first hit):
+            an entry's size never grows with what a client sends.
     """
 
     version: int
@@ -68,7 +69,7 @@ class Served:
     hits: bytes
     at: float
     rating: Rating | None = None
-    clicks: set[str] = field(default_factory=set)
+    clicks: int = 0
 
 
 @dataclass(eq=False)
@@ -114,6 +115,25 @@ def note(v: View, name: str, result: SearchResult, chosen: rollout.Route | None)
             served.popitem(last=False)
 
 
+def _ranks_of(entry: Served, clicks: list[str], request_id: str) -> int:
+    """The bit mask of the ranks of ``clicks`` among ``entry``'s kept hits (each at its first rank).
+
+    Raises:
+        InvalidRequest: A clicked id is not one of them.
+    """
+    ranks: dict[bytes, int] = {}
+    for rank in range(len(entry.hits) // _DIGEST):
+        ranks.setdefault(entry.hits[rank * _DIGEST:(rank + 1) * _DIGEST], rank)
+    bits = 0
+    for d in clicks:
+        found = ranks.get(_digest(d))
+        if found is None:
+            raise InvalidRequest(f"clicked document {clip(d)} is not one of the first {len(ranks)} hits "
+                                 f"request {clip(request_id)} returned (clicks count on the first {HITS_KEPT})")
+        bits |= 1 << found
+    return bits
+
+
 def give(
     v: View, name: str, request_id: str, *, rating: Rating | None = None, clicked: list[str] | None = None,
 ) -> dict[str, Any]:
@@ -127,8 +147,9 @@ def give(
         clicked: Document ids of its hits the client clicked (at most :data:`MAX_CLICKS`).
 
     Returns:
-        ``{"request_id", "collection", "version", "rollout", "rating", "clicked"}``: the request's
-        feedback as now recorded (``clicked`` sorted), its serving version and role.
+        ``{"request_id", "collection", "version", "rollout", "rating", "clicks"}``: the request's
+        feedback as now recorded (``clicks``: how many distinct hits were clicked), its serving
+        version and role.
 
     Raises:
         CollectionNotFound: No such collection.
@@ -159,27 +180,23 @@ def give(
                 f"no request {clip(request_id)} of collection {clip(name)} is known here: feedback names the "
                 f"X-Request-ID of a search or answer this server served to the same key within "
                 f"{settings.feedback_ttl_s:g} s (QUARRY_MONITOR__FEEDBACK_TTL_S)")
-        returned = {entry.hits[i:i + _DIGEST] for i in range(0, len(entry.hits), _DIGEST)}
-        unknown = [d for d in clicks if _digest(d) not in returned]
-        if unknown:
-            raise InvalidRequest(f"clicked document {clip(unknown[0])} is not one of the first {len(returned)} hits "
-                                 f"request {clip(request_id)} returned (clicks count on the first {HITS_KEPT})")
-        was_rated, was_down, was_clicked = entry.rating is not None, entry.rating == "down", bool(entry.clicks)
+        bits = _ranks_of(entry, clicks, request_id)
+        was_rated, was_down, was_clicked = entry.rating is not None, entry.rating == "down", entry.clicks != 0
         new_rating = rating is not None and rating != entry.rating
-        new_clicks = [d for d in clicks if d not in entry.clicks]
+        new_clicks = (bits & ~entry.clicks).bit_count()
         if rating is not None:
             entry.rating = rating
-        entry.clicks.update(new_clicks)
+        entry.clicks |= bits
         out = {"request_id": request_id, "collection": name, "version": entry.version, "rollout": entry.role,
-               "rating": entry.rating, "clicked": sorted(entry.clicks)}
+               "rating": entry.rating, "clicks": entry.clicks.bit_count()}
         delta = ((entry.rating is not None) - was_rated, (entry.rating == "down") - was_down,
-                 bool(entry.clicks) - was_clicked)
+                 (entry.clicks != 0) - was_clicked)
         role, step_at = entry.role, entry.step_started_at
     tenant, role_label = v.tenant_id, role or "none"
     if new_rating and rating is not None:
         FEEDBACK.labels(tenant, name, rating, role_label).inc()
     if new_clicks:
-        FEEDBACK.labels(tenant, name, "click", role_label).inc(len(new_clicks))
+        FEEDBACK.labels(tenant, name, "click", role_label).inc(new_clicks)
     if role is not None and step_at is not None and any(delta):
         rollout.count_feedback(v, name, step_at, role == "candidate", *delta)
     return out

@@ -47,7 +47,7 @@ class FeedbackOut(BaseModel):
     rollout: Literal["candidate", "live"] | None = Field(
         description="Its role in a gray release when one routed the request, else null.")
     rating: Literal["up", "down"] | None
-    clicked: list[str]
+    clicks: int = Field(description="Distinct hits of the request clicked so far.")
 
 
 @router.post(
