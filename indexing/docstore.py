@@ -404,6 +404,12 @@ class StateStore(Protocol):
     def put_rollout(self, rollout: Rollout, *, expect: Rollout | None = None) -> bool:
         """Write the collection's rollout unless its row no longer holds ``expect``; whether it was written."""
 
+    def get_query_references(self, name: str, physical: str) -> dict[str, dict[str, Any]]:
+        """``signal -> {"sum", "n"}``: a version's query-drift references (:mod:`monitoring.drift`)."""
+
+    def put_query_reference(self, name: str, physical: str, signal: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Keep ``body`` as a version's ``signal`` reference unless one is kept already; the one kept."""
+
     def append_audit(self, entry: AuditEntry) -> int:
         """Append an audit row (``at`` 0 means now); returns its id."""
 

@@ -90,6 +90,10 @@ rollouts = sa.Table(
     "rollouts", metadata, _c("collection_id", _I, primary_key=True), _c("candidate", _I), _c("state"), _c("body"),
     _c("updated_at", _F),
 )
+query_references = sa.Table(
+    "query_references", metadata, _c("collection_id", _I, primary_key=True), _c("physical", primary_key=True),
+    _c("signal", primary_key=True), _c("body"), _c("updated_at", _F),
+)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ import sqlalchemy as sa
 from indexing import schema
 from indexing.state_admin import SqlAdmin
 from indexing.state_locks import WriteLocks
+from indexing.state_references import SqlQueryReferences
 from indexing.state_rollouts import SqlRollouts
 from indexing.state_sql import SqlCollections
 from quarry.errors import ConfigError, StateStoreUnavailable
@@ -61,7 +62,7 @@ def split_url(url: str) -> tuple[str, str | None]:
     return urlunsplit(parts._replace(scheme="postgresql", query=rest)), name
 
 
-class PostgresState(SqlCollections, SqlAdmin, SqlRollouts, WriteLocks):
+class PostgresState(SqlCollections, SqlAdmin, SqlRollouts, SqlQueryReferences, WriteLocks):
     """Thread-safe PostgreSQL state of record (see :class:`indexing.docstore.StateStore`)."""
 
     dialect = "postgresql"

@@ -28,6 +28,7 @@ from indexing.schema import (
     collections,
     documents,
     pending_deletes,
+    query_references,
     rollouts,
 )
 from indexing.state_db import SqlBase, cached, first, loads, many, timed, timed_bulk
@@ -220,7 +221,8 @@ class SqlCollections(SqlBase):
             cid = conn.execute(_COLLECTION_ID, self._key(name)).scalar()
             if cid is None:
                 return
-            for table in (chunks, documents, pending_deletes, change_log, collection_versions, rollouts):
+            for table in (chunks, documents, pending_deletes, change_log, collection_versions, rollouts,
+                          query_references):
                 conn.execute(table.delete().where(table.c.collection_id == cid))
             conn.execute(collections.delete().where(_C.id == cid))
 

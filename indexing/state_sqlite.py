@@ -26,6 +26,7 @@ from sqlalchemy import event
 from indexing import schema
 from indexing.state_admin import SqlAdmin
 from indexing.state_locks import WriteLocks
+from indexing.state_references import SqlQueryReferences
 from indexing.state_rollouts import SqlRollouts
 from indexing.state_sql import SqlCollections
 from quarry.errors import StateStoreUnavailable, StoreError
@@ -34,7 +35,7 @@ from quarry.errors import StateStoreUnavailable, StoreError
 _OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
 
 
-class SqliteState(SqlCollections, SqlAdmin, SqlRollouts, WriteLocks):
+class SqliteState(SqlCollections, SqlAdmin, SqlRollouts, SqlQueryReferences, WriteLocks):
     """Thread-safe SQLite state of record (see :class:`indexing.docstore.StateStore`)."""
 
     dialect = "sqlite"

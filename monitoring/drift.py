@@ -1,7 +1,7 @@
 """Query drift: how far a collection's recent queries have moved from a reference of its queries.
 
 Two signals per collection, each comparing a *reference* (the first ``drift_reference_queries``
-queries a version of the collection served in this process) with the *current window* (about the
+queries a version of the collection served, kept in the state of record) with the *current window* (about the
 last ``drift_window_queries`` queries):
 
 * ``centroid``: the distance between the reference's and the window's centroids of the unit query
@@ -23,9 +23,15 @@ Profiles are kept per store collection (a version, whose vectors come from one m
 search that a new version serves (a reindex's swap) starts a fresh reference, so a swap
 re-baselines the drift. The last :data:`KEPT_VERSIONS` versions of a collection are kept; figures
 are those of the version that served the newest dense search (:meth:`QueryDrift.serving`). A
-BM25-only search adds its OOV share to that version's profile. Everything is in this process's
-memory: a restart starts every reference again, and each worker or replica has its own (the alert
-fires per instance).
+BM25-only search adds its OOV share to that version's profile.
+
+The references are kept in the state of record when one is given (:class:`References`,
+:mod:`indexing.state_references`): a new profile first loads its version's, in a background
+thread; a reference completed here is written there (the first process's is kept, and every
+other adopts it). So a restart, a worker or another replica compares its queries with the same
+reference, and a workload that drifted before a restart still reads as drifted after it. The
+window is each process's own (the alert fires per instance). Without a state, or while it is
+unreachable, the references are this process's alone.
 
 Series (:mod:`monitoring.metrics`): ``quarry_query_drift{tenant, collection, signal}`` and
 ``quarry_query_drift_queries{tenant, collection, signal}``, read at scrape time.
@@ -33,17 +39,21 @@ Series (:mod:`monitoring.metrics`): ``quarry_query_drift{tenant, collection, sig
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from monitoring.metrics import DRIFTS
 from quarry.settings import MonitorSettings
+
+log = logging.getLogger(__name__)
 
 BLOCKS = 5  # the current window is kept as this many sums of consecutive queries
 KEPT_VERSIONS = 2  # profiles kept per collection (the serving version and the one before)
@@ -127,7 +137,10 @@ class _Block:
 
 
 class _Track:
-    """One signal of one profile: a reference sum frozen at ``reference_n`` values, and the window's blocks."""
+    """One signal of one profile: a reference sum frozen at ``reference_n`` values, and the window's blocks.
+
+    ``stored``: the reference is the state of record's (loaded, or written from here).
+    """
 
     def __init__(self, reference_n: int, block_n: int) -> None:
         self.reference_n = reference_n
@@ -135,20 +148,41 @@ class _Track:
         self.reference: npt.NDArray[np.float64] | None = None
         self.n_reference = 0
         self.blocks: deque[_Block] = deque(maxlen=BLOCKS)  # newest last
+        self.stored = False
 
-    def add(self, value: npt.NDArray[np.float64]) -> None:
-        """Add one value ``(dim,)`` (under the profile's lock)."""
+    def add(self, value: npt.NDArray[np.float64]) -> bool:
+        """Add one value ``(dim,)`` (under the profile's lock); whether it completed the reference."""
         if self.reference is not None and self.reference.shape != value.shape:  # another model: start again
-            self.reference, self.n_reference = None, 0
+            self.reference, self.n_reference, self.stored = None, 0, False
             self.blocks.clear()
+        completed = False
         if self.n_reference < self.reference_n:
             self.reference = value.copy() if self.reference is None else self.reference + value
             self.n_reference += 1
+            completed = self.n_reference == self.reference_n
         if not self.blocks or self.blocks[-1].n >= self.block_n:
             self.blocks.append(_Block(np.zeros_like(value)))
         block = self.blocks[-1]
         block.total += value
         block.n += 1
+        return completed
+
+    def adopt(self, total: npt.NDArray[np.float64], n: int) -> None:
+        """Take the state's reference (sum ``(dim,)`` of ``n`` values) as complete (under the profile's lock).
+
+        One of another shape (another model's) is ignored.
+        """
+        shape = self.reference.shape if self.reference is not None else (
+            self.blocks[-1].total.shape if self.blocks else None)
+        if n < 1 or (shape is not None and shape != total.shape):
+            return
+        self.reference, self.n_reference, self.reference_n, self.stored = total.copy(), n, n, True
+
+    def body(self) -> dict[str, Any] | None:
+        """The complete reference as the state keeps it (``{"sum": [...], "n"}``), or ``None``."""
+        if self.reference is None or not self.complete:
+            return None
+        return {"sum": [float(x) for x in self.reference], "n": self.n_reference}
 
     @property
     def complete(self) -> bool:
@@ -198,6 +232,10 @@ class _Profile:
         self.vectors = _Track(reference_n, block_n)
         self.oov = _Track(reference_n, block_n)
 
+    def track(self, signal: str) -> _Track:
+        """The track of ``signal`` (``centroid``: the vectors; ``oov``)."""
+        return self.vectors if signal == "centroid" else self.oov
+
     def figures(self) -> DriftFigures:
         with self.lock:
             v_ref, n_v_ref = self.vectors.reference, self.vectors.n_reference
@@ -231,17 +269,34 @@ class DriftTrigger:
     reason: str = ""
 
 
+class References(Protocol):
+    """Where references are kept beyond this process: the state of record (``indexing.docstore.StateStore``)."""
+
+    def get_query_references(self, name: str, physical: str) -> dict[str, dict[str, Any]]:
+        """``signal -> {"sum": [float, ...], "n": int}`` of store collection ``physical`` of collection ``name``."""
+        ...
+
+    def put_query_reference(self, name: str, physical: str, signal: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Keep ``body`` unless a reference of that signal is kept already; the one kept."""
+        ...
+
+
 class QueryDrift:
     """Per-collection query drift of one tenant view's searches; thread-safe, never blocks a search.
 
     Args:
         settings: ``QUARRY_MONITOR__DRIFT_*``.
         tenant: The ``tenant`` label of its series.
+        references: The state of record that keeps the references (``None``: this process's memory only).
     """
 
-    def __init__(self, settings: MonitorSettings, *, tenant: str = "default") -> None:
+    def __init__(self, settings: MonitorSettings, *, tenant: str = "default", references: References | None = None,
+                 ) -> None:
         self.settings = settings
         self.tenant = tenant
+        self.references = references
+        self._io: ThreadPoolExecutor | None = None  # loads and writes the references (a thread, made when needed)
+        self._io_lock = threading.Lock()
         self.skipped = 0  # queries left out: their profile's lock was taken
         self._block_n = max(1, -(-settings.drift_window_queries // BLOCKS))
         self._profiles: dict[str, dict[str, _Profile]] = {}  # collection -> physical -> profile, oldest first
@@ -272,13 +327,62 @@ class QueryDrift:
         if not profile.lock.acquire(blocking=False):
             self.skipped += 1
             return
+        completed = []
         try:
-            if unit is not None:
-                profile.vectors.add(unit)
-            if oov is not None:
-                profile.oov.add(np.array([oov], dtype=np.float64))
+            if unit is not None and profile.vectors.add(unit):
+                completed.append("centroid")
+            if oov is not None and profile.oov.add(np.array([oov], dtype=np.float64)):
+                completed.append("oov")
         finally:
             profile.lock.release()
+        for signal in completed:
+            self._submit(self._save, collection, profile, signal)
+
+    # -- the references in the state of record (a background thread) ------------------------------
+
+    def _submit(self, fn: Callable[..., None], *args: Any) -> Future[None] | None:
+        if self.references is None:
+            return None
+        if self._io is None:
+            with self._io_lock:  # not the guard: a new profile, made under it, submits its load
+                if self._io is None:
+                    self._io = ThreadPoolExecutor(1, thread_name_prefix="drift-references")
+        return self._io.submit(fn, *args)
+
+    def _load(self, collection: str, profile: _Profile) -> None:
+        """Adopt the state's references of ``profile``'s version (before or after its own completed)."""
+        assert self.references is not None  # noqa: S101 - only submitted with one
+        try:
+            kept = self.references.get_query_references(collection, profile.physical)
+        except Exception:  # the state is down: this process's references, until the next profile
+            log.warning("query drift of %r: could not read its references", collection, exc_info=True)
+            return
+        with profile.lock:
+            for signal, body in kept.items():
+                if signal in SIGNALS:
+                    profile.track(signal).adopt(np.asarray(body["sum"], dtype=np.float64), int(body["n"]))
+
+    def _save(self, collection: str, profile: _Profile, signal: str) -> None:
+        """Write ``profile``'s completed ``signal`` reference; adopt the one kept (another process's first)."""
+        assert self.references is not None  # noqa: S101 - only submitted with one
+        with profile.lock:
+            track = profile.track(signal)
+            body = None if track.stored else track.body()
+        if body is None:
+            return
+        try:
+            kept = self.references.put_query_reference(collection, profile.physical, signal, body)
+        except Exception:  # the state is down, or the collection was dropped: kept in memory
+            log.warning("query drift of %r: could not write its %s reference", collection, signal, exc_info=True)
+            return
+        with profile.lock:
+            profile.track(signal).adopt(np.asarray(kept["sum"], dtype=np.float64), int(kept["n"]))
+
+    def settle(self, timeout_s: float = 10.0) -> None:
+        """Wait until the references' reads and writes asked so far are done (tests, a clean shutdown)."""
+        done = self._submit(lambda: None)
+        if done is not None:
+            done.result(timeout=timeout_s)
 
     def _profile(self, collection: str, physical: str | None) -> _Profile:
         """The profile a search adds to: its version's, or (``None``) the serving version's."""
@@ -295,6 +399,7 @@ class QueryDrift:
                 profile = versions[name] = _Profile(name, s.drift_reference_queries, self._block_n)
                 for old in list(versions)[:-KEPT_VERSIONS]:
                     del versions[old]
+                self._submit(self._load, collection, profile)
             if physical is not None:
                 self._serving[collection] = physical
         return profile

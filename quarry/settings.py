@@ -558,8 +558,8 @@ class MonitorSettings(BaseModel):
         recent_queries: Sampled queries kept per collection on disk, for ``quarry recall``.
         drift_enabled: Keep each collection's query drift (:mod:`monitoring.drift`): every
             search adds its query vector and out-of-vocabulary share, ``O(dim)``, never waiting.
-        drift_reference_queries: The first queries a version serves in this process that form
-            its reference (in memory: a restart or a swap starts a new one).
+        drift_reference_queries: The first queries a version serves that form its reference (kept
+            in the state of record: replicas and restarts share it; a swap starts a new one).
         drift_window_queries: Most recent queries the drift compares with the reference (the
             window holds between 4/5 of them and all).
         drift_min_queries: Fewest queries of a signal in the window before the drift trigger

@@ -307,7 +307,8 @@ def _build_space(engines: Engines, tenant_id: str) -> TenantSpace:
     monitor = (RecallMonitor(store, settings.monitor, recent=recent) if root
                else RecallMonitor(store, settings.monitor, recent=recent, tenant=tenant_id))
     telemetry = engines.telemetry if root else engines.telemetry.for_tenant(tenant_id)  # its series carry the tenant
-    drift = QueryDrift(settings.monitor, tenant=tenant_id)  # each search's query against a reference of them
+    # each search's query against a reference of them (the references kept in the state of record)
+    drift = QueryDrift(settings.monitor, tenant=tenant_id, references=docstore)
     searcher = Searcher(
         store, docstore, engines.query_embedder, bm25, settings.search, engines.reranker, clock=engines.clock,
         observe=telemetry, sample_dense=monitor.offer, observe_query=drift.observe,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,8 +29,8 @@ from monitoring.exact import Sample
 from quarry.api import create_app
 from quarry.scheduler import ReindexScheduler, recall_reason
 from quarry.service import Quarry
-from quarry.settings import MonitorSettings, Settings
-from tests.core.conftest import CountingEmbedder
+from quarry.settings import DocstoreSettings, MonitorSettings, Settings, StoreSettings
+from tests.core.conftest import PG_URL, CountingEmbedder
 
 NAME = "drift_en"
 # the drift's defaults (200 reference queries, a window of 500); the recall trigger on 5 samples
@@ -192,3 +193,42 @@ def test_the_recall_trigger_names_the_drift_as_the_probable_cause(service: Quarr
         service.monitor.measure(Sample(NAME, "cosine", vector, None, 10, tuple(h.id for h in far), live))
     reason = recall_reason(service, NAME)
     assert reason is not None and "below 0.9" in reason and "probable cause, query drift" in reason, reason
+
+
+@pytest.mark.parametrize("state", ["sqlite", pytest.param("postgres", marks=pytest.mark.integration)])
+def test_a_restart_keeps_the_reference_so_a_drifted_workload_still_reads_as_drifted(
+    state: str, tmp_path: Path, shared_data: Path, counting: CountingEmbedder, scifact_docs: list[SourceDocument],
+) -> None:
+    """The reference is the state of record's: a process started after the workload changed compares
+    the new queries with the old reference (in memory alone, its reference would be the new queries)."""
+    extra: dict[str, object] = {}
+    if state == "postgres":  # pgvector and the PostgreSQL state: what replicas share
+        extra = {"store": StoreSettings(url=PG_URL), "docstore": DocstoreSettings(url=PG_URL)}
+    settings = Settings(data_dir=tmp_path, monitor=DRIFT, **extra)  # type: ignore[arg-type]
+    name = f"drift_{uuid.uuid4().hex[:8]}"
+    scifact = _queries(shared_data / "scifact" / "queries.jsonl", REFERENCE)
+    cmrc = _queries(shared_data / "cmrc2018-retrieval" / "queries.jsonl", WINDOW)
+    first = Quarry(settings, embedder=counting)
+    try:
+        first.create_collection(name, language="en")
+        first.upsert(name, scifact_docs[:100])
+        for query in scifact:
+            first.search(name, query, top_k=5)
+        first.view.space.drift.settle()
+        kept = first.docstore.get_query_references(name, name)
+        assert {s: body["n"] for s, body in kept.items()} == {"centroid": REFERENCE, "oov": REFERENCE}
+    finally:
+        first.close()
+    second = Quarry(settings, embedder=counting)  # a restart (or another replica) after the workload changed
+    try:
+        for query in cmrc:
+            second.search(name, query, top_k=5)
+        second.view.space.drift.settle()
+        figures = second.view.space.drift.figures(name)
+        assert figures is not None and figures.reference == {"centroid": REFERENCE, "oov": REFERENCE}
+        assert figures.centroid is not None and figures.centroid > DRIFT.drift_centroid_max, figures
+        assert figures.oov is not None and figures.oov > 3 * DRIFT.drift_oov_max, figures
+        assert second.docstore.get_query_references(name, name) == kept  # its own window did not replace it
+    finally:
+        second.drop_collection(name)
+        second.close()

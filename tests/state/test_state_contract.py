@@ -412,3 +412,26 @@ def test_a_tenant_view_sees_only_its_own_collections(state: StateStore) -> None:
     assert state.list_jobs() == [] and len(acme.list_jobs()) == 1
     acme.drop_collection("c")
     assert acme.list_collections() == [] and state.list_collections() == ["c"]
+
+
+# --- query-drift references --------------------------------------------------------------
+def test_a_query_reference_is_kept_once_per_version_and_signal_and_goes_with_its_version(state: StateStore) -> None:
+    state.put_collection("c", {"dim": 2})
+    state.create_version("c", CollectionVersion(1, "c__v1", "live"))
+    assert state.get_query_references("c", "c__v1") == {}
+    first = {"sum": [0.5, 1.5], "n": 2}
+    assert state.put_query_reference("c", "c__v1", "centroid", first) == first
+    # a second process completing its own reference later adopts the first one's
+    assert state.put_query_reference("c", "c__v1", "centroid", {"sum": [9.0, 9.0], "n": 2}) == first
+    state.put_query_reference("c", "c__v1", "oov", {"sum": [0.25], "n": 2})
+    assert state.get_query_references("c", "c__v1") == {"centroid": first, "oov": {"sum": [0.25], "n": 2}}
+    # a version no longer listed loses its rows at the next insert
+    state.put_query_reference("c", "c__gone", "centroid", first)
+    state.create_version("c", CollectionVersion(2, "c__v2", "building"))
+    state.put_query_reference("c", "c__v2", "centroid", first)
+    assert state.get_query_references("c", "c__gone") == {} and state.get_query_references("c", "c__v1") != {}
+    with pytest.raises(CollectionNotFound):
+        state.put_query_reference("nope", "x", "centroid", first)
+    state.drop_collection("c")
+    state.put_collection("c", {"dim": 2})
+    assert state.get_query_references("c", "c__v1") == {}

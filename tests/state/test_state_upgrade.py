@@ -109,7 +109,7 @@ def test_the_service_serves_an_upgraded_data_dir(tmp_path: Path) -> None:
         quarry.close()
     with sqlite3.connect(tmp_path / "docstore.sqlite") as db:
         steps = db.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()
-        assert steps == [(1,), (2,), (3,), (4,)]
+        assert steps == [(1,), (2,), (3,), (4,), (5,)]
 
 
 def _run(url: str, statements: list[str], params: tuple[Any, ...] | None = None) -> None:
