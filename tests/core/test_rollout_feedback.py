@@ -11,8 +11,11 @@ are checked by hand-worked figures.
 from __future__ import annotations
 
 import json
+import secrets
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -20,8 +23,11 @@ from prometheus_client import REGISTRY
 
 from indexing.rollout import Figures, Gates, evaluate, worse_share_p
 from quarry.api import create_app
+from quarry.api.keys import new_key
 from quarry.service import Quarry
 from quarry.services import rollout
+from quarry.settings import MonitorSettings, Settings
+from tests.core.conftest import CountingEmbedder
 from tests.core.test_rollout import engine, filled, gray  # noqa: F401 - the gray-release fixtures (both engines)
 
 
@@ -147,3 +153,68 @@ def test_a_canary_its_users_rate_down_is_rolled_back_by_the_feedback_gate(
     assert audit[-1].action == "rollout.rollback" and audit[-1].detail["failed"] == ["down_rate"]
     assert gray.describe(filled)["rollout"]["state"] == "rolled_back"
     assert gray.live_version(filled).version == 1
+
+
+
+@pytest.fixture()
+def keyed(counting: CountingEmbedder, tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, dict[str, str]]]]:
+    """A server keeping 5 requests a tenant, its keys (``op``, ``reader``: tenant default; ``b``: another).
+
+    Collections ``own`` (the op's) and ``kb`` (shared), the same 3 documents in each (in ``kb``
+    both tenants'); the keys' ``Authorization`` headers.
+    """
+    quarry = Quarry(Settings(data_dir=tmp_path, monitor=MonitorSettings(feedback_requests=5)), embedder=counting)
+    tenant_b = f"fb{secrets.token_hex(2)}"
+    quarry.docstore.create_tenant(tenant_b, tenant_b)
+    auth: dict[str, dict[str, str]] = {}
+    for who, tenant, scopes in (("op", "default", ["read", "write", "admin"]), ("reader", "default", ["read"]),
+                                ("b", tenant_b, ["read", "write"])):
+        key, record = new_key(tenant, scopes)
+        quarry.docstore.insert_api_key(record)
+        auth[who] = {"Authorization": f"Bearer {key}"}
+    docs = [{"id": f"d{i}", "text": text} for i, text in enumerate(
+        ["Tides follow the moon.", "Ferries cross the harbour.", "The moon pulls the oceans."])]
+    try:
+        with TestClient(create_app(quarry)) as client:
+            for name, extra in (("own", {}), ("kb", {"tenancy": "shared"})):
+                made = client.post("/v1/collections", json={"name": name, **extra}, headers=auth["op"])
+                assert made.status_code == 201, made.text
+            for name, who in (("own", "op"), ("kb", "op"), ("kb", "b")):
+                put = client.post(f"/v1/collections/{name}/documents?wait=true", json={"documents": docs},
+                                  headers=auth[who])
+                assert put.status_code == 200, put.text
+            yield client, auth
+    finally:
+        quarry.close()
+
+
+def _search(client: TestClient, name: str, who: dict[str, str], rid: str) -> list[str]:
+    r = client.post(f"/v1/collections/{name}/search", json={"query": "moon tides", "top_k": 2},
+                    headers={**who, "X-Request-ID": rid})
+    assert r.status_code == 200, r.text
+    return [h["document_id"] for h in r.json()["hits"]]
+
+
+def _rate(client: TestClient, name: str, who: dict[str, str], body: dict[str, object]) -> Any:
+    """The feedback reply (a TestClient response)."""
+    return client.post(f"/v1/collections/{name}/feedback", json=body, headers=who)
+
+
+def test_feedback_keys_on_the_verified_key_not_a_second_key_header(
+    keyed: tuple[TestClient, dict[str, dict[str, str]]],
+) -> None:
+    """Before the fix an ``api-key`` header after one's own ``Authorization`` made the request that
+    other key's: rate its requests, replace them (and be routed as it by a canary)."""
+    client, auth = keyed
+    reader_id = auth["reader"]["Authorization"].split("_")[1]
+    as_reader = {"api-key": f"qk_{reader_id}_not-its-secret"}  # the reader's id, in a second header
+    hits = _search(client, "own", auth["reader"], "victim")
+    assert _rate(client, "own", auth["reader"], {"request_id": "victim", "rating": "down"}).status_code == 200
+    # the op's own key is verified: the request is the op's, which never searched "victim"
+    smuggled = _rate(client, "own", {**auth["op"], **as_reader}, {"request_id": "victim", "rating": "up"})
+    assert smuggled.status_code == 404, smuggled.text  # was 200: the reader's rating turned up
+    _search(client, "own", {**auth["op"], **as_reader}, "victim")  # the op's own entry, not the reader's
+    mine = _rate(client, "own", auth["reader"], {"request_id": "victim", "clicked": hits[:1]})
+    assert mine.status_code == 200 and mine.json()["rating"] == "down", mine.text  # was None: replaced
+    assert _rate(client, "own", auth["op"], {"request_id": "victim", "rating": "up"}).status_code == 200
+
