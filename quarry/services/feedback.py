@@ -6,9 +6,11 @@ served it, its role in a gray release (``candidate``/``live``, ``None`` without 
 step, and the first :data:`HITS_KEPT` hits' document ids (8-byte
 BLAKE2b digests: ~0.7 kB an entry with 10 hits, ~13 MB for 20,000). The request id is the request's
 ``X-Request-ID`` (the client's when it is a safe token, else the server's, echoed in the reply:
-:mod:`quarry.api.observe`). The newest ``QUARRY_MONITOR__FEEDBACK_REQUESTS`` of a tenant space
-are kept, each for ``QUARRY_MONITOR__FEEDBACK_TTL_S``, in this process (as the rollout's figures
-are: feedback reaches the replica that served the request, e.g. by session affinity).
+:mod:`quarry.api.observe`). The newest ``QUARRY_MONITOR__FEEDBACK_REQUESTS`` of a tenant are kept
+(its own collections' together; in the shared collections, each tenant's apart: another tenant's
+searches push none of them out, while the tenant's other keys' searches do), each for
+``QUARRY_MONITOR__FEEDBACK_TTL_S``, in this process (as the rollout's figures are: feedback
+reaches the replica that served the request, e.g. by session affinity).
 
 :func:`give` records a client's feedback on one of them: at most one rating per request (the
 last one sent counts) and the set of hits clicked (a click sent twice counts once), so a retried
@@ -77,15 +79,21 @@ class _Ledger:
     served: OrderedDict[tuple[str, str, str | None, str], Served] = field(default_factory=OrderedDict)
 
 
-_LEDGERS: weakref.WeakKeyDictionary[TenantSpace, _Ledger] = weakref.WeakKeyDictionary()
+# a space's ledgers by tenant: one for a tenant's own space, one per tenant in the shared space
+_LEDGERS: weakref.WeakKeyDictionary[TenantSpace, dict[str, _Ledger]] = weakref.WeakKeyDictionary()
 _LEDGERS_LOCK = threading.Lock()
 
 
-def _ledger(space: TenantSpace) -> _Ledger:
-    found = _LEDGERS.get(space)
+def _ledger(v: View) -> _Ledger:
+    """The caller's tenant's ledger in its space: in the shared space each tenant has its own.
+
+    So another tenant's searches of a shared collection evict none of this tenant's requests
+    (``feedback_requests`` bounds each tenant, as in a tenant's own space).
+    """
+    found = _LEDGERS.get(v.space, {}).get(v.tenant_id)
     if found is None:
         with _LEDGERS_LOCK:
-            found = _LEDGERS.setdefault(space, _Ledger())
+            found = _LEDGERS.setdefault(v.space, {}).setdefault(v.tenant_id, _Ledger())
     return found
 
 
@@ -104,7 +112,7 @@ def note(v: View, name: str, result: SearchResult, chosen: rollout.Route | None)
     now = time.monotonic()
     hits = b"".join(_digest(h.document_id) for h in result.hits[:HITS_KEPT])
     entry = Served(result.version, result.rollout, step_at, hits, now)
-    ledger = _ledger(v.space)
+    ledger = _ledger(v)
     key = (v.tenant_id, name, rollout.ROUTE_KEY.get(), rid)
     with ledger.lock:
         served = ledger.served
@@ -147,7 +155,7 @@ def give(
     settings = v.settings.monitor
     if settings.feedback_requests <= 0:
         raise InvalidRequest("feedback is off on this server (QUARRY_MONITOR__FEEDBACK_REQUESTS=0)")
-    ledger = _ledger(v.space)
+    ledger = _ledger(v)
     key = (v.tenant_id, name, rollout.ROUTE_KEY.get(), request_id)
     with ledger.lock:
         entry = ledger.served.get(key)

@@ -218,3 +218,19 @@ def test_feedback_keys_on_the_verified_key_not_a_second_key_header(
     assert mine.status_code == 200 and mine.json()["rating"] == "down", mine.text  # was None: replaced
     assert _rate(client, "own", auth["op"], {"request_id": "victim", "rating": "up"}).status_code == 200
 
+
+def test_another_tenant_of_a_shared_collection_evicts_none_of_a_tenants_requests(
+    keyed: tuple[TestClient, dict[str, dict[str, str]]],
+) -> None:
+    """Before the fix the shared collections kept one ledger for all tenants: 5 searches by tenant b
+    pushed tenant default's request out (404 on its feedback)."""
+    client, auth = keyed
+    _search(client, "kb", auth["op"], "kb-victim")
+    for i in range(5):
+        _search(client, "kb", auth["b"], f"kb-flood-{i}")
+    kept = _rate(client, "kb", auth["op"], {"request_id": "kb-victim", "rating": "up"})
+    assert kept.status_code == 200, kept.text  # was 404: pushed out by another tenant
+    assert _rate(client, "kb", auth["b"], {"request_id": "kb-flood-0", "rating": "up"}).status_code == 200
+    for i in range(5):  # a tenant's own searches still bound what it keeps (5)
+        _search(client, "kb", auth["op"], f"kb-own-{i}")
+    assert _rate(client, "kb", auth["op"], {"request_id": "kb-victim", "rating": "up"}).status_code == 404
