@@ -1,9 +1,10 @@
 """Feedback on served requests: a thumbs up or down, or a click on a hit, tied to the request id.
 
-Each search (and so each answer and chat completion, whose retrieval is one) that a request with
-an id serves is noted by :func:`note` under ``(tenant, collection, API key id, request id)``: the version that
-served it, its role in a gray release (``candidate``/``live``, ``None`` without one), the rollout's
-step, and the first :data:`HITS_KEPT` hits' document ids (8-byte
+Each search (and so each answer and chat completion, whose retrieval is one; an answer the answer
+cache replays: :func:`note_replayed`) that a request with an id serves is noted by :func:`note`
+under ``(tenant, collection, API key id, request id)``: the version that served it, its role in a
+gray release (``candidate``/``live``, ``None`` without one), the rollout's step, and the first
+:data:`HITS_KEPT` hits' document ids (8-byte
 BLAKE2b digests: ~0.7 kB an entry with 10 hits, ~13 MB for 20,000). The request id is the request's
 ``X-Request-ID`` (the client's when it is a safe token, else the server's, echoed in the reply:
 :mod:`quarry.api.observe`). The newest ``QUARRY_MONITOR__FEEDBACK_REQUESTS`` of a tenant are kept
@@ -30,6 +31,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -104,14 +106,34 @@ def note(v: View, name: str, result: SearchResult, chosen: rollout.Route | None)
     same collection under the same id replaces the first. Entries past their time to live are
     dropped from the oldest end. O(1) amortised under the ledger's lock (~7 us with 10 hits, measured).
     """
-    settings = v.settings.monitor
-    kept, rid = settings.feedback_requests, REQUEST_ID.get()
-    if kept <= 0 or rid == "-" or result.version is None:
+    if result.version is None:
         return
     step_at = chosen.rollout.step_started_at if chosen is not None else None
+    _keep(v, name, result.version, result.rollout, step_at, [h.document_id for h in result.hits[:HITS_KEPT]])
+
+
+def note_replayed(v: View, name: str, version: int | None, role: str | None, document_ids: Sequence[str]) -> None:
+    """Keep an answer the answer cache replayed (no search ran) for feedback on its request id.
+
+    ``version`` and ``role``: those the cached ``sources`` event names; ``document_ids``: its
+    sources'. Its feedback is counted in ``quarry_feedback_total`` but in no rollout window (the
+    window never counted it as served: a step's gates compare searches the versions ran).
+    """
+    if version is not None:
+        _keep(v, name, version, role, None, document_ids[:HITS_KEPT])
+
+
+def _keep(  # noqa: PLR0913 - one served request's parts
+    v: View, name: str, version: int, role: str | None, step_at: float | None, document_ids: Sequence[str],
+) -> None:
+    """Note one served request under the current request id and key (see :func:`note`)."""
+    settings = v.settings.monitor
+    kept, rid = settings.feedback_requests, REQUEST_ID.get()
+    if kept <= 0 or rid == "-":
+        return
     now = time.monotonic()
-    hits = b"".join(_digest(h.document_id) for h in result.hits[:HITS_KEPT])
-    entry = Served(result.version, result.rollout, step_at, hits, now)
+    hits = b"".join(_digest(d) for d in document_ids)
+    entry = Served(version, role, step_at, hits, now)
     ledger = _ledger(v)
     key = (v.tenant_id, name, rollout.ROUTE_KEY.get(), rid)
     with ledger.lock:

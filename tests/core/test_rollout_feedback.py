@@ -21,6 +21,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
 
+from indexing.document_rules import SourceDocument
 from indexing.rollout import Figures, Gates, evaluate, worse_share_p
 from quarry.api import create_app
 from quarry.api.keys import new_key
@@ -234,3 +235,44 @@ def test_another_tenant_of_a_shared_collection_evicts_none_of_a_tenants_requests
     for i in range(5):  # a tenant's own searches still bound what it keeps (5)
         _search(client, "kb", auth["op"], f"kb-own-{i}")
     assert _rate(client, "kb", auth["op"], {"request_id": "kb-victim", "rating": "up"}).status_code == 404
+
+
+def test_an_answer_the_cache_replays_is_rated_as_the_answer_it_replays(
+    counting: CountingEmbedder, tmp_path: Path,
+) -> None:
+    """A cache hit runs no search: before the fix its request id was unknown (404) to feedback.
+
+    The suite's llama.cpp server answers; the second identical question (``/answer``, then chat)
+    is the cache's. Its rating names the version its stored sources name, and a click may name
+    any of its sources.
+    """
+    from tests.llama import llama_settings, require_llama
+
+    require_llama()
+    settings = Settings(data_dir=tmp_path, llm=llama_settings(structured="off", retry_after_s=0))
+    quarry = Quarry(settings, embedder=counting)
+    quarry.create_collection("c", language="en")
+    quarry.upsert("c", [SourceDocument(id=f"d{i}", text=text) for i, text in enumerate(
+        ["Tides follow the moon.", "Ferries cross the harbour.", "The moon pulls the oceans."])])
+    ask = {"query": "what pulls the tides?", "top_k": 2, "max_tokens": 8}
+    chat = {"model": "quarry/c", "messages": [{"role": "user", "content": "what crosses the harbour?"}],
+            "quarry": {"top_k": 2}, "max_tokens": 8}
+    try:
+        with TestClient(create_app(quarry)) as client:
+            for i in (1, 2):
+                r = client.post("/v1/collections/c/answer", json=ask, headers={"X-Request-ID": f"ans-{i}"})
+                assert r.status_code == 200 and r.json()["cache"] == ("miss" if i == 1 else "hit"), r.text
+                c = client.post("/v1/chat/completions", json=chat, headers={"X-Request-ID": f"chat-{i}"})
+                assert c.status_code == 200 and c.json()["quarry"]["cache"] == ("miss" if i == 1 else "hit"), c.text
+            source = r.json()["sources"][0]["document_id"]
+            rated = client.post("/v1/collections/c/feedback",
+                                json={"request_id": "ans-2", "rating": "down", "clicked": [source]})
+            assert rated.status_code == 200, rated.text  # was 404: no search noted it
+            assert rated.json() == {"request_id": "ans-2", "collection": "c", "version": 1, "rollout": None,
+                                    "rating": "down", "clicked": [source]}
+            chatted = client.post("/v1/collections/c/feedback", json={"request_id": "chat-2", "rating": "up"})
+            assert chatted.status_code == 200 and chatted.json()["rating"] == "up", chatted.text
+            stray = client.post("/v1/collections/c/feedback", json={"request_id": "ans-2", "clicked": ["nope"]})
+            assert stray.status_code == 400, stray.text
+    finally:
+        quarry.close()
