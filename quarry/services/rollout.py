@@ -96,9 +96,14 @@ class Route:
 
 @dataclass
 class _Window:
-    """This process's figures of one step (``started``: the rollout's ``step_started_at``)."""
+    """This process's figures of one step (``started``: the rollout's ``step_started_at``).
+
+    ``order``: the rollout's ``(candidate, step)`` it counts; a search routed in an earlier step
+    of the same rollout never replaces it (see :func:`_observe`).
+    """
 
     started: float
+    order: tuple[int, int] = (0, -1)
     candidate: Figures = field(default_factory=Figures)
     live: Figures = field(default_factory=Figures)
     next_eval: int = 0
@@ -292,10 +297,14 @@ def _observe(  # noqa: PLR0913
     rollout = chosen.rollout
     tracker = _tracker(v.space)
     due = False
+    order = (rollout.candidate, rollout.step)
     with tracker.lock:
         window = tracker.windows.get(name)
+        if window is not None and window.started != rollout.step_started_at \
+                and window.order[0] == order[0] and window.order[1] > order[1]:
+            return  # routed before the step moved, ended after: its step's window is gone (kept: the new one's)
         if window is None or window.started != rollout.step_started_at:
-            window = tracker.windows[name] = _Window(rollout.step_started_at, next_eval=rollout.step_samples)
+            window = tracker.windows[name] = _Window(rollout.step_started_at, order, next_eval=rollout.step_samples)
         figures = window.candidate if chosen.candidate else window.live
         figures.queries += 1
         if result is None:

@@ -25,8 +25,9 @@ from indexing.document_rules import SourceDocument
 from indexing.rollout import Figures, Gates, evaluate, worse_share_p
 from quarry.api import create_app
 from quarry.api.keys import new_key
+from quarry.logs import REQUEST_ID
 from quarry.service import Quarry
-from quarry.services import rollout
+from quarry.services import feedback, rollout
 from quarry.settings import MonitorSettings, Settings
 from tests.core.conftest import CountingEmbedder
 from tests.core.test_rollout import engine, filled, gray  # noqa: F401 - the gray-release fixtures (both engines)
@@ -276,3 +277,30 @@ def test_an_answer_the_cache_replays_is_rated_as_the_answer_it_replays(
             assert stray.status_code == 400, stray.text
     finally:
         quarry.close()
+
+
+def test_a_search_of_an_earlier_step_ending_late_keeps_the_new_steps_window(
+    gray: Quarry, filled: str,  # noqa: F811
+) -> None:
+    """A search routed before a step and ended after it: before the fix it replaced the new step's
+    window by its old step's, and the next search replaced that by an empty one: the step lost its
+    figures and a rating changed afterwards left ``down`` at -1 (rated 0)."""
+    rollout.start(gray.view, filled, mode="canary", schedule=[50, 100], step_samples=10**6, shadow_rate=0.0)
+    key, rid = rollout.ROUTE_KEY.set("late"), REQUEST_ID.set("late-1")
+    try:
+        stale = rollout.route(gray.view, filled, "cancer cells")  # routed in step 0 ...
+        rollout.step(gray.view, filled)  # ... the step moves to 100 % while it runs
+        gray.search(filled, "cancer cells", top_k=5)  # step 1's: the candidate
+        assert feedback.give(gray.view, filled, "late-1", rating="down")["rollout"] == "candidate"
+        rollout.observe(gray.view, filled, stale, 0.01, None, None)  # the step-0 search ends now
+        REQUEST_ID.set("late-2")
+        gray.search(filled, "cancer cells", top_k=5)
+        assert feedback.give(gray.view, filled, "late-1", rating="up")["rating"] == "up"
+        described = rollout.describe(gray.view, filled)
+        assert described is not None and "window" in described, described
+        candidate = described["window"]["candidate"]
+        assert (candidate["queries"], candidate["rated"], candidate["down_rate"]) == (2, 1, 0.0), candidate
+    finally:
+        REQUEST_ID.reset(rid)
+        rollout.ROUTE_KEY.reset(key)
+        rollout.abort(gray.view, filled)
