@@ -57,6 +57,10 @@ class Gates:
         min_feedback_samples: Rated requests of each version (for clicks: clicked requests of both)
             before a feedback gate counts. Fewer: the gate is *skipped*, not pending (clients may
             send no feedback at all; it never holds the ramp).
+        min_feedback_keys: Distinct senders of each version's feedback (API keys, or requests
+            without one) before a feedback gate counts, else skipped: a canary routes a key
+            wholly to one version, so a gate compares populations of keys, and a few keys would
+            compare clients (an app that never clicks, a batch job), not versions.
         feedback_alpha: Significance level of the one-sided two-proportion z-test a feedback gate
             needs before it fails (a worse share by chance alone does not roll back).
     """
@@ -74,6 +78,7 @@ class Gates:
     max_down_delta: float = 0.1
     max_click_drop: float = 0.1
     min_feedback_samples: int = 20
+    min_feedback_keys: int = 5
     feedback_alpha: float = 0.05
 
     @classmethod
@@ -220,6 +225,10 @@ class Figures:
         rated: Of the queries it served, those a client rated (thumbs up or down).
         down: Of those, rated down.
         clicked: Of the queries it served, those with a client's click on one of their hits.
+        click_queries: The queries it served to the routing keys that sent a click in the window
+            (the click-through's denominator: a key that never clicks says nothing of it).
+        clickers: How many such keys it served (each key-less request one).
+        raters: Distinct senders of its ratings (API keys; each key-less request one).
     """
 
     queries: int = 0
@@ -231,13 +240,16 @@ class Figures:
     rated: int = 0
     down: int = 0
     clicked: int = 0
+    click_queries: int = 0
+    clickers: int = 0
+    raters: int = 0
 
     def summary(self) -> dict[str, Any]:
         """The figures as JSON; a figure without data is ``None``.
 
         Keys: ``queries``, ``error_rate``, ``degraded_rate``, ``p95_ms``, ``p99_ms``, ``recall``,
-        ``recall_samples``, ``overlap``, ``overlap_samples``, ``rated``, ``down_rate`` (of the rated),
-        ``clicked``, ``click_rate`` (of the served).
+        ``recall_samples``, ``overlap``, ``overlap_samples``, ``rated``, ``raters``, ``down_rate``
+        (of the rated), ``clicked``, ``click_queries``, ``clickers``, ``click_rate`` (of ``click_queries``).
         """
         return {
             "queries": self.queries,
@@ -246,8 +258,9 @@ class Figures:
             "p95_ms": percentile(self.latencies_ms, 95), "p99_ms": percentile(self.latencies_ms, 99),
             "recall": _mean(self.recall), "recall_samples": len(self.recall),
             "overlap": _mean(self.overlap), "overlap_samples": len(self.overlap),
-            "rated": self.rated, "down_rate": self.down / self.rated if self.rated else None,
-            "clicked": self.clicked, "click_rate": self.clicked / self.queries if self.queries else None,
+            "rated": self.rated, "raters": self.raters, "down_rate": self.down / self.rated if self.rated else None,
+            "clicked": self.clicked, "click_queries": self.click_queries, "clickers": self.clickers,
+            "click_rate": self.clicked / self.click_queries if self.click_queries else None,
         }
 
 
@@ -350,7 +363,8 @@ def evaluate(candidate: Figures, live: Figures, gates: Gates) -> Decision:  # no
     else:
         ov = c["overlap"]
         bound("overlap", ov >= gates.min_overlap, f"top-10 overlap with live {ov:.3f} (min {gates.min_overlap:g})")
-    if min(candidate.rated, live.rated) < gates.min_feedback_samples:
+    if (min(candidate.rated, live.rated) < gates.min_feedback_samples
+            or min(candidate.raters, live.raters) < gates.min_feedback_keys):
         skipped.append("down_rate")
     else:
         p = tests["down_p"] = worse_share_p(candidate.down, candidate.rated, live.down, live.rated)
@@ -358,15 +372,16 @@ def evaluate(candidate: Figures, live: Figures, gates: Gates) -> Decision:  # no
         bound("down_rate", delta <= gates.max_down_delta or p >= gates.feedback_alpha,
               f"thumbs-down share {c['down_rate']:.3f} of {candidate.rated} rated vs live {lv['down_rate']:.3f} "
               f"of {live.rated} (max +{gates.max_down_delta:g}; one-sided p {p:.3g} < {gates.feedback_alpha:g})")
-    if not enough or candidate.clicked + live.clicked < gates.min_feedback_samples:
+    cq, lq = candidate.click_queries, live.click_queries
+    if (min(cq, lq) < gates.min_latency_samples or candidate.clicked + live.clicked < gates.min_feedback_samples
+            or min(candidate.clickers, live.clickers) < gates.min_feedback_keys):
         skipped.append("click_rate")
-    else:  # the share of served queries *without* a click, worse when higher
-        p = tests["click_p"] = worse_share_p(candidate.queries - candidate.clicked, candidate.queries,
-                                             live.queries - live.clicked, live.queries)
+    else:  # the share of the clicking keys' queries *without* a click, worse when higher
+        p = tests["click_p"] = worse_share_p(cq - candidate.clicked, cq, lq - live.clicked, lq)
         drop = lv["click_rate"] - c["click_rate"]
         bound("click_rate", drop <= gates.max_click_drop or p >= gates.feedback_alpha,
-              f"click-through {c['click_rate']:.3f} of {candidate.queries} served vs live {lv['click_rate']:.3f} "
-              f"of {live.queries} (max -{gates.max_click_drop:g}; one-sided p {p:.3g} < {gates.feedback_alpha:g})")
+              f"click-through {c['click_rate']:.3f} of {cq} queries of clicking keys vs live {lv['click_rate']:.3f} "
+              f"of {lq} (max -{gates.max_click_drop:g}; one-sided p {p:.3g} < {gates.feedback_alpha:g})")
     figures: dict[str, Any] = {"candidate": c, "live": lv, "gates": asdict(gates)}
     if tests:
         figures["feedback"] = tests

@@ -569,10 +569,10 @@ class MonitorSettings(BaseModel):
             threshold). SciFact's own queries: 0.09; CMRC's Chinese ones on it: 0.89.
         drift_oov_max: Rise of the mean out-of-vocabulary term share above which it counts
             (SciFact: -0.002; CMRC on SciFact: +0.81).
-        feedback_requests: Served searches and answers kept per tenant space, the newest, so that
-            ``POST /v1/collections/{name}/feedback`` can tie a thumbs or a click to the version that
-            served the request id (:mod:`quarry.services.feedback`; in this process, ~0.7 kB each);
-            0 turns feedback off.
+        feedback_requests: Served searches and answers kept per tenant (in the shared collections
+            too, each tenant's apart), the newest, so that ``POST /v1/collections/{name}/feedback``
+            can tie a thumbs or a click to the version that served the request id
+            (:mod:`quarry.services.feedback`; in this process, ~0.7 kB each); 0 turns feedback off.
         feedback_ttl_s: Seconds after serving within which a request may still be rated.
     """
 

@@ -238,6 +238,22 @@ def _presented_key(request: Request | None, headers: Headers | None = None) -> s
 _KEY_ID = re.compile(r"\s*qk_([0-9a-f]{12})_")
 
 
+def presented_key_id(headers: Headers) -> str | None:
+    """The id of the API key :func:`authorize` verifies for a request with ``headers``, parsed (nothing is read).
+
+    The same header the verification reads (``Authorization`` when present, else ``api-key``;
+    the first of each), so that what keys on it (a canary's routing, the feedback ledger:
+    :data:`quarry.services.rollout.ROUTE_KEY`) names the key that was checked, never another
+    header's. ``None``: no key sent, a malformed ``Authorization``, or no ``qk_<12 hex>_`` prefix.
+    """
+    try:
+        key = _presented_key(None, headers)
+    except Unauthenticated:
+        return None
+    match = None if key is None else _KEY_ID.match(key)
+    return None if match is None else match.group(1)
+
+
 def limited_early(access: Access, headers: Headers) -> RateLimited | None:
     """The 429 to answer before routing, or ``None``: the key's id is over its rate, or under a wrong-secret flood.
 

@@ -7,7 +7,8 @@ adapters turn their bodies into an :class:`AnswerRequest`, their headers into a
 :class:`TokenQuota`) and, for a request the saturated server sheds, a :class:`Refusal`.
 
 Flow of :meth:`AnswerService.events`: the cache plan (the query is embedded once; on a miss the
-search reuses that vector), a cache hit replayed, else retrieval (hybrid by default; rerank in a
+search reuses that vector), a cache hit replayed (kept for feedback on its request id:
+:func:`quarry.services.feedback.note_replayed`), else retrieval (hybrid by default; rerank in a
 worker thread), the prompt (:mod:`generation.prompt`), the LLM's events
 (:func:`generation.answer.answer_events`: ``sources``, ``delta``, ``citation``, then ``done`` or
 ``error``), recorded for the cache.
@@ -39,7 +40,7 @@ from indexing.docstore import off_loop
 from indexing.document_rules import check_unicode, is_blank
 from quarry import metrics
 from quarry.errors import GenerationError, InvalidQuery, LLMNotConfigured, QuarryError
-from quarry.services import abstention, answer_cache, collections, query
+from quarry.services import abstention, answer_cache, collections, feedback, query
 from quarry.services.answer_cache import CacheUse
 from quarry.services.view import View
 from retrieval.rerank_options import rerank_options
@@ -192,6 +193,9 @@ class AnswerService:
         plan = await self._cache_plan(q, collection, req, params, budget, cache)
         plan.count()
         if plan.result == "hit":
+            replayed = _replayed_sources(plan)
+            feedback.note_replayed(q, name, replayed.get("version"), replayed.get("rollout"), [
+                s["document_id"] for part in ("sources", "left_out") for s in replayed.get(part, ())])
             return answer_cache.replay(plan, started)
         if shed is not None:
             raise await shed.refused()
@@ -357,6 +361,12 @@ async def _abstained(  # noqa: PLR0913 - what the answer reports
         "citations": [], "dropped_citations": 0, "finish_reason": "stop",
         "usage": {"prompt_tokens": 0, "completion_tokens": 0}, "degraded": list(degraded), "timings_ms": dict(timings),
     })
+
+
+def _replayed_sources(plan: answer_cache.Plan) -> Mapping[str, Any]:
+    """A cache hit's stored ``sources`` event's data (``{}`` without one): its ``sources`` and ``left_out``."""
+    events = plan.entry.events if plan.entry is not None else ()
+    return next((e.data for e in events if e.kind == "sources"), {})
 
 
 def served(version: int | None, role: str | None) -> dict[str, Any]:

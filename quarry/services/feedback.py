@@ -1,14 +1,17 @@
 """Feedback on served requests: a thumbs up or down, or a click on a hit, tied to the request id.
 
-Each search (and so each answer and chat completion, whose retrieval is one) that a request with
-an id serves is noted by :func:`note` under ``(tenant, collection, API key id, request id)``: the version that
-served it, its role in a gray release (``candidate``/``live``, ``None`` without one), the rollout's
-step, and the first :data:`HITS_KEPT` hits' document ids (8-byte
-BLAKE2b digests: ~0.7 kB an entry with 10 hits, ~13 MB for 20,000). The request id is the request's
+Each search (and so each answer and chat completion, whose retrieval is one; an answer the answer
+cache replays: :func:`note_replayed`) that a request with an id serves is noted by :func:`note`
+under ``(tenant, collection, API key id, request id)``: the version that served it, its role in a
+gray release (``candidate``/``live``, ``None`` without one), the rollout's step, and the first
+:data:`HITS_KEPT` hits' document ids (8-byte BLAKE2b digests: ~0.7 kB an entry with 10 hits,
+~13 MB for 20,000). The request id is the request's
 ``X-Request-ID`` (the client's when it is a safe token, else the server's, echoed in the reply:
-:mod:`quarry.api.observe`). The newest ``QUARRY_MONITOR__FEEDBACK_REQUESTS`` of a tenant space
-are kept, each for ``QUARRY_MONITOR__FEEDBACK_TTL_S``, in this process (as the rollout's figures
-are: feedback reaches the replica that served the request, e.g. by session affinity).
+:mod:`quarry.api.observe`). The newest ``QUARRY_MONITOR__FEEDBACK_REQUESTS`` of a tenant are kept
+(its own collections' together; in the shared collections, each tenant's apart: another tenant's
+searches push none of them out, while the tenant's other keys' searches do), each for
+``QUARRY_MONITOR__FEEDBACK_TTL_S``, in this process (as the rollout's figures are: feedback
+reaches the replica that served the request, e.g. by session affinity).
 
 :func:`give` records a client's feedback on one of them: at most one rating per request (the
 last one sent counts) and the set of hits clicked (a click sent twice counts once), so a retried
@@ -28,6 +31,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -78,15 +82,21 @@ class _Ledger:
     served: OrderedDict[tuple[str, str, str | None, str], Served] = field(default_factory=OrderedDict)
 
 
-_LEDGERS: weakref.WeakKeyDictionary[TenantSpace, _Ledger] = weakref.WeakKeyDictionary()
+# a space's ledgers by tenant: one for a tenant's own space, one per tenant in the shared space
+_LEDGERS: weakref.WeakKeyDictionary[TenantSpace, dict[str, _Ledger]] = weakref.WeakKeyDictionary()
 _LEDGERS_LOCK = threading.Lock()
 
 
-def _ledger(space: TenantSpace) -> _Ledger:
-    found = _LEDGERS.get(space)
+def _ledger(v: View) -> _Ledger:
+    """The caller's tenant's ledger in its space: in the shared space each tenant has its own.
+
+    So another tenant's searches of a shared collection evict none of this tenant's requests
+    (``feedback_requests`` bounds each tenant, as in a tenant's own space).
+    """
+    found = _LEDGERS.get(v.space, {}).get(v.tenant_id)
     if found is None:
         with _LEDGERS_LOCK:
-            found = _LEDGERS.setdefault(space, _Ledger())
+            found = _LEDGERS.setdefault(v.space, {}).setdefault(v.tenant_id, _Ledger())
     return found
 
 
@@ -97,15 +107,35 @@ def note(v: View, name: str, result: SearchResult, chosen: rollout.Route | None)
     same collection under the same id replaces the first. Entries past their time to live are
     dropped from the oldest end. O(1) amortised under the ledger's lock (~7 us with 10 hits, measured).
     """
-    settings = v.settings.monitor
-    kept, rid = settings.feedback_requests, REQUEST_ID.get()
-    if kept <= 0 or rid == "-" or result.version is None:
+    if result.version is None:
         return
     step_at = chosen.rollout.step_started_at if chosen is not None else None
+    _keep(v, name, result.version, result.rollout, step_at, [h.document_id for h in result.hits[:HITS_KEPT]])
+
+
+def note_replayed(v: View, name: str, version: int | None, role: str | None, document_ids: Sequence[str]) -> None:
+    """Keep an answer the answer cache replayed (no search ran) for feedback on its request id.
+
+    ``version`` and ``role``: those the cached ``sources`` event names; ``document_ids``: its
+    sources'. Its feedback is counted in ``quarry_feedback_total`` but in no rollout window (the
+    window never counted it as served: a step's gates compare searches the versions ran).
+    """
+    if version is not None:
+        _keep(v, name, version, role, None, document_ids[:HITS_KEPT])
+
+
+def _keep(  # noqa: PLR0913 - one served request's parts
+    v: View, name: str, version: int, role: str | None, step_at: float | None, document_ids: Sequence[str],
+) -> None:
+    """Note one served request under the current request id and key (see :func:`note`)."""
+    settings = v.settings.monitor
+    kept, rid = settings.feedback_requests, REQUEST_ID.get()
+    if kept <= 0 or rid == "-":
+        return
     now = time.monotonic()
-    hits = b"".join(_digest(h.document_id) for h in result.hits[:HITS_KEPT])
-    entry = Served(result.version, result.rollout, step_at, hits, now)
-    ledger = _ledger(v.space)
+    hits = b"".join(_digest(d) for d in document_ids)
+    entry = Served(version, role, step_at, hits, now)
+    ledger = _ledger(v)
     key = (v.tenant_id, name, rollout.ROUTE_KEY.get(), rid)
     with ledger.lock:
         served = ledger.served
@@ -168,8 +198,10 @@ def give(
     settings = v.settings.monitor
     if settings.feedback_requests <= 0:
         raise InvalidRequest("feedback is off on this server (QUARRY_MONITOR__FEEDBACK_REQUESTS=0)")
-    ledger = _ledger(v.space)
-    key = (v.tenant_id, name, rollout.ROUTE_KEY.get(), request_id)
+    ledger = _ledger(v)
+    route_key = rollout.ROUTE_KEY.get()
+    key = (v.tenant_id, name, route_key, request_id)
+    current = v.docstore.get_rollout(name)  # cached; read before the ledger's lock (a search notes under it)
     with ledger.lock:
         entry = ledger.served.get(key)
         if entry is not None and time.monotonic() - entry.at > settings.feedback_ttl_s:
@@ -192,11 +224,12 @@ def give(
         delta = ((entry.rating is not None) - was_rated, (entry.rating == "down") - was_down,
                  (entry.clicks != 0) - was_clicked)
         role, step_at = entry.role, entry.step_started_at
+        if role is not None and step_at is not None and any(delta):  # under the lock: changes land in order
+            unit = f"k:{route_key}" if route_key else f"q:{request_id}"
+            rollout.count_feedback(v, name, current, (step_at, role == "candidate"), delta, unit)
     tenant, role_label = v.tenant_id, role or "none"
     if new_rating and rating is not None:
         FEEDBACK.labels(tenant, name, rating, role_label).inc()
     if new_clicks:
         FEEDBACK.labels(tenant, name, "click", role_label).inc(new_clicks)
-    if role is not None and step_at is not None and any(delta):
-        rollout.count_feedback(v, name, step_at, role == "candidate", *delta)
     return out

@@ -82,6 +82,8 @@ SHADOW_QUEUE = 16  # shadow searches waiting at most; more are skipped (never th
 SHADOW_BATCH, SHADOW_WAIT_S = 8, 0.25  # shadow searches run together: as many as gathered within 0.25 s, or 8
 MAX_WINDOW = 20_000  # latencies kept per version and step
 PAIRS_KEPT = 1_000  # shadowed queries kept per collection for the A/B report's paired test (the newest)
+MAX_KEYS = 10_000  # routing keys whose served queries a step's window counts (the feedback gates' populations)
+MAX_UNITS = 100_000  # feedback senders a window counts per version
 
 
 @dataclass(frozen=True)
@@ -96,9 +98,14 @@ class Route:
 
 @dataclass
 class _Window:
-    """This process's figures of one step (``started``: the rollout's ``step_started_at``)."""
+    """This process's figures of one step (``started``: the rollout's ``step_started_at``).
+
+    ``order``: the rollout's ``(candidate, step)`` it counts; a search routed in an earlier step
+    of the same rollout never replaces it (see :func:`_observe`).
+    """
 
     started: float
+    order: tuple[int, int] = (0, -1)
     candidate: Figures = field(default_factory=Figures)
     live: Figures = field(default_factory=Figures)
     next_eval: int = 0
@@ -106,6 +113,9 @@ class _Window:
     passed: bool = False
     feedback: int = 0  # feedback requests counted in the window
     next_feedback: int = 0  # ... at which the gates are evaluated again (a step held already)
+    by_key: dict[str | None, list[int]] = field(default_factory=dict)  # routing key -> [candidate, live] served
+    clickers: set[str | None] = field(default_factory=set)  # routing keys that sent a click
+    raters: tuple[set[str], set[str]] = field(default_factory=lambda: (set(), set()))  # units that rated each
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,12 +302,17 @@ def _observe(  # noqa: PLR0913
     rollout = chosen.rollout
     tracker = _tracker(v.space)
     due = False
+    order = (rollout.candidate, rollout.step)
     with tracker.lock:
         window = tracker.windows.get(name)
+        if window is not None and window.started != rollout.step_started_at \
+                and window.order[0] == order[0] and window.order[1] > order[1]:
+            return  # routed before the step moved, ended after: its step's window is gone (kept: the new one's)
         if window is None or window.started != rollout.step_started_at:
-            window = tracker.windows[name] = _Window(rollout.step_started_at, next_eval=rollout.step_samples)
+            window = tracker.windows[name] = _Window(rollout.step_started_at, order, next_eval=rollout.step_samples)
         figures = window.candidate if chosen.candidate else window.live
         figures.queries += 1
+        _count_key(window, chosen.candidate)
         if result is None:
             figures.errors += 1
         else:
@@ -324,6 +339,16 @@ def _observe(  # noqa: PLR0913
     if due:
         threading.Thread(target=_gate, args=(v, name, rollout, window), name=f"rollout-gate-{name}",
                          daemon=True).start()
+
+
+def _count_key(window: _Window, candidate: bool) -> None:
+    """Count a served query under its routing key (the click gate's population); under the lock."""
+    route_key = ROUTE_KEY.get()
+    served = window.by_key.get(route_key)
+    if served is None and len(window.by_key) < MAX_KEYS:  # past it, a new key's clicks count nowhere
+        served = window.by_key[route_key] = [0, 0]
+    if served is not None:
+        served[0 if candidate else 1] += 1
 
 
 def _ids(result: SearchResult) -> list[str]:
@@ -440,18 +465,30 @@ FEEDBACK_EVAL_EVERY = 10  # once a step is held: feedback requests between two g
 
 
 def count_feedback(  # noqa: PLR0913 - one feedback's changes
-    v: View, name: str, step_started_at: float, candidate: bool, rated: int, down: int, clicked: int,
+    v: View, name: str, rollout: Rollout | None, served: tuple[float, bool], change: tuple[int, int, int],
+    unit: str,
 ) -> None:
-    """Count a client's feedback on a request the step ``step_started_at`` served, in that step's window.
+    """Count a client's feedback on a request a step served, in that step's window.
 
-    ``rated``, ``down``, ``clicked``: the changes of the version's counts (-1, 0 or +1 each: a
-    request rated again, down then up, moves ``down`` by -1). Feedback on a request of an earlier
-    step (or another process's window) is not counted. Once the step is held (its sample count
-    served), every :data:`FEEDBACK_EVAL_EVERY` feedback requests evaluate the gates again, in a
-    background thread, as a search does: feedback often comes after the searches.
+    Args:
+        v: The caller's view.
+        name: The collection.
+        rollout: Its rollout as the caller read it (cached; ``None``: none).
+        served: The step's ``step_started_at`` that served the request, and whether the candidate did.
+        change: The changes of that version's ``rated``, ``down`` and ``clicked`` counts (-1, 0 or
+            +1 each: a request rated again, down then up, moves ``down`` by -1).
+        unit: Who sent it, as the gates count populations: ``k:<API key id>``, or ``q:<request id>``
+            for a request without a key (routed by its query: each is a unit of its own).
+
+    Feedback on a request of an earlier step (or another process's window) is not counted. Once
+    the step is held (its sample count served), every :data:`FEEDBACK_EVAL_EVERY` feedback
+    requests evaluate the gates again, in a background thread, as a search does: feedback often
+    comes after the searches. Takes only the tracker's lock (the caller may hold the feedback
+    ledger's: its changes then land in the order they were made).
     """
+    step_started_at, candidate = served
+    rated, down, clicked = change
     tracker = _tracker(v.space)
-    rollout = v.docstore.get_rollout(name)
     due = False
     with tracker.lock:
         window = tracker.windows.get(name)
@@ -461,6 +498,11 @@ def count_feedback(  # noqa: PLR0913 - one feedback's changes
         figures.rated += rated
         figures.down += down
         figures.clicked += clicked
+        raters = window.raters[0 if candidate else 1]
+        if rated > 0 and len(raters) < MAX_UNITS:
+            raters.add(unit)
+        if clicked > 0:
+            window.clickers.add(ROUTE_KEY.get())
         window.feedback += 1
         held = (rollout is not None and rollout.state == "canary" and rollout.step_started_at == step_started_at
                 and window.candidate.queries >= rollout.step_samples)
@@ -470,6 +512,22 @@ def count_feedback(  # noqa: PLR0913 - one feedback's changes
     if due and rollout is not None:
         threading.Thread(target=_gate, args=(v, name, rollout, window), name=f"rollout-gate-{name}",
                          daemon=True).start()
+
+
+def _populations(window: _Window, candidate: Figures, live: Figures) -> None:
+    """Set the feedback populations of ``candidate`` and ``live`` (copies) from ``window``; under the lock.
+
+    ``click_queries``: the queries each version served to the keys that sent a click in the
+    window (a key that never clicks, an OpenAI client or a batch job, says nothing of either
+    version's click-through); ``clickers``: how many of those keys it served (each request of
+    the key-less, routed by its query, a key of its own); ``raters``: the units that rated its
+    requests.
+    """
+    for i, figures in enumerate((candidate, live)):
+        served = [(key, window.by_key[key][i]) for key in window.clickers if key in window.by_key]
+        figures.click_queries = sum(n for _, n in served)
+        figures.clickers = sum(n if key is None else 1 for key, n in served if n > 0)
+        figures.raters = len(window.raters[i])
 
 
 def _gate(v: View, name: str, seen: Rollout, window: _Window) -> None:
@@ -517,6 +575,7 @@ def gates_now(v: View, name: str, rollout: Rollout, window: _Window | None = Non
         cand = replace(window.candidate, latencies_ms=list(window.candidate.latencies_ms),
                        overlap=list(window.candidate.overlap))
         base = replace(window.live, latencies_ms=list(window.live.latencies_ms), overlap=list(window.live.overlap))
+        _populations(window, cand, base)
     cand.recall = _recall(v, name, candidate, rollout.step_started_at)
     base.recall = _recall(v, name, live, rollout.step_started_at)
     return evaluate(cand, base, Gates.from_json(rollout.gates))
@@ -783,7 +842,9 @@ def describe(v: View, name: str) -> dict[str, Any] | None:
     with tracker.lock:
         window = tracker.windows.get(name)
         if window is not None and window.started == rollout.step_started_at:
-            out["window"] = {"candidate": window.candidate.summary(), "live": window.live.summary()}
+            cand, live = replace(window.candidate), replace(window.live)
+            _populations(window, cand, live)
+            out["window"] = {"candidate": cand.summary(), "live": live.summary()}
         out["shadow"] = {"run": tracker.shadowed, "skipped": tracker.skipped}
     return out
 
@@ -826,6 +887,8 @@ def snapshot(v: View, name: str) -> Snapshot:
         figures = None if window is None else tuple(
             replace(f, latencies_ms=list(f.latencies_ms), overlap=list(f.overlap), recall=list(f.recall))
             for f in (window.live, window.candidate))
+        if window is not None and figures is not None:
+            _populations(window, figures[1], figures[0])
         pairs = tuple(p for p in tracker.pairs.get(name, ()) if p.candidate == rollout.candidate)
         run, skipped = tracker.shadowed, tracker.skipped
     if figures is None:

@@ -16,8 +16,8 @@ The object (units in the names; a figure without data is ``null``)::
      "window": {"since", "measured"},                   # the current step; measured: this process served some
      "versions": {"live": V, "candidate": V},           # V: {"version", "queries", "errors", "error_rate",
                                                         #     "degraded_rate", "p50_ms", "p95_ms", "p99_ms",
-                                                        #     "recall", "recall_samples", "rated",
-                                                        #     "down_rate", "clicked", "click_rate"}
+                                                        #     "recall", "recall_samples", "rated", "raters",
+                                                        #     "down_rate", "clicked", "click_queries", "click_rate"}
      "overlap": {"mean", "samples"},                    # top-10 overlap of the step's shadowed queries
      "shadow": {"run", "skipped", "pairs"},
      "pairs": [{"step", "served_by", "live_ms", "candidate_ms", "live_hits", "candidate_hits",
@@ -43,14 +43,16 @@ def _version(number: int, figures: Figures | None) -> dict[str, Any]:
     out: dict[str, Any] = {"version": number}
     if figures is None:
         return out | dict.fromkeys(("queries", "errors", "error_rate", "degraded_rate", "p50_ms", "p95_ms", "p99_ms",
-                                    "recall", "recall_samples", "rated", "down_rate", "clicked", "click_rate"))
+                                    "recall", "recall_samples", "rated", "raters", "down_rate", "clicked",
+                                    "click_queries", "click_rate"))
     summary = figures.summary()
     return out | {
         "queries": figures.queries, "errors": figures.errors, "error_rate": summary["error_rate"],
         "degraded_rate": summary["degraded_rate"], "p50_ms": percentile(figures.latencies_ms, 50),
         "p95_ms": summary["p95_ms"], "p99_ms": summary["p99_ms"], "recall": summary["recall"],
-        "recall_samples": summary["recall_samples"], "rated": summary["rated"], "down_rate": summary["down_rate"],
-        "clicked": summary["clicked"], "click_rate": summary["click_rate"],
+        "recall_samples": summary["recall_samples"], "rated": summary["rated"], "raters": summary["raters"],
+        "down_rate": summary["down_rate"], "clicked": summary["clicked"], "click_queries": summary["click_queries"],
+        "click_rate": summary["click_rate"],
     }
 
 

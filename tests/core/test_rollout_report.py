@@ -165,7 +165,7 @@ def test_the_report_renders_offline_in_chromium(reported: Reported, tmp_path: Pa
             page.on("request", lambda req: fetched.append(req.url))
             page.goto(page_file.as_uri())
             versions = page.locator("#versions-table tr")
-            assert versions.count() == 9
+            assert versions.count() == 11  # ... and the thumbs-down and click-through rows
             assert "queries served" in versions.nth(1).inner_text()
             cells = [versions.nth(1).locator("td").nth(i).inner_text() for i in (1, 2)]
             live, cand = reported.json["versions"]["live"], reported.json["versions"]["candidate"]
@@ -273,7 +273,8 @@ def test_build_and_the_paired_test_on_known_pairs() -> None:
     report = build(Snapshot(record, live, cand, pairs, 3, 0), now=200.0)
     assert report["versions"]["live"] == {
         "version": 1, "queries": 4, "errors": 1, "error_rate": 0.25, "degraded_rate": 0.0, "p50_ms": 20.0,
-        "p95_ms": 30.0, "p99_ms": 30.0, "recall": pytest.approx(0.95), "recall_samples": 2}
+        "p95_ms": 30.0, "p99_ms": 30.0, "recall": pytest.approx(0.95), "recall_samples": 2, "rated": 0, "raters": 0,
+        "down_rate": None, "clicked": 0, "click_queries": 0, "click_rate": None}
     assert report["versions"]["candidate"]["degraded_rate"] == 0.5
     assert report["overlap"] == {"mean": 0.5, "samples": 3}
     assert [p["served_by"] for p in report["pairs"]] == ["candidate", "live", "live"]

@@ -9,19 +9,20 @@ operator's (``admin``; :data:`quarry.api.access.POLICY`); each action is in the 
 key that asked.
 
 :class:`RouteKey` (an ASGI middleware) sets :data:`quarry.services.rollout.ROUTE_KEY` to the id
-of the API key a request presents (``qk_<id>_…``, parsed from the header: nothing is read), so a
-canary routes by key; a request without one routes by its query text.
+of the API key a request presents (``qk_<id>_…``, parsed from the header the access layer verifies:
+nothing is read; :func:`quarry.api.access.presented_key_id`), so a canary routes by key (and the
+feedback ledger keys on it); a request without one routes by its query text.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import Field
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from indexing.collections import check_name_length
@@ -35,8 +36,6 @@ from quarry.service import Quarry
 from quarry.services import rollout, rollout_report
 from quarry.services.view import View
 
-_KEY_ID = re.compile(r"\s*(?:bearer\s+)?qk_([0-9a-f]{12})_", re.IGNORECASE)
-
 
 class RouteKey:
     """ASGI middleware: the request's API key id as the rollout's routing key (see the module doc)."""
@@ -48,12 +47,8 @@ class RouteKey:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        key = None
-        for name, value in scope.get("headers", ()):
-            if name in (b"authorization", b"api-key"):
-                match = _KEY_ID.match(value.decode("latin-1"))
-                key = match.group(1) if match else key
-        token = rollout.ROUTE_KEY.set(key)
+        # the key the access layer verifies: a second header naming another key's id is not read
+        token = rollout.ROUTE_KEY.set(access.presented_key_id(Headers(scope=scope)))
         try:
             await self.app(scope, receive, send)
         finally:
