@@ -572,7 +572,7 @@ class MonitorSettings(BaseModel):
         feedback_requests: Served searches and answers kept per tenant (in the shared collections
             too, each tenant's apart), the newest, so that ``POST /v1/collections/{name}/feedback``
             can tie a thumbs or a click to the version that served the request id
-            (:mod:`quarry.services.feedback`; in this process, ~0.7 kB each); 0 turns feedback off.
+            (:mod:`quarry.services.feedback`; in this process, ~0.5 kB each); 0 turns feedback off.
         feedback_ttl_s: Seconds after serving within which a request may still be rated.
     """
 
