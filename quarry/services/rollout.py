@@ -1,7 +1,10 @@
 """Gray release of a collection's next version: start, step, promote, abort; route and gate the queries.
 
 Over 500 lines by design: a gray release's lifecycle (start, step, promote, abort) and the
-live-traffic figures its gates read share one per-process window and lock per collection.
+live-traffic figures its gates read (searches, shadow runs, clients' feedback) share one
+per-process window and lock per collection, and the gate evaluation that a search or a
+feedback starts calls back into the lifecycle (abort, step, promote). The pure policy and the
+A/B report are apart already (:mod:`indexing.rollout`, :mod:`quarry.services.rollout_report`).
 
 The policy (states, sticky routing, the ramp, the gates) is :mod:`indexing.rollout`'s, pure; this
 module runs it over the state of record, the store and the searcher:
